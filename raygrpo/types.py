@@ -1,0 +1,165 @@
+"""Core records shared by every layer: tasks, observations, tool results, turns and trajectories.
+
+These are plain dataclasses (internal records, not user config): cheap to build, picklable for Ray, and turned into
+JSON with `to_dict()` when a trajectory is written out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Status(str, enum.Enum):
+    """How a rollout ended.
+
+    `OK` and `TRUNCATED` are normal endings (the model's own doing). `TIMEOUT` is the whole-rollout deadline.
+    `ENV_ERROR` and `POLICY_ERROR` are infrastructure failures: the orchestrator may retry them, and their reward is
+    always None (unscored), never 0.0. `CANCELLED` marks rollouts stopped by the user (Ctrl-C).
+    """
+
+    OK = "ok"
+    TRUNCATED = "truncated"
+    TIMEOUT = "timeout"
+    ENV_ERROR = "env_error"
+    POLICY_ERROR = "policy_error"
+    CANCELLED = "cancelled"
+
+    @property
+    def is_infra_failure(self) -> bool:
+        return self in (Status.ENV_ERROR, Status.POLICY_ERROR)
+
+
+@dataclass(frozen=True)
+class TaskRef:
+    """Serializable pointer to one task of one environment.
+
+    Args:
+        env: Name of the environment in the run config (several may be mixed in one run).
+        index: Task index within `split`.
+        split: Split the task comes from.
+        prompt: Optional prompt text known ahead of time (ORS prompts come from the session instead).
+        metadata: Task metadata columns (the ORS task spec); a scripted policy may read them.
+    """
+
+    env: str
+    index: int
+    split: str = "train"
+    prompt: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+
+@dataclass
+class Observation:
+    """What an environment shows the model when its episode starts.
+
+    Args:
+        messages: Chat messages (`{"role", "content"}`) that open the conversation.
+        tools: Tool schemas in OpenAI function format (`{"type": "function", "function": {...}}`).
+    """
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+
+
+@dataclass
+class ToolResult:
+    """The environment's answer to one tool call.
+
+    Args:
+        text: Text shown to the model.
+        reward: Reward the call produced, if any.
+        finished: True when the episode is over.
+        error: True when the call was refused (unknown tool, bad arguments, environment said no); the session lives.
+    """
+
+    text: str
+    reward: float | None = None
+    finished: bool = False
+    error: bool = False
+
+
+@dataclass
+class Turn:
+    """One generation by the policy.
+
+    Args:
+        output_ids: Generated token ids, including the end-of-turn token when the model stopped by itself.
+        logprobs: One log-probability per output id.
+        finish_reason: `"stop"` (end-of-turn token) or `"length"` (token budget hit).
+        policy_version: Version of the weights that produced this turn.
+    """
+
+    output_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str = "stop"
+    policy_version: int = 0
+
+
+@dataclass
+class ToolCall:
+    """A tool call parsed from the model's text."""
+
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass
+class Trajectory:
+    """One finished rollout: tokens for the learner, messages for people, and how it went.
+
+    Args:
+        task: The task this rollout ran.
+        prompt_ids: The templated prompt (messages + tools, generation prompt included).
+        completion_ids: Every token after the prompt: model turns and tool-result tokens.
+        logprobs: One per completion id; 0.0 for environment tokens.
+        env_mask: One per completion id; 1 = model token (trained on), 0 = environment token.
+        messages: The decoded conversation, tool calls and results included, for people to read.
+        reward: Outcome reward, or None when nothing was scored or the rollout failed.
+        status: How it ended.
+        error: Short description of a failure, if any.
+        turns: Number of model generations.
+        tool_calls: Number of tool calls executed.
+        timings: Seconds spent per phase: `provision`, `generate`, `tools`, `verify`, `total`.
+        policy_versions: The policy version of each turn.
+        attempt: 0 for a first try; n for the n-th retry after an infrastructure failure.
+        group_id: The group (G rollouts of one task) this trajectory belongs to.
+        worker: Name of the env pool actor that ran it.
+    """
+
+    task: TaskRef
+    prompt_ids: list[int] = field(default_factory=list)
+    completion_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    reward: float | None = None
+    status: Status = Status.OK
+    error: str | None = None
+    turns: int = 0
+    tool_calls: int = 0
+    timings: dict[str, float] = field(default_factory=dict)
+    policy_versions: list[int] = field(default_factory=list)
+    attempt: int = 0
+    group_id: str = ""
+    worker: str = ""
+
+    @property
+    def scored(self) -> bool:
+        return self.reward is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["status"] = self.status.value
+        return out
+
+
+@dataclass
+class RolloutGroup:
+    """The G trajectories of one task: the unit a GRPO learner consumes."""
+
+    group_id: str
+    task: TaskRef
+    trajectories: list[Trajectory]

@@ -1,0 +1,31 @@
+"""Shared fixtures: one local Ray runtime per test session (on 127.0.0.1), a tiny model built once."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from raygrpo.runtime import apply_process_env
+
+apply_process_env()
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """A local Ray runtime kept on loopback, shut down at the end of the session."""
+    from raygrpo.runtime import init_ray, shutdown_ray
+
+    init_ray(num_cpus=8)
+    yield
+    shutdown_ray()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """A tiny random causal LM and its tokenizer, built locally (no download)."""
+    from raygrpo.policy.tiny import build_tiny_model
+
+    path = tmp_path_factory.mktemp("tiny-model")
+    build_tiny_model(str(path), seed=0)
+    return os.fspath(path)
