@@ -127,6 +127,8 @@ class Trajectory:
         attempt: 0 for a first try; n for the n-th retry after an infrastructure failure.
         group_id: The group (G rollouts of one task) this trajectory belongs to.
         worker: Name of the env pool actor that ran it.
+        env_span: Wall-clock times (`time.time()`) when its environment was opened and closed; the run summary
+            derives the peak of environments alive at once from these.
     """
 
     task: TaskRef
@@ -145,6 +147,7 @@ class Trajectory:
     attempt: int = 0
     group_id: str = ""
     worker: str = ""
+    env_span: tuple[float, float] | None = None
 
     @property
     def scored(self) -> bool:

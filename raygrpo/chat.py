@@ -1,0 +1,74 @@
+"""Turning conversations into token ids with the tokenizer's own chat template.
+
+The agent loop works on token ids (what the learner trains on) and keeps decoded messages beside them (what people
+read). `ChatRenderer` is the only place that knows how a chat template lays out a prompt and a block of tool results.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from raygrpo.types import ToolCall
+
+
+class ChatRenderer:
+    """Renders prompts and tool-result blocks through a Hugging Face tokenizer's chat template.
+
+    Tool results are rendered the way TRL's GRPOTrainer does it: the suffix is the difference between a short dummy
+    conversation that ends on an assistant turn and the same conversation followed by the tool messages and the next
+    generation prompt, so the ids appended after a model turn are exactly what the template would produce.
+
+    Args:
+        tokenizer: A `transformers` tokenizer with a chat template that supports tools.
+    """
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        if tokenizer.eos_token_id is None:
+            raise ValueError("the tokenizer has no eos token; the agent loop needs one to end a turn")
+        self.eos_token_id: int = tokenizer.eos_token_id
+
+    def _template(self, messages: list[dict[str, Any]], **kwargs: Any) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False, **kwargs)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids)
+
+    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        """The templated prompt, tools included, ending with the generation prompt."""
+        return self._template(messages, tools=tools or None, add_generation_prompt=True)
+
+    def tool_suffix_ids(self, tool_messages: list[dict[str, Any]]) -> list[int]:
+        """Ids that follow a finished assistant turn: the tool results, then the next generation prompt."""
+        dummy_call = {"type": "function", "function": {"name": tool_messages[0].get("name", "tool"), "arguments": {}}}
+        prefix_msgs = [
+            {"role": "user", "content": "dummy"},
+            {"role": "assistant", "content": "", "tool_calls": [dummy_call]},
+        ]
+        prefix = self._template(prefix_msgs, add_generation_prompt=False)
+        full = self._template(prefix_msgs + tool_messages, add_generation_prompt=True)
+        eos_positions = [i for i, tok in enumerate(prefix) if tok == self.eos_token_id]
+        if eos_positions:
+            prefix = prefix[: eos_positions[-1] + 1]
+        if full[: len(prefix)] != prefix:
+            raise ValueError("the chat template does not extend an assistant turn with tool results as a prefix")
+        return full[len(prefix) :]
+
+    def decode(self, ids: list[int]) -> str:
+        """Model output as text, tool-call markers kept, the end-of-turn token dropped."""
+        if ids and ids[-1] == self.eos_token_id:
+            ids = ids[:-1]
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+
+def assistant_message(content: str, calls: list[ToolCall]) -> dict[str, Any]:
+    """An assistant message in the chat-template format, with its parsed tool calls."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = [
+            {"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in calls
+        ]
+    return message

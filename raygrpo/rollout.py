@@ -1,0 +1,264 @@
+"""The agent loop: one rollout of one task, from opening the environment to its reward.
+
+Plain asyncio, no Ray: it takes an `EnvAdapter`, a `PolicyClient` and a `ChatRenderer` and returns a `Trajectory`.
+The loop renders the chat with the tools, generates, parses tool calls, runs them, appends the tool results as
+tokens with env_mask 0, and repeats until the episode is finished, the model stops calling tools, or a limit is
+hit. Whatever the model writes, the loop does not crash: bad calls become error messages to the model. The
+environment is always closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from raygrpo.chat import ChatRenderer, assistant_message
+from raygrpo.envs.base import EnvAdapter, EnvError
+from raygrpo.policy.base import GenerationContext, PolicyClient, PolicyError, SamplingParams
+from raygrpo.toolcalls import ToolCallProblem, parse_tool_calls
+from raygrpo.types import Status, TaskRef, ToolCall, ToolResult, Trajectory
+
+logger = logging.getLogger(__name__)
+
+
+class RolloutConfig(BaseModel):
+    """Limits and shape of one rollout.
+
+    Args:
+        group_size: Rollouts per task (GRPO's G); they form one group.
+        max_turns: Most model generations per rollout.
+        max_total_tokens: Most tokens per rollout, prompt and tool results included.
+        max_tool_calls_per_turn: Most tool calls run from one model turn; extra calls get an error message.
+        max_tool_output_chars: Tool results longer than this are cut, with a note saying so.
+        start_timeout_s: Deadline for starting the environment (opening a session, starting a sandbox).
+        tool_timeout_s: Deadline for one tool call; the model is told when a call times out.
+        score_timeout_s: Deadline for computing the reward (a verifier run).
+        rollout_timeout_s: Deadline for the whole rollout; past it the rollout ends unscored with status `timeout`.
+        system_prompt: Optional system message put before the environment's prompt.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    group_size: int = Field(4, ge=1)
+    max_turns: int = Field(8, ge=1)
+    max_total_tokens: int = Field(4096, ge=16)
+    max_tool_calls_per_turn: int = Field(8, ge=1)
+    max_tool_output_chars: int = Field(4000, ge=64)
+    start_timeout_s: float = Field(60.0, gt=0)
+    tool_timeout_s: float = Field(60.0, gt=0)
+    score_timeout_s: float = Field(120.0, gt=0)
+    rollout_timeout_s: float = Field(900.0, gt=0)
+    system_prompt: str | None = None
+
+
+class _Phases:
+    """Accumulates seconds per phase of a rollout."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {"provision": 0.0, "generate": 0.0, "tools": 0.0, "verify": 0.0}
+
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] += time.perf_counter() - start
+
+
+def truncate_text(text: str, limit: int) -> str:
+    """Cut `text` to `limit` characters, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    note = f"\n[output truncated: {len(text) - limit} of {len(text)} characters omitted]"
+    return text[: max(0, limit - len(note))] + note
+
+
+async def run_rollout(
+    task: TaskRef,
+    adapter: EnvAdapter,
+    policy: PolicyClient,
+    renderer: ChatRenderer,
+    sampling: SamplingParams,
+    config: RolloutConfig,
+    *,
+    on_env_open: Any = None,
+    on_env_close: Any = None,
+) -> Trajectory:
+    """Run one episode of `task` and return its trajectory. Never raises except on cancellation.
+
+    Args:
+        task: The task to run.
+        adapter: A fresh, unstarted environment adapter; it is closed before this returns.
+        policy: The policy that writes the assistant turns.
+        renderer: Renders prompts and tool results with the run's tokenizer.
+        sampling: Sampling settings; `max_tokens` is further capped by the rollout's token budget.
+        config: Limits of the rollout.
+        on_env_open: Called (no arguments) right before the environment is started, for live-env accounting.
+        on_env_close: Called (no arguments) once the environment is closed.
+    """
+    traj = Trajectory(task=task)
+    phases = _Phases()
+    started = time.perf_counter()
+    if on_env_open is not None:
+        on_env_open()
+    try:
+        await asyncio.wait_for(
+            _episode(traj, phases, adapter, policy, renderer, sampling, config),
+            timeout=config.rollout_timeout_s,
+        )
+    except TimeoutError:
+        traj.status, traj.reward = Status.TIMEOUT, None
+        traj.error = f"rollout exceeded rollout_timeout_s={config.rollout_timeout_s}"
+    except EnvError as exc:
+        traj.status, traj.reward, traj.error = Status.ENV_ERROR, None, _describe(exc)
+    except PolicyError as exc:
+        traj.status, traj.reward, traj.error = Status.POLICY_ERROR, None, _describe(exc)
+    except asyncio.CancelledError:
+        traj.status, traj.reward, traj.error = Status.CANCELLED, None, "cancelled"
+        raise
+    except Exception as exc:  # noqa: BLE001 - an adapter bug must not take the whole batch down
+        logger.exception("rollout of %s/%s failed unexpectedly", task.env, task.index)
+        traj.status, traj.reward, traj.error = Status.ENV_ERROR, None, _describe(exc)
+    finally:
+        with phases.timed("provision"):
+            await _close_quietly(adapter)
+        if on_env_close is not None:
+            on_env_close()
+        traj.timings = {**phases.seconds, "total": time.perf_counter() - started}
+    return traj
+
+
+async def _close_quietly(adapter: EnvAdapter) -> None:
+    # Shielded so that a cancelled rollout still releases its session or sandbox.
+    try:
+        await asyncio.shield(adapter.close())
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # noqa: BLE001
+        logger.warning("closing an environment failed", exc_info=True)
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"[:500]
+
+
+async def _episode(
+    traj: Trajectory,
+    phases: _Phases,
+    adapter: EnvAdapter,
+    policy: PolicyClient,
+    renderer: ChatRenderer,
+    sampling: SamplingParams,
+    config: RolloutConfig,
+) -> None:
+    with phases.timed("provision"):
+        try:
+            obs = await asyncio.wait_for(adapter.start(traj.task), timeout=config.start_timeout_s)
+        except TimeoutError as exc:
+            raise EnvError(f"environment did not start within start_timeout_s={config.start_timeout_s}") from exc
+
+    messages: list[dict[str, Any]] = []
+    if config.system_prompt:
+        messages.append({"role": "system", "content": config.system_prompt})
+    messages.extend(obs.messages)
+    traj.messages = messages
+    traj.prompt_ids = renderer.prompt_ids(messages, obs.tools)
+    tool_names = {t.get("function", t).get("name") for t in obs.tools}
+
+    status = Status.TRUNCATED  # unless the episode ends before the turn limit
+    for turn_index in range(config.max_turns):
+        budget = config.max_total_tokens - len(traj.prompt_ids) - len(traj.completion_ids)
+        if budget <= 0:
+            break
+        request = SamplingParams(
+            max_tokens=min(sampling.max_tokens, budget),
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seed=sampling.seed,
+        )
+        context = GenerationContext(task=traj.task, messages=list(messages), turn=turn_index)
+        with phases.timed("generate"):
+            turn = await policy.generate(traj.prompt_ids + traj.completion_ids, request, context)
+        traj.turns += 1
+        traj.policy_versions.append(turn.policy_version)
+        traj.completion_ids.extend(turn.output_ids)
+        traj.logprobs.extend(turn.logprobs)
+        traj.env_mask.extend([1] * len(turn.output_ids))
+
+        content, parsed = parse_tool_calls(renderer.decode(turn.output_ids))
+        calls = [c for c in parsed if isinstance(c, ToolCall)]
+        messages.append(assistant_message(content, calls))
+        if turn.finish_reason == "length":
+            break  # cut off mid-turn: its tool calls may be incomplete
+        if not parsed:
+            status = Status.OK  # the model answered without calling a tool
+            break
+
+        tool_messages, finished = await _run_calls(traj, phases, adapter, parsed, tool_names, config)
+        messages.extend(tool_messages)
+        if finished:
+            status = Status.OK
+            break
+        suffix = renderer.tool_suffix_ids(tool_messages)
+        if len(traj.prompt_ids) + len(traj.completion_ids) + len(suffix) >= config.max_total_tokens:
+            break
+        traj.completion_ids.extend(suffix)
+        traj.logprobs.extend([0.0] * len(suffix))
+        traj.env_mask.extend([0] * len(suffix))
+
+    with phases.timed("verify"):
+        try:
+            reward = await asyncio.wait_for(adapter.score(), timeout=config.score_timeout_s)
+        except TimeoutError:
+            traj.status, traj.reward = Status.TIMEOUT, None
+            traj.error = f"scoring exceeded score_timeout_s={config.score_timeout_s}"
+            return
+    traj.status = status
+    traj.reward = None if reward is None else float(reward)
+
+
+async def _run_calls(
+    traj: Trajectory,
+    phases: _Phases,
+    adapter: EnvAdapter,
+    parsed: list[ToolCall | ToolCallProblem],
+    tool_names: set[str],
+    config: RolloutConfig,
+) -> tuple[list[dict[str, Any]], bool]:
+    """Run one turn's tool calls in order; returns the tool messages and whether the episode finished."""
+    tool_messages: list[dict[str, Any]] = []
+    for position, call in enumerate(parsed):
+        if position >= config.max_tool_calls_per_turn:
+            result = ToolResult(
+                f"Error: at most {config.max_tool_calls_per_turn} tool calls per turn; this one was not run.",
+                error=True,
+            )
+            name = call.name if isinstance(call, ToolCall) else "invalid_tool_call"
+        elif isinstance(call, ToolCallProblem):
+            result, name = ToolResult(call.message, error=True), "invalid_tool_call"
+        elif call.name not in tool_names:
+            available = ", ".join(sorted(n for n in tool_names if n)) or "none"
+            result = ToolResult(f"Error: unknown tool {call.name!r}. Available tools: {available}.", error=True)
+            name = call.name
+        else:
+            name = call.name
+            with phases.timed("tools"):
+                try:
+                    result = await asyncio.wait_for(adapter.call(call.name, call.arguments), config.tool_timeout_s)
+                except TimeoutError:
+                    result = ToolResult(
+                        f"Error: tool {call.name!r} did not answer within {config.tool_timeout_s} s.", error=True
+                    )
+            traj.tool_calls += 1
+        text = truncate_text(result.text, config.max_tool_output_chars)
+        tool_messages.append({"role": "tool", "name": name, "content": text})
+        if result.finished:
+            return tool_messages, True
+    return tool_messages, False
