@@ -1,0 +1,166 @@
+"""The run config: one YAML file per run, validated by pydantic, with `--set dotted.key=value` overrides.
+
+Unknown keys and bad values are errors that name the field (`envs.echo.num_taks: Extra inputs are not permitted`).
+Relative paths in the file (embedded environments, scripted policies) are resolved against the file's folder.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+
+from raygrpo.policy.config import PolicyConfig, SamplingConfig
+from raygrpo.rollout import RolloutConfig
+from raygrpo.specs.ors import ORSSpec
+
+
+class ConfigError(ValueError):
+    """A run config that cannot be used; the message names the field."""
+
+
+class WorkersConfig(BaseModel):
+    """The env pool actors and how the orchestrator uses them.
+
+    Args:
+        num_env_actors: Env pool actors to start (N); each runs up to `max_concurrent_per_actor` rollouts (K).
+        max_concurrent_per_actor: Rollouts, hence live environments, per actor at once.
+        actor_num_cpus: CPUs Ray reserves per env pool actor (they mostly wait on I/O, so a fraction is fine).
+        max_retries: Retries of one rollout after an infrastructure failure (env or policy error), then it is kept
+            unscored with its status.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_env_actors: int = Field(2, ge=1)
+    max_concurrent_per_actor: int = Field(64, ge=1)
+    actor_num_cpus: float = Field(0.25, ge=0)
+    max_retries: int = Field(2, ge=0)
+
+
+class RayConfig(BaseModel):
+    """Where Ray runs.
+
+    Args:
+        address: None starts a local Ray on 127.0.0.1; `"auto"` joins the cluster this process runs in (e.g. under
+            `ray job submit`); any other value is passed to `ray.init(address=...)`.
+        num_cpus: CPUs a local Ray advertises (None: Ray's default, the machine's cores).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    address: str | None = None
+    num_cpus: int | None = Field(None, ge=1)
+
+
+class RunConfig(BaseModel):
+    """Everything one run needs.
+
+    Args:
+        envs: Environments by name. A name appears in every trajectory's task reference.
+        model: Path to a Hugging Face model folder whose tokenizer (and, for the transformers engine, weights) the run
+            uses, or `"tiny"` for a tiny random model built locally on first use.
+        policy: Which policy writes the assistant turns.
+        sampling: Sampling settings of every generation.
+        rollout: Limits of each rollout and the group size.
+        workers: Env pool actors and retries.
+        ray: Where Ray runs.
+        seed: Seed for task order and sampling.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    envs: dict[str, ORSSpec]
+    model: str = "tiny"
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    workers: WorkersConfig = Field(default_factory=WorkersConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
+    seed: int = 0
+
+    _base_dir: str = PrivateAttr(default_factory=os.getcwd)
+
+    @field_validator("envs")
+    @classmethod
+    def _at_least_one_env(cls, envs: dict[str, ORSSpec]) -> dict[str, ORSSpec]:
+        if not envs:
+            raise ValueError("at least one environment is needed")
+        return envs
+
+    @property
+    def base_dir(self) -> str:
+        """Folder that relative paths in the config are resolved against (the config file's folder)."""
+        return self._base_dir
+
+
+def _parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise ConfigError(f"--set {item!r}: expected dotted.key=value")
+    key, raw = item.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise ConfigError(f"--set {item!r}: empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `dotted.key=value` overrides (values parsed as YAML scalars or flow collections) to a raw config."""
+    for item in overrides:
+        parts, value = _parse_override(item)
+        node = data
+        for depth, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                where = ".".join(parts[: depth + 1])
+                raise ConfigError(f"--set {item!r}: {where} is not a mapping")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "(root)"
+        lines.append(f"{where}: {err['msg']}")
+    return "invalid run config:\n  " + "\n  ".join(lines)
+
+
+def load_config(path: str | os.PathLike[str] | None = None, overrides: list[str] | None = None,
+                data: dict[str, Any] | None = None) -> RunConfig:
+    """Read, override and validate a run config.
+
+    Args:
+        path: YAML file; relative paths inside it resolve against its folder.
+        overrides: `dotted.key=value` strings applied before validation.
+        data: A config given as a mapping instead of a file (then relative paths resolve against the cwd).
+    """
+    base_dir = os.getcwd()
+    if path is not None:
+        file = Path(path)
+        if not file.is_file():
+            raise ConfigError(f"config file not found: {file}")
+        try:
+            data = yaml.safe_load(file.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{file}: not valid YAML: {exc}") from exc
+        base_dir = str(file.resolve().parent)
+    if not isinstance(data, dict):
+        raise ConfigError("a run config must be a YAML mapping")
+    data = apply_overrides(dict(data), overrides or [])
+    try:
+        cfg = RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None
+    cfg._base_dir = base_dir
+    return cfg

@@ -1,0 +1,127 @@
+"""Starting and stopping what a run needs on Ray: embedded ORS servers, policy engines, env pool actors.
+
+`RolloutRuntime` is a context manager: it brings everything up in `__enter__` and, whatever happened (an error,
+Ctrl-C), shuts the env pool actors down (which closes every session), then the engines and the servers, in
+`__exit__`. The final actor stats give the leak count.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import ray
+
+from raygrpo.config import RunConfig
+from raygrpo.types import TaskRef
+
+logger = logging.getLogger(__name__)
+
+
+class RolloutRuntime:
+    """The Ray side of a run.
+
+    Args:
+        cfg: The validated run config.
+        actor_prefix: Prefix of the env pool actors' names (they are named, so a cluster operator can find them).
+    """
+
+    def __init__(self, cfg: RunConfig, actor_prefix: str = "raygrpo-envpool") -> None:
+        self.cfg = cfg
+        self.actor_prefix = actor_prefix
+        self.envs: dict[str, Any] = dict(cfg.envs)
+        self.servers: dict[str, Any] = {}
+        self.engines: list[Any] = []
+        self.actors: list[tuple[str, Any]] = []
+        self.model_path: str = ""
+        self.final_stats: list[dict[str, Any]] = []
+        self.server_live_sessions: dict[str, int] = {}
+
+    def __enter__(self) -> RolloutRuntime:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def _start(self) -> None:
+        from raygrpo.actors.ors_server import start_embedded_server
+        from raygrpo.policy.factory import start_engines
+        from raygrpo.policy.tiny import resolve_model_path
+
+        cfg = self.cfg
+        for name, spec in cfg.envs.items():
+            if spec.environment:
+                handle, url = start_embedded_server(spec, name, base_dir=cfg.base_dir)
+                self.servers[name] = handle
+                self.envs[name] = spec.served_at(url)
+                logger.info("serving environment %s at %s", name, url)
+        self.model_path = resolve_model_path(cfg.model)
+        self.engines = start_engines(cfg.policy, self.model_path)
+
+        from raygrpo.actors.env_pool import EnvPoolActor
+
+        k = cfg.workers.max_concurrent_per_actor
+        for i in range(cfg.workers.num_env_actors):
+            name = f"{self.actor_prefix}-{i}"
+            handle = EnvPoolActor.options(
+                name=name, num_cpus=cfg.workers.actor_num_cpus, max_concurrency=k + 16
+            ).remote(
+                name=name,
+                envs=self.envs,
+                policy=cfg.policy,
+                model_path=self.model_path,
+                sampling=cfg.sampling,
+                rollout=cfg.rollout,
+                max_concurrent=k,
+                engines=self.engines,
+                worker_index=i,
+                base_dir=cfg.base_dir,
+            )
+            self.actors.append((name, handle))
+        ray.get([h.ready.remote() for _, h in self.actors])
+
+    def list_tasks(self) -> list[TaskRef]:
+        """Every task of every environment, in config order (the rollout schedule)."""
+        tasks: list[TaskRef] = []
+        for name, spec in self.envs.items():
+            tasks.extend(spec.list_tasks(name))
+        return tasks
+
+    def stop(self) -> None:
+        """Shut down actors (closing every environment), then engines and embedded servers. Safe to call twice."""
+        from raygrpo.policy.factory import stop_engines
+
+        if self.actors:
+            refs = [h.shutdown.remote() for _, h in self.actors]
+            stats = []
+            for (name, handle), ref in zip(self.actors, refs):
+                try:
+                    stats.append(ray.get(ref, timeout=60))
+                except Exception as exc:  # noqa: BLE001
+                    logger.warning("env pool actor %s did not shut down cleanly: %s", name, exc)
+                    stats.append({"name": name, "live_envs": None})
+                ray.kill(handle, no_restart=True)
+            self.final_stats = stats
+            self.actors = []
+        if self.engines:
+            stop_engines(self.engines)
+            self.engines = []
+        for name, handle in self.servers.items():
+            try:
+                self.server_live_sessions[name] = ray.get(handle.live_sessions.remote(), timeout=30)
+                ray.get(handle.stop.remote(), timeout=30)
+            except Exception as exc:  # noqa: BLE001
+                logger.warning("embedded server %s did not stop cleanly: %s", name, exc)
+            ray.kill(handle, no_restart=True)
+        self.servers = {}
+
+    @property
+    def leaked_envs(self) -> int:
+        """Environments still alive after shutdown: the larger of the actors' count and the servers' own count."""
+        actor_live = sum(int(s.get("live_envs") or 0) for s in self.final_stats)
+        return max(actor_live, sum(self.server_live_sessions.values()))

@@ -1,0 +1,159 @@
+"""Dispatching rollouts over env pool actors, retrying infrastructure failures, streaming results as they finish.
+
+The orchestrator lives on the driver. It keeps at most K rollouts in flight per actor and gives each new rollout
+to the actor with the fewest in flight, so a slow sandbox on one actor does not hold the others back. Every
+requested rollout ends as exactly one yielded trajectory: scored, or unscored with its status. A rollout that failed
+for an infrastructure reason (env or policy error, a dead actor) is run again, at most `max_retries` times.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, TaskCancelledError
+
+from raygrpo.types import Status, TaskRef, Trajectory
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RolloutRequest:
+    """One rollout to run: a task, the group it belongs to, and which attempt this is."""
+
+    task: TaskRef
+    group_id: str
+    attempt: int = 0
+
+
+@dataclass
+class _Slot:
+    handle: Any
+    name: str
+    in_flight: int = 0
+    alive: bool = True
+
+
+@dataclass
+class DispatchStats:
+    """Counts kept while dispatching."""
+
+    dispatched: int = 0
+    retried: int = 0
+    failed_attempts: list[Trajectory] = field(default_factory=list)
+
+
+def make_groups(tasks: Iterable[TaskRef], group_size: int) -> list[RolloutRequest]:
+    """Repeat each task `group_size` times as one group (adjacent, so the group finishes together)."""
+    requests = []
+    for task in tasks:
+        group_id = f"{task.env}:{task.split}:{task.index}:{uuid.uuid4().hex[:8]}"
+        requests.extend(RolloutRequest(task, group_id) for _ in range(group_size))
+    return requests
+
+
+class Orchestrator:
+    """Streams trajectories of the requested rollouts from a set of env pool actors.
+
+    Args:
+        actors: Env pool actor handles (`EnvPoolActor`), with their names.
+        max_in_flight_per_actor: Rollouts in flight per actor (K); more wait on the driver.
+        max_retries: Retries of one rollout after an infrastructure failure.
+        on_failed_attempt: Called with the trajectory of each attempt that failed and will be retried.
+    """
+
+    def __init__(
+        self,
+        actors: list[tuple[str, Any]],
+        max_in_flight_per_actor: int,
+        max_retries: int = 2,
+        on_failed_attempt: Callable[[Trajectory], None] | None = None,
+    ) -> None:
+        if not actors:
+            raise ValueError("the orchestrator needs at least one env pool actor")
+        self.slots = [_Slot(handle=h, name=n) for n, h in actors]
+        self.max_in_flight = max_in_flight_per_actor
+        self.max_retries = max_retries
+        self.on_failed_attempt = on_failed_attempt
+        self.stats = DispatchStats()
+        self._pending: dict[Any, tuple[_Slot, RolloutRequest]] = {}
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def _free_slot(self) -> _Slot | None:
+        live = [s for s in self.slots if s.alive and s.in_flight < self.max_in_flight]
+        return min(live, key=lambda s: s.in_flight) if live else None
+
+    def _submit(self, slot: _Slot, request: RolloutRequest) -> None:
+        ref = slot.handle.run.remote(request.task, request.group_id, request.attempt)
+        slot.in_flight += 1
+        self._pending[ref] = (slot, request)
+        self.stats.dispatched += 1
+
+    def run(self, requests: Iterable[RolloutRequest]) -> Iterator[Trajectory]:
+        """Yield one final trajectory per request, in completion order.
+
+        Closing the generator early (or an exception such as KeyboardInterrupt while it waits) cancels the rollouts
+        still in flight; each closes its environment as it unwinds.
+        """
+        queue: deque[RolloutRequest] = deque(requests)
+        try:
+            while queue or self._pending:
+                while queue:
+                    slot = self._free_slot()
+                    if slot is None:
+                        break
+                    self._submit(slot, queue.popleft())
+                if not self._pending:
+                    raise RuntimeError("every env pool actor has died; cannot run the remaining rollouts")
+                done, _ = ray.wait(list(self._pending), num_returns=1, timeout=1.0)
+                for ref in done:
+                    slot, request = self._pending.pop(ref)
+                    slot.in_flight -= 1
+                    traj = self._result(ref, slot, request)
+                    if traj.status.is_infra_failure and request.attempt < self.max_retries:
+                        self.stats.retried += 1
+                        self.stats.failed_attempts.append(traj)
+                        if self.on_failed_attempt is not None:
+                            self.on_failed_attempt(traj)
+                        queue.appendleft(RolloutRequest(request.task, request.group_id, request.attempt + 1))
+                        continue
+                    yield traj
+        finally:
+            self.cancel()
+
+    def _result(self, ref: Any, slot: _Slot, request: RolloutRequest) -> Trajectory:
+        try:
+            return ray.get(ref)
+        except RayActorError as exc:
+            slot.alive = False
+            logger.warning("env pool actor %s died: %s", slot.name, exc)
+            status, error = Status.ENV_ERROR, f"env pool actor {slot.name} died"
+        except TaskCancelledError:
+            status, error = Status.CANCELLED, "cancelled"
+        except Exception as exc:  # noqa: BLE001 - a task that raised: report, do not lose the rollout
+            logger.warning("rollout on %s raised: %s", slot.name, exc)
+            status, error = Status.ENV_ERROR, f"{type(exc).__name__}: {exc}"[:500]
+        return Trajectory(
+            task=request.task, status=status, error=error, group_id=request.group_id,
+            attempt=request.attempt, worker=slot.name,
+        )
+
+    def cancel(self) -> None:
+        """Cancel every rollout still in flight."""
+        for ref in list(self._pending):
+            try:
+                ray.cancel(ref)
+            except Exception:  # noqa: BLE001
+                pass
+        self._pending.clear()
+        for slot in self.slots:
+            slot.in_flight = 0
