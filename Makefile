@@ -1,0 +1,29 @@
+# Two entry points (see README): `make rollout` and `make test`. Both create .venv on first use.
+PYTHON ?= $(shell command -v python3.12 2>/dev/null || echo python3)
+VENV ?= .venv
+PY := $(VENV)/bin/python
+OUT ?= runs/echo
+
+.PHONY: install rollout test test-all bench
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $@
+
+# The embedded default: local Ray, the echo ORS environment served on 127.0.0.1, a tiny local model on the CPU.
+rollout: install
+	$(VENV)/bin/raygrpo rollout examples/echo/rollout.yaml --out $(OUT) --set policy.kind=transformers
+
+test: install
+	$(PY) -m pytest
+
+# Also the slow tests (ORS keepalive over an idle gap).
+test-all: install
+	$(PY) -m pytest -m "not gpu and not vllm"
+
+bench: install
+	$(PY) benchmarks/ors_throughput.py
