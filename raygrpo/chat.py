@@ -16,7 +16,9 @@ class ChatRenderer:
 
     Tool results are rendered the way TRL's GRPOTrainer does it: the suffix is the difference between a short dummy
     conversation that ends on an assistant turn and the same conversation followed by the tool messages and the next
-    generation prompt, so the ids appended after a model turn are exactly what the template would produce.
+    generation prompt, so the ids appended after a model turn are exactly what the template would produce. That only
+    works with a prefix-preserving template; like GRPOTrainer, the renderer swaps a template that is not (Qwen3's
+    drops `<think>` blocks of earlier turns) for TRL's training variant of it, for prompts and tool results alike.
 
     Args:
         tokenizer: A `transformers` tokenizer with a chat template that supports tools.
@@ -27,8 +29,25 @@ class ChatRenderer:
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no eos token; the agent loop needs one to end a turn")
         self.eos_token_id: int = tokenizer.eos_token_id
+        self.chat_template: str | None = None
+        if not self._prefix_preserving():
+            # TRL is imported only here: it costs seconds per process, and most templates never need it.
+            from trl.chat_template_utils import get_training_chat_template
+
+            self.chat_template = get_training_chat_template(tokenizer)
+
+    def _prefix_preserving(self) -> bool:
+        call = {"type": "function", "function": {"name": "f", "arguments": {}}}
+        first = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+        longer = first + [{"role": "tool", "name": "f", "content": "r"}]
+        short = self.tokenizer.apply_chat_template(first, tokenize=False)
+        full = self.tokenizer.apply_chat_template(longer, tokenize=False, add_generation_prompt=True)
+        eos = self.tokenizer.eos_token
+        return full.startswith(short[: short.rfind(eos) + len(eos)] if eos in short else short)
 
     def _template(self, messages: list[dict[str, Any]], **kwargs: Any) -> list[int]:
+        if self.chat_template is not None:
+            kwargs["chat_template"] = self.chat_template
         ids = self.tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False, **kwargs)
         if isinstance(ids, dict) or hasattr(ids, "input_ids"):
             ids = ids["input_ids"]

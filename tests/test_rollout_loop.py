@@ -1,0 +1,189 @@
+"""The agent loop without Ray: token bookkeeping, limits, and bad model output that must never crash a rollout."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from raygrpo.chat import ChatRenderer
+from raygrpo.envs.base import EnvError
+from raygrpo.policy.base import GenerationContext, SamplingParams
+from raygrpo.policy.scripted import ScriptedPolicy
+from raygrpo.rollout import RolloutConfig, run_rollout
+from raygrpo.toolcalls import format_tool_call
+from raygrpo.types import Observation, Status, TaskRef, ToolResult
+
+pytestmark = pytest.mark.timeout(60)
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {"name": "dump", "description": "Print a lot.", "parameters": {"type": "object", "properties": {}}},
+    },
+    {
+        "type": "function",
+        "function": {"name": "submit", "description": "Submit.", "parameters": {"type": "object", "properties": {}}},
+    },
+]
+
+
+class AddEnv:
+    """A small in-process environment for loop tests: `add` checks its argument types like a real server would."""
+
+    def __init__(self, die_on_call: int | None = None, call_delay_s: float = 0.0):
+        self.calls: list[tuple[str, dict]] = []
+        self.closed = 0
+        self.reward: float | None = None
+        self.die_on_call = die_on_call
+        self.call_delay_s = call_delay_s
+
+    async def start(self, task: TaskRef) -> Observation:
+        return Observation(messages=[{"role": "user", "content": "Add 2 and 3, then submit."}], tools=TOOLS)
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        self.calls.append((name, arguments))
+        if self.die_on_call is not None and len(self.calls) >= self.die_on_call:
+            raise EnvError("session terminated by the server")
+        await asyncio.sleep(self.call_delay_s)
+        if name == "add":
+            a, b = arguments.get("a"), arguments.get("b")
+            if not isinstance(a, int) or not isinstance(b, int):
+                return ToolResult("Error: a and b must be integers", error=True)
+            return ToolResult(str(a + b))
+        if name == "dump":
+            return ToolResult("x" * 100_000)
+        self.reward = 1.0
+        return ToolResult("submitted", reward=1.0, finished=True)
+
+    async def score(self) -> float | None:
+        return self.reward
+
+    async def close(self) -> None:
+        self.closed += 1
+
+
+def scripted(*turns: str | None):
+    def script(ctx: GenerationContext) -> str | None:
+        return turns[ctx.turn] if ctx.turn < len(turns) else "done"
+
+    return script
+
+
+@pytest.fixture(scope="module")
+def renderer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return ChatRenderer(AutoTokenizer.from_pretrained(tiny_model_dir))
+
+
+def _run(renderer, env, script, **limits):
+    policy = ScriptedPolicy(renderer.tokenizer, script)
+    task = TaskRef(env="add", index=0)
+    config = RolloutConfig(**limits)
+    return asyncio.run(run_rollout(task, env, policy, renderer, SamplingParams(max_tokens=512), config))
+
+
+def test_multi_turn_bookkeeping(renderer):
+    env = AddEnv()
+    traj = _run(renderer, env, scripted(format_tool_call("add", {"a": 2, "b": 3}), format_tool_call("submit", {})))
+    assert traj.status is Status.OK and traj.reward == 1.0
+    assert env.calls == [("add", {"a": 2, "b": 3}), ("submit", {})] and env.closed == 1
+    assert traj.turns == 2 and traj.tool_calls == 2
+    assert len(traj.completion_ids) == len(traj.env_mask) == len(traj.logprobs)
+    # The tool result of the first turn sits between the two model turns, masked out.
+    first_env = traj.env_mask.index(0)
+    env_tokens = [t for t, m in zip(traj.completion_ids, traj.env_mask) if m == 0]
+    assert "5" in renderer.tokenizer.decode(env_tokens)
+    assert traj.completion_ids[first_env - 1] == renderer.eos_token_id
+    assert traj.env_mask[-1] == 1  # the finishing turn ends the trajectory: no dangling tool tokens
+    assert [m["role"] for m in traj.messages] == ["user", "assistant", "tool", "assistant", "tool"]
+
+
+def test_no_tool_call_means_no_reward(renderer):
+    traj = _run(renderer, AddEnv(), scripted("I think the answer is 5."))
+    assert traj.status is Status.OK and traj.reward is None and traj.turns == 1
+
+
+@pytest.mark.parametrize(
+    "bad, expected",
+    [
+        ('<tool_call>{"name": "add", "arguments": {"a": 2</tool_call>', "not valid JSON"),
+        (format_tool_call("multiply", {"a": 2}), "unknown tool 'multiply'"),
+        (format_tool_call("add", {"a": "two", "b": 3}), "must be integers"),
+    ],
+)
+def test_bad_calls_become_messages_to_the_model(renderer, bad, expected):
+    env = AddEnv()
+    traj = _run(renderer, env, scripted(bad, format_tool_call("submit", {})))
+    assert traj.status is Status.OK and traj.reward == 1.0
+    assert expected in traj.messages[2]["content"]
+
+
+def test_oversize_tool_output_is_truncated(renderer):
+    traj = _run(renderer, AddEnv(), scripted(format_tool_call("dump", {}), format_tool_call("submit", {})),
+                max_tool_output_chars=500)
+    assert len(traj.messages[2]["content"]) <= 500 and "output truncated" in traj.messages[2]["content"]
+    assert traj.reward == 1.0
+
+
+def test_turn_limit_truncates_but_keeps_reward_convention(renderer):
+    call = format_tool_call("add", {"a": 1, "b": 1})
+    traj = _run(renderer, AddEnv(), scripted(call, call, call, call), max_turns=2)
+    assert traj.status is Status.TRUNCATED and traj.turns == 2 and traj.reward is None
+
+
+def test_token_budget(renderer):
+    call = format_tool_call("add", {"a": 1, "b": 1})
+    traj = _run(renderer, AddEnv(), scripted(*[call] * 50), max_total_tokens=400, max_turns=50)
+    assert traj.status is Status.TRUNCATED
+    assert len(traj.prompt_ids) + len(traj.completion_ids) <= 400
+
+
+def test_dead_environment_is_unscored_env_error(renderer):
+    env = AddEnv(die_on_call=1)
+    traj = _run(renderer, env, scripted(format_tool_call("submit", {})))
+    assert traj.status is Status.ENV_ERROR and traj.reward is None and env.closed == 1
+    assert "terminated" in traj.error
+
+
+def test_tool_deadline_tells_the_model(renderer):
+    env = AddEnv(call_delay_s=2.0)
+    traj = _run(renderer, env, scripted(format_tool_call("add", {"a": 1, "b": 1})), tool_timeout_s=0.2)
+    assert "did not answer within" in traj.messages[2]["content"]
+
+
+def test_rollout_deadline_is_unscored_timeout(renderer):
+    env = AddEnv(call_delay_s=5.0)
+    traj = _run(renderer, env, scripted(format_tool_call("add", {"a": 1, "b": 1})), rollout_timeout_s=0.5)
+    assert traj.status is Status.TIMEOUT and traj.reward is None and env.closed == 1
+
+
+def test_cancellation_closes_the_environment(renderer):
+    env = AddEnv(call_delay_s=10.0)
+    policy = ScriptedPolicy(renderer.tokenizer, scripted(format_tool_call("add", {"a": 1, "b": 1})))
+
+    async def main():
+        task = asyncio.create_task(
+            run_rollout(TaskRef("add", 0), env, policy, renderer, SamplingParams(), RolloutConfig())
+        )
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert env.closed == 1
