@@ -63,7 +63,7 @@ class RunConfig(BaseModel):
         envs: Environments by name. A name appears in every trajectory's task reference.
         model: Path to a Hugging Face model folder whose tokenizer (and, for the transformers engine, weights) the run
             uses, or `"tiny"` for a tiny random model built locally on first use.
-        policy: Which policy writes the assistant turns.
+        policy: Which policy writes the assistant turns (default: the transformers engine running `model`).
         sampling: Sampling settings of every generation.
         rollout: Limits of each rollout and the group size.
         workers: Env pool actors and retries.

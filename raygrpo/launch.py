@@ -60,7 +60,10 @@ class RolloutRuntime:
                 self.servers[name] = handle
                 self.envs[name] = spec.served_at(url)
                 logger.info("serving environment %s at %s", name, url)
-        self.model_path = resolve_model_path(cfg.model)
+        # Checked (and "tiny" built) here so a bad path fails before any actor starts; actors and engines resolve
+        # `cfg.model` again on their own nodes, where a driver-local cache path might not exist.
+        resolve_model_path(cfg.model)
+        self.model_path = cfg.model
         self.engines = start_engines(cfg.policy, self.model_path)
 
         from raygrpo.actors.env_pool import EnvPoolActor

@@ -25,10 +25,11 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class RolloutRequest:
-    """One rollout to run: a task, the group it belongs to, and which attempt this is."""
+    """One rollout to run: a task, the group it belongs to, its index in the group, and which attempt this is."""
 
     task: TaskRef
     group_id: str
+    sample: int = 0
     attempt: int = 0
 
 
@@ -54,7 +55,7 @@ def make_groups(tasks: Iterable[TaskRef], group_size: int) -> list[RolloutReques
     requests = []
     for task in tasks:
         group_id = f"{task.env}:{task.split}:{task.index}:{uuid.uuid4().hex[:8]}"
-        requests.extend(RolloutRequest(task, group_id) for _ in range(group_size))
+        requests.extend(RolloutRequest(task, group_id, sample) for sample in range(group_size))
     return requests
 
 
@@ -93,7 +94,7 @@ class Orchestrator:
         return min(live, key=lambda s: s.in_flight) if live else None
 
     def _submit(self, slot: _Slot, request: RolloutRequest) -> None:
-        ref = slot.handle.run.remote(request.task, request.group_id, request.attempt)
+        ref = slot.handle.run.remote(request.task, request.group_id, request.attempt, request.sample)
         slot.in_flight += 1
         self._pending[ref] = (slot, request)
         self.stats.dispatched += 1
@@ -124,7 +125,9 @@ class Orchestrator:
                         self.stats.failed_attempts.append(traj)
                         if self.on_failed_attempt is not None:
                             self.on_failed_attempt(traj)
-                        queue.appendleft(RolloutRequest(request.task, request.group_id, request.attempt + 1))
+                        queue.appendleft(
+                            RolloutRequest(request.task, request.group_id, request.sample, request.attempt + 1)
+                        )
                         continue
                     yield traj
         finally:

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from raygrpo.chat import ChatRenderer, assistant_message
 from raygrpo.envs.base import EnvAdapter, EnvError
 from raygrpo.policy.base import GenerationContext, PolicyClient, PolicyError, SamplingParams
+from raygrpo.policy.config import request_seed
 from raygrpo.toolcalls import ToolCallProblem, parse_tool_calls
 from raygrpo.types import Status, TaskRef, ToolCall, ToolResult, Trajectory
 
@@ -89,6 +90,7 @@ async def run_rollout(
     *,
     on_env_open: Any = None,
     on_env_close: Any = None,
+    sample_key: str = "",
 ) -> Trajectory:
     """Run one episode of `task` and return its trajectory. Never raises except on cancellation.
 
@@ -101,6 +103,8 @@ async def run_rollout(
         config: Limits of the rollout.
         on_env_open: Called (no arguments) right before the environment is started, for live-env accounting.
         on_env_close: Called (no arguments) once the environment is closed.
+        sample_key: Names this rollout among its group (e.g. `group_id/sample/attempt`); with `sampling.seed` set,
+            each turn's seed derives from it, so the G rollouts of a group do not all sample alike.
     """
     traj = Trajectory(task=task)
     phases = _Phases()
@@ -109,7 +113,7 @@ async def run_rollout(
         on_env_open()
     try:
         await asyncio.wait_for(
-            _episode(traj, phases, adapter, policy, renderer, sampling, config),
+            _episode(traj, phases, adapter, policy, renderer, sampling, config, sample_key),
             timeout=config.rollout_timeout_s,
         )
     except TimeoutError:
@@ -157,6 +161,7 @@ async def _episode(
     renderer: ChatRenderer,
     sampling: SamplingParams,
     config: RolloutConfig,
+    sample_key: str,
 ) -> None:
     with phases.timed("provision"):
         try:
@@ -181,7 +186,7 @@ async def _episode(
             max_tokens=min(sampling.max_tokens, budget),
             temperature=sampling.temperature,
             top_p=sampling.top_p,
-            seed=sampling.seed,
+            seed=request_seed(sampling.seed, sample_key, turn_index),
         )
         context = GenerationContext(task=traj.task, messages=list(messages), turn=turn_index)
         with phases.timed("generate"):

@@ -65,7 +65,7 @@ class RolloutWorker:
     def _closed(self) -> None:
         self.live_envs -= 1
 
-    async def run(self, task: TaskRef, group_id: str = "", attempt: int = 0) -> Trajectory:
+    async def run(self, task: TaskRef, group_id: str = "", attempt: int = 0, sample: int = 0) -> Trajectory:
         """Roll out `task` once (waiting for a free slot first) and return its trajectory."""
         if self.closed:
             raise RuntimeError(f"worker {self.name} is shut down")
@@ -96,6 +96,7 @@ class RolloutWorker:
                     self.rollout,
                     on_env_open=opened,
                     on_env_close=closed,
+                    sample_key=f"{group_id}/{sample}/{attempt}",
                 )
         finally:
             if current is not None:

@@ -25,7 +25,7 @@ class EnvPool:
         name: The actor's name, recorded in trajectories.
         envs: Environment specs by name (each has a `provider()` that builds its adapter factory on this loop).
         policy: The run's `PolicyConfig`.
-        model_path: Folder of the tokenizer (and model) the run uses.
+        model_path: Folder of the tokenizer (and model) the run uses, or `"tiny"`.
         sampling: The run's `SamplingConfig`.
         rollout: The run's `RolloutConfig`.
         max_concurrent: Rollouts at once in this actor (K).
@@ -72,12 +72,15 @@ class EnvPool:
 
         from raygrpo.chat import ChatRenderer
         from raygrpo.policy.factory import build_policy_client
+        from raygrpo.policy.tiny import resolve_model_path
         from raygrpo.worker import RolloutWorker
 
         a = self._args
-        tokenizer = AutoTokenizer.from_pretrained(a["model_path"])
+        # Resolved here, on the actor's node: "tiny" is built into this node's cache if it is not there yet.
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(a["model_path"]))
         policy = build_policy_client(
-            a["policy"], tokenizer, engines=a["engines"], worker_index=a["worker_index"], base_dir=a["base_dir"]
+            a["policy"], tokenizer, engines=a["engines"], worker_index=a["worker_index"], base_dir=a["base_dir"],
+            model_name=a["model_path"],
         )
         providers = {name: spec.provider() for name, spec in a["envs"].items()}
         return RolloutWorker(
@@ -95,9 +98,9 @@ class EnvPool:
         await self._ready()
         return self._args["name"]
 
-    async def run(self, task: TaskRef, group_id: str = "", attempt: int = 0) -> Trajectory:
+    async def run(self, task: TaskRef, group_id: str = "", attempt: int = 0, sample: int = 0) -> Trajectory:
         worker = await self._ready()
-        return await worker.run(task, group_id=group_id, attempt=attempt)
+        return await worker.run(task, group_id=group_id, attempt=attempt, sample=sample)
 
     async def stats(self) -> dict[str, Any]:
         if self._worker is None:
