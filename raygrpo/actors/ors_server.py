@@ -1,0 +1,113 @@
+"""A Ray actor that serves `environment:` ORS specs: `raygrpo.envs.ors_server` in its own worker process.
+
+The driver starts one per embedded environment (`start_embedded_server`), lists tasks against its URL and hands env
+pool actors the spec returned by `spec.served_at(url)`. The actor owns the server thread; killing the actor (or the
+driver's job ending) stops it, so a crashed run leaves no server behind.
+
+The server binds 127.0.0.1 by default, so env pool actors must run on the same node. For a multi-node cluster pass
+`host="0.0.0.0"`: the advertised URL then uses the node's IP address.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from typing import TYPE_CHECKING, Any
+
+import ray
+
+from raygrpo.envs.ors_server import serve_environments
+
+if TYPE_CHECKING:
+    from raygrpo.specs.ors import ORSSpec
+
+logger = logging.getLogger(__name__)
+
+#: CPU reservation of one embedded server (it is mostly idle between requests).
+SERVER_NUM_CPUS = 0.5
+
+
+class _ORSServer:
+    """Actor body: serves environment classes named by import/file-path specs.
+
+    Args:
+        environments: Import specs (`"pkg.mod:Class"`, `"/abs/path/env.py:Class"`) of the environments to serve.
+        base_dir: Folder relative file-path specs are resolved from (pass the driver's working directory).
+        host: Interface to bind (127.0.0.1 unless the cluster spans nodes).
+        port: Port to bind; 0 picks a free one.
+        idle_timeout_s: Server-side idle timeout of sessions (None: openreward's 900 s).
+    """
+
+    def __init__(
+        self,
+        environments: list[str],
+        base_dir: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        idle_timeout_s: float | None = None,
+    ) -> None:
+        self._running = serve_environments(
+            environments, host=host, port=port, base_dir=base_dir, idle_timeout_s=idle_timeout_s
+        )
+        self._url = self._running.url
+        if host in ("0.0.0.0", "::"):
+            self._url = f"http://{ray.util.get_node_ip_address()}:{self._running.port}"
+
+    def url(self) -> str:
+        """The base URL clients use."""
+        return self._url
+
+    def env_names(self) -> list[str]:
+        return self._running.env_names
+
+    def live_sessions(self) -> int:
+        """Sessions alive in the server's own registry."""
+        return self._running.live_sessions()
+
+    def stop(self) -> None:
+        """Stop serving (idempotent). Kill the actor afterwards to free its resources."""
+        self._running.stop()
+
+
+ORSServerActor = ray.remote(num_cpus=SERVER_NUM_CPUS, max_restarts=0)(_ORSServer)
+
+
+def start_embedded_server(
+    spec: ORSSpec,
+    name: str,
+    *,
+    base_dir: str | None = None,
+    host: str = "127.0.0.1",
+    idle_timeout_s: float | None = None,
+    startup_timeout_s: float = 120.0,
+) -> tuple[Any, str]:
+    """Start an `ORSServerActor` serving `spec.environment` and return `(actor_handle, url)`.
+
+    Relative file paths are resolved on the driver (against `base_dir`, else the working directory) before the actor
+    starts, since the actor's working directory differs. Then `spec.served_at(url)` is the spec to list tasks with and
+    to give to env pool actors. Stop with `actor.stop.remote()` then `ray.kill(actor)`.
+
+    Raises:
+        ValueError: `spec` has no `environment`.
+        RuntimeError: The server did not come up (the message names the config field and the import spec).
+    """
+    from raygrpo.imports import is_file_spec, resolve_file, split_spec
+
+    if spec.environment is None:
+        raise ValueError(f"envs.{name}: start_embedded_server needs an `environment` spec")
+    target, attr = split_spec(spec.environment)
+    env_spec = f"{resolve_file(target, base_dir)}:{attr}" if is_file_spec(target) else spec.environment
+    actor = ORSServerActor.options(name=f"raygrpo-ors-{name}-{uuid.uuid4().hex[:8]}").remote(
+        [env_spec], base_dir=base_dir or os.getcwd(), host=host, idle_timeout_s=idle_timeout_s
+    )
+    try:
+        url = ray.get(actor.url.remote(), timeout=startup_timeout_s)
+    except Exception as exc:
+        ray.kill(actor)
+        cause = getattr(exc, "cause", None) or exc
+        raise RuntimeError(
+            f"envs.{name}.environment: cannot serve {spec.environment!r}: {type(cause).__name__}: {cause}"
+        ) from exc
+    logger.info("envs.%s: serving %s at %s", name, spec.environment, url)
+    return actor, url

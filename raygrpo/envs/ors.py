@@ -1,0 +1,450 @@
+"""ORS sessions as raygrpo environments: `ORSProvider` (one SDK client per event loop) and `ORSAdapter` (one session).
+
+Built on the openreward SDK's async client. Every SDK call runs under a deadline given from outside, failures are
+sorted into "tell the model" (`ToolResult(error=True)`: unknown tool, refused call, bad arguments) and "the session is
+dead" (`EnvError`: tool crashed on the server, session gone, server unreachable, deadline passed), and `close()`
+always leaves the SDK's session context so the server deletes the session.
+
+Keepalive: while a session is open the SDK pings it every 10 s. The ping requests run on the SDK's own process-wide
+thread and loop (`openreward.api._session.ping.ping_thread`); the session's ping supervisor is a task on the loop that
+opened the session. So an adapter only has to be used on one running loop (the env pool actor's); pings go on while
+that loop waits on the policy or is busy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+from raygrpo.envs.base import EnvError
+from raygrpo.types import Observation, TaskRef, ToolResult
+
+if TYPE_CHECKING:
+    from raygrpo.specs.ors import ORSSpec
+
+logger = logging.getLogger(__name__)
+
+#: Background close tasks that outlive a cancelled `close()`; kept referenced until done.
+_DETACHED: set[asyncio.Task] = set()
+
+
+class ORSSessionError(EnvError):
+    """The ORS session failed or died: it cannot go on, and the rollout's reward is None."""
+
+
+class ORSTimeoutError(ORSSessionError):
+    """An ORS request passed its deadline. The session is treated as dead (its state is unknown)."""
+
+
+class _LoopClient:
+    """The SDK client and environment handle of one event loop."""
+
+    def __init__(self, client: Any, env: Any) -> None:
+        self.client = client
+        self.env = env
+
+
+class ORSProvider:
+    """Opens ORS sessions for one environment on one event loop (the env pool actor's).
+
+    Holds one `AsyncOpenReward` client per event loop, made lazily inside the loop on first use (aiohttp binds to the
+    loop that first uses it, so nothing loop-bound is made in `__init__` and nothing but the spec is pickled). Tracks
+    its open adapters so `aclose()` can close every session still open (shutdown, cancellation).
+
+    Args:
+        spec: The environment's spec (`url` or `catalog`; an `environment` spec must be served first).
+        name: The environment's name in the run config, for error messages.
+        call_timeout_s: Default deadline of one tool call; None for no deadline.
+        start_timeout_s: Default deadline for opening a session and fetching its prompt and tools.
+        close_timeout_s: Deadline for closing a session (deleting it on the server).
+    """
+
+    def __init__(
+        self,
+        spec: ORSSpec,
+        *,
+        name: str | None = None,
+        call_timeout_s: float | None = 300.0,
+        start_timeout_s: float | None = 600.0,
+        close_timeout_s: float = 30.0,
+    ) -> None:
+        if spec.environment is not None:
+            raise ValueError(
+                f"{spec.field_path(name, 'environment')}: serve {spec.environment!r} first "
+                "(start_embedded_server), then build the provider from spec.served_at(url)"
+            )
+        self.spec = spec
+        self.name = name
+        self.call_timeout_s = call_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.close_timeout_s = close_timeout_s
+        self._clients: dict[asyncio.AbstractEventLoop, _LoopClient] = {}
+        # Started, not yet closed: strong references, so `aclose` reaches sessions a caller forgot to close.
+        self._adapters: set[ORSAdapter] = set()
+        self._closed = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Clients and adapters are loop-bound: a pickled provider carries only its configuration.
+        return {"spec": self.spec, "name": self.name, "call_timeout_s": self.call_timeout_s,
+                "start_timeout_s": self.start_timeout_s, "close_timeout_s": self.close_timeout_s}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state.pop("spec"), **state)
+
+    # ── EnvProvider ──────────────────────────────────────────────────────────────────────────────────────────────
+
+    def adapter(self, call_timeout_s: float | None = None, start_timeout_s: float | None = None) -> ORSAdapter:
+        """A new, unstarted adapter (one episode). Timeouts default to the provider's."""
+        if self._closed:
+            raise EnvError(f"{self.label}: the ORS provider is closed")
+        return ORSAdapter(
+            self,
+            call_timeout_s=self.call_timeout_s if call_timeout_s is None else call_timeout_s,
+            start_timeout_s=self.start_timeout_s if start_timeout_s is None else start_timeout_s,
+            close_timeout_s=self.close_timeout_s,
+        )
+
+    async def aclose(self) -> None:
+        """Close every session still open, then this loop's SDK client. Never raises; idempotent."""
+        self._closed = True
+        open_adapters = [a for a in list(self._adapters) if not a.closed]
+        if open_adapters:
+            logger.info("%s: closing %d open ORS session(s)", self.label, len(open_adapters))
+            await asyncio.gather(*(a.close() for a in open_adapters), return_exceptions=True)
+        loop = asyncio.get_running_loop()
+        for other in [lp for lp in self._clients if lp is not loop]:
+            if other.is_closed():
+                self._clients.pop(other, None)
+        state = self._clients.pop(loop, None)
+        if state is not None:
+            try:
+                await asyncio.wait_for(state.client.environments.aclose(), self.close_timeout_s)
+            except Exception:  # noqa: BLE001 - closing must not raise
+                logger.debug("%s: closing the SDK client failed", self.label, exc_info=True)
+
+    # ── used by adapters ─────────────────────────────────────────────────────────────────────────────────────────
+
+    @property
+    def label(self) -> str:
+        """How errors name this environment: `envs.<name>.<field> (<url or catalog>)`."""
+        where = self.spec.url or self.spec.catalog
+        return f"{self.spec.field_path(self.name)} ({where})"
+
+    @property
+    def open_sessions(self) -> int:
+        """Adapters of this provider that started and are not closed yet."""
+        return sum(1 for a in list(self._adapters) if a.started and not a.closed)
+
+    def environment(self) -> Any:
+        """The SDK `AsyncEnvironment` for the running loop, made on first use. Must be called inside the loop."""
+        loop = asyncio.get_running_loop()
+        state = self._clients.get(loop)
+        if state is None:
+            for other in [lp for lp in self._clients if lp.is_closed()]:
+                self._clients.pop(other, None)
+            if self.spec.catalog is not None and not self.spec.api_key():
+                raise ORSSessionError(
+                    f"{self.spec.field_path(self.name, 'api_key_env')}: environment variable {self.spec.api_key_env} "
+                    f"is not set in this process; the catalog environment {self.spec.catalog!r} needs it"
+                )
+            client = self.spec.make_client()
+            state = _LoopClient(client, self.spec.sdk_environment(client))
+            self._clients[loop] = state
+            logger.debug("%s: SDK client created for loop %x", self.label, id(loop))
+        return state.env
+
+    def session_secrets(self) -> dict[str, Any] | None:
+        """The per-session secrets, read from this process's environment variables now.
+
+        Secret names the SDK knows (`OPENAI_API_KEY`, ...) go as plain values; other names go as `(value, [])`
+        (the SDK refuses plain values for names it does not know; the domain list only matters to the platform's
+        sandbox egress proxy).
+
+        Raises:
+            ORSSessionError: A variable is not set (the message names the variable, never a value).
+        """
+        if not self.spec.secrets:
+            return None
+        from openreward.api.sandboxes.secrets import WELL_KNOWN_SECRETS
+
+        out: dict[str, Any] = {}
+        for secret, var in self.spec.secrets.items():
+            value = os.environ.get(var)
+            if value is None:
+                raise ORSSessionError(
+                    f"{self.spec.field_path(self.name, 'secrets')}.{secret}: environment variable {var} is not set in "
+                    "this process (set it, or pass it through Ray's runtime_env env_vars)"
+                )
+            out[secret] = value if secret in WELL_KNOWN_SECRETS else (value, [])
+        return out
+
+    def _register(self, adapter: ORSAdapter) -> None:
+        if self._closed:
+            raise EnvError(f"{self.label}: the ORS provider is closed")
+        self._adapters.add(adapter)
+
+    def _unregister(self, adapter: ORSAdapter) -> None:
+        self._adapters.discard(adapter)
+
+
+def _tool_to_openai(tool: dict[str, Any]) -> dict[str, Any]:
+    """The SDK's `format="openai"` tools are flat (Responses API style); chat templates want the nested form."""
+    if "function" in tool:
+        fn = dict(tool["function"])
+    else:
+        fn = {k: v for k, v in tool.items() if k not in ("type", "parameters")}
+        fn["parameters"] = tool.get("parameters")
+    if not fn.get("parameters"):
+        fn["parameters"] = {"type": "object", "properties": {}}
+    # The server sends a tool's docstring verbatim (indented Args: lines included).
+    fn["description"] = inspect.cleandoc(fn.get("description") or "")
+    return {"type": "function", "function": {"name": fn["name"], "description": fn["description"],
+                                             "parameters": fn["parameters"]}}
+
+
+def _blocks_text(blocks: Any) -> str:
+    """Text of the SDK's content blocks, joined by newlines (images become a placeholder)."""
+    parts: list[str] = []
+    for block in blocks or []:
+        kind = getattr(block, "type", None) if not isinstance(block, dict) else block.get("type")
+        if kind == "text":
+            text = block.get("text") if isinstance(block, dict) else block.text
+            if text:
+                parts.append(str(text))
+        elif kind == "image":
+            parts.append("[image]")
+    return "\n".join(parts)
+
+
+class ORSAdapter:
+    """One episode of one ORS task: an SDK session opened in `start` and deleted in `close`.
+
+    Outcome convention (as TRL's): `score()` is the last non-None reward any tool returned, None when nothing was
+    scored. A refused call (unknown tool, arguments that fail validation, calls after the episode finished) comes back
+    as `ToolResult(error=True)` and the session lives on; a dead session raises `EnvError` (`ORSSessionError`).
+
+    Args:
+        provider: The provider whose client (and event loop) this adapter uses.
+        call_timeout_s: Deadline of one tool call; None for no deadline. Passing it makes the session dead.
+        start_timeout_s: Deadline for `start` (open the session, fetch prompt and tools); None for no deadline.
+        close_timeout_s: Deadline for `close` (delete the session on the server).
+    """
+
+    def __init__(
+        self,
+        provider: ORSProvider,
+        *,
+        call_timeout_s: float | None = 300.0,
+        start_timeout_s: float | None = 600.0,
+        close_timeout_s: float = 30.0,
+    ) -> None:
+        self.provider = provider
+        self.call_timeout_s = call_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self.close_timeout_s = close_timeout_s
+        self.task: TaskRef | None = None
+        self.tools: list[dict[str, Any]] = []
+        self.rewards: list[float | None] = []
+        self.metadata: list[dict[str, Any] | None] = []
+        self.finished = False
+        self._session: Any = None
+        self._reward: float | None = None
+        self._started = False
+        self._closed = False
+        self._dead: str | None = None
+        self._close_task: asyncio.Task | None = None
+
+    # ── state ─────────────────────────────────────────────────────────────────────────────────────────────────────
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def sid(self) -> str | None:
+        """The server's session id (None before `start` got one)."""
+        return getattr(self._session, "sid", None)
+
+    @property
+    def tool_names(self) -> list[str]:
+        return [t["function"]["name"] for t in self.tools]
+
+    @property
+    def label(self) -> str:
+        task = f" task {self.task.split}[{self.task.index}]" if self.task is not None else ""
+        return f"{self.provider.label}{task}"
+
+    # ── EnvAdapter ────────────────────────────────────────────────────────────────────────────────────────────────
+
+    async def start(self, task: TaskRef) -> Observation:
+        """Open a session on `task` (its split and index) and return the prompt and the tools the task offers.
+
+        The tools are the session's own list (shared tools plus the task's `shared=False` tools) in OpenAI function
+        format. On failure the adapter must still be closed (`close` is safe after a failed start).
+
+        Raises:
+            ORSSessionError: The session could not be opened, or the deadline passed.
+        """
+        if self._started or self._closed:
+            raise ORSSessionError(f"{self.label}: start() may be called once, on a new adapter")
+        self._started = True
+        self.task = task
+        self.provider._register(self)
+        try:
+            env = self.provider.environment()
+            secrets = self.provider.session_secrets()
+            self._session = env.session(split=task.split, index=task.index, secrets=secrets)
+        except EnvError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - e.g. the SDK refusing the session arguments
+            self._dead = _describe(exc)
+            raise ORSSessionError(f"{self.label}: cannot open a session: {self._dead}") from None
+        deadline = _Deadline(self.start_timeout_s)
+        await self._sdk(self._session.__aenter__(), deadline.left(), "open the session")
+        prompt_blocks = await self._sdk(self._session.get_prompt(), deadline.left(), "fetch the prompt")
+        raw_tools = await self._sdk(self._session.list_tools(format="openai"), deadline.left(), "list the tools")
+        self.tools = [_tool_to_openai(t) for t in raw_tools]
+        logger.debug("%s: session %s open, tools %s", self.label, self.sid, self.tool_names)
+        return Observation(
+            messages=[{"role": "user", "content": _blocks_text(prompt_blocks)}],
+            tools=[dict(t) for t in self.tools],
+        )
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        """Run one tool call.
+
+        Unknown tools and non-object arguments are refused here without a request; the server's refusals
+        (`ToolCallError`: argument validation, episode already finished) come back as error results too.
+
+        Raises:
+            ORSSessionError: The session is dead: the tool raised on the server (`ToolFailed`), the session is gone
+                (`SessionTerminatedError`, HTTP 404/410), the connection failed, or `call_timeout_s` passed.
+        """
+        from openreward.api.errors import ToolCallError
+
+        if self._closed:
+            raise ORSSessionError(f"{self.label}: call() after close()")
+        if not self._started or self._session is None:
+            raise ORSSessionError(f"{self.label}: call() before start()")
+        if self._dead is not None:
+            raise ORSSessionError(f"{self.label}: the session is dead ({self._dead})")
+        names = self.tool_names
+        if name not in names:
+            return ToolResult(
+                text=f"Error: unknown tool {name!r}. Available tools: {', '.join(names) or 'none'}.",
+                error=True,
+            )
+        if not isinstance(arguments, dict) or not all(isinstance(k, str) for k in arguments):
+            return ToolResult(
+                text=f"Error: the arguments of {name!r} must be a JSON object with string keys.", error=True
+            )
+        try:
+            out = await self._sdk(self._session.call_tool(name, arguments), self.call_timeout_s, f"call {name!r}",
+                                  passthrough=(ToolCallError,))
+        except ToolCallError as exc:
+            return ToolResult(text=f"Error: {exc.detail}", error=True)
+        text = _blocks_text(out.blocks)
+        reward = None if out.reward is None else float(out.reward)
+        self.rewards.append(reward)
+        self.metadata.append(out.metadata)
+        if reward is not None:
+            self._reward = reward
+        if out.finished:
+            self.finished = True
+        return ToolResult(text=text, reward=reward, finished=bool(out.finished))
+
+    async def score(self) -> float | None:
+        """The last non-None reward of the episode, or None when no tool call was scored."""
+        return self._reward
+
+    async def close(self) -> None:
+        """Leave the session context so the server deletes the session. Never raises; idempotent.
+
+        Safe after a failed or cancelled `start`. If the caller is cancelled while closing, the deletion goes on in
+        the background (bounded by `close_timeout_s`) and the cancellation propagates.
+        """
+        if self._close_task is None:
+            self._closed = True
+            self.provider._unregister(self)
+            if self._session is None:
+                return
+            self._close_task = asyncio.get_running_loop().create_task(self._close_session())
+            _DETACHED.add(self._close_task)
+            self._close_task.add_done_callback(_DETACHED.discard)
+        await asyncio.shield(self._close_task)
+
+    # ── internals ─────────────────────────────────────────────────────────────────────────────────────────────────
+
+    async def _close_session(self) -> None:
+        session = self._session
+        try:
+            await asyncio.wait_for(session.__aexit__(None, None, None), self.close_timeout_s)
+            logger.debug("%s: session %s closed", self.label, session.sid)
+        except asyncio.TimeoutError:
+            logger.warning("%s: closing session %s took over %g s; the server reaps it when idle",
+                           self.label, session.sid, self.close_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - close never raises
+            logger.warning("%s: closing session %s failed: %s", self.label, session.sid, _describe(exc))
+
+    async def _sdk(self, aw: Any, timeout: float | None, what: str, passthrough: tuple[type, ...] = ()) -> Any:
+        """Await one SDK call under `timeout`; any failure marks the session dead and raises `ORSSessionError`."""
+        import aiohttp
+        from openreward.api.errors import SessionTerminatedError, ToolFailed
+
+        try:
+            if timeout is None:
+                return await aw
+            return await asyncio.wait_for(aw, timeout)
+        except passthrough:
+            raise
+        except asyncio.TimeoutError:
+            reason = f"no answer within {timeout:g} s to {what}"
+            self._dead = reason
+            raise ORSTimeoutError(f"{self.label}: {reason}") from None
+        except ToolFailed as exc:
+            reason = f"{what} failed on the server: {_first_line(exc.message)}"
+        except SessionTerminatedError as exc:
+            reason = f"the session was terminated ({_first_line(exc.reason)})"
+        except aiohttp.ClientResponseError as exc:
+            if exc.status in (404, 410):
+                reason = f"the session is gone on the server (HTTP {exc.status} on {what}: {_first_line(exc.message)})"
+            else:
+                reason = f"HTTP {exc.status} on {what}: {_first_line(exc.message)}"
+        except Exception as exc:  # noqa: BLE001 - transport errors of every kind end the session
+            reason = f"cannot {what}: {_describe(exc)}"
+        self._dead = reason
+        raise ORSSessionError(f"{self.label}: {reason}")
+
+
+class _Deadline:
+    """Time left of one overall deadline, for a sequence of awaits."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self._end = None if seconds is None else asyncio.get_running_loop().time() + seconds
+
+    def left(self) -> float | None:
+        if self._end is None:
+            return None
+        return max(0.0, self._end - asyncio.get_running_loop().time())
+
+
+def _first_line(text: Any) -> str:
+    lines = str(text).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def _describe(exc: BaseException) -> str:
+    from openreward.api.errors import MaxRetriesError
+
+    if isinstance(exc, MaxRetriesError) and exc.errors:
+        last = exc.errors[-1]
+        return f"{type(last).__name__}: {_first_line(last)} (after {len(exc.errors)} attempts)"
+    text = _first_line(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
