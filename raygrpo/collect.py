@@ -41,8 +41,7 @@ def collect(cfg: RunConfig, out_dir: str | Path, progress: bool = True) -> dict[
     t0 = time.perf_counter()
     try:
         with runtime:
-            tasks = runtime.list_tasks()
-            requests = make_groups(tasks, cfg.rollout.group_size)
+            requests = make_groups(runtime.tasks, cfg.rollout.group_size)
             summary = RunSummary(requested=len(requests))
             orchestrator = Orchestrator(
                 runtime.actors,

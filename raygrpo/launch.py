@@ -34,6 +34,7 @@ class RolloutRuntime:
         self.engines: list[Any] = []
         self.actors: list[tuple[str, Any]] = []
         self.model_path: str = ""
+        self.tasks: list[TaskRef] = []
         self.final_stats: list[dict[str, Any]] = []
         self.server_live_sessions: dict[str, int] = {}
 
@@ -60,6 +61,8 @@ class RolloutRuntime:
                 self.servers[name] = handle
                 self.envs[name] = spec.served_at(url)
                 logger.info("serving environment %s at %s", name, url)
+        # Listing the tasks first makes an unreachable server fail the run before any actor starts.
+        self.tasks = self.list_tasks()
         # Checked (and "tiny" built) here so a bad path fails before any actor starts; actors and engines resolve
         # `cfg.model` again on their own nodes, where a driver-local cache path might not exist.
         resolve_model_path(cfg.model)

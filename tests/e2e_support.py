@@ -1,0 +1,132 @@
+"""Environments and scripted policies for the end-to-end rollout tests.
+
+The environments are real ORS environments served by a real server in the test process, so their class-level
+counters are the server's own view. The scripts are loaded by file path inside the env pool actors.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from openreward.environments import Environment, JSONObject, TextBlock, ToolOutput, tool
+from pydantic import BaseModel
+
+from raygrpo.policy.base import GenerationContext
+from raygrpo.toolcalls import format_tool_call
+
+NUM_TASKS = 4
+
+
+class FlakyEnvironment(Environment):
+    """The first session of each task dies at its first tool call (the tool raises, so the SDK reports a failed
+    session); later sessions of the task answer with reward 1.0."""
+
+    sessions_by_task: dict[int, int] = {}
+    _lock = threading.Lock()
+
+    def __init__(self, task_spec: JSONObject = {}, secrets: dict[str, str] = {}) -> None:
+        super().__init__(task_spec)
+        with type(self)._lock:
+            n = int(task_spec["n"])
+            type(self).sessions_by_task[n] = type(self).sessions_by_task.get(n, 0) + 1
+            self.session_number = type(self).sessions_by_task[n]
+
+    @classmethod
+    def list_splits(cls) -> list[str]:
+        return ["train"]
+
+    @classmethod
+    def list_tasks(cls, split: str) -> list[JSONObject]:
+        return [{"n": i} for i in range(NUM_TASKS)]
+
+    def get_prompt(self) -> list[TextBlock]:
+        return [TextBlock(text="Call answer.")]
+
+    @tool
+    async def answer(self) -> ToolOutput:
+        """Answer; the first session of a task dies here."""
+        if self.session_number == 1:
+            raise RuntimeError("the sandbox behind this session died")
+        return ToolOutput(blocks=[TextBlock(text="right")], reward=1.0, finished=True)
+
+
+class NapParams(BaseModel):
+    seconds: float
+
+
+class NapEnvironment(Environment):
+    """`nap(seconds)` sleeps on the server, then ends the episode with reward 1.0. Records the peaks of sessions
+    alive and of naps in progress, as the server sees them."""
+
+    lock = threading.Lock()
+    live = 0
+    peak_live = 0
+    napping = 0
+    peak_napping = 0
+
+    def __init__(self, task_spec: JSONObject = {}, secrets: dict[str, str] = {}) -> None:
+        super().__init__(task_spec)
+        cls = type(self)
+        with cls.lock:
+            cls.live += 1
+            cls.peak_live = max(cls.peak_live, cls.live)
+        self._down = False
+
+    def teardown(self) -> None:
+        cls = type(self)
+        with cls.lock:
+            if not self._down:
+                self._down = True
+                cls.live -= 1
+
+    @classmethod
+    def reset_counters(cls) -> None:
+        with cls.lock:
+            cls.live = cls.peak_live = cls.napping = cls.peak_napping = 0
+
+    @classmethod
+    def list_splits(cls) -> list[str]:
+        return ["train"]
+
+    @classmethod
+    def list_tasks(cls, split: str) -> list[JSONObject]:
+        return [{"n": i} for i in range(64)]
+
+    def get_prompt(self) -> list[TextBlock]:
+        return [TextBlock(text="Take a nap.")]
+
+    @tool
+    async def nap(self, params: NapParams) -> ToolOutput:
+        """Sleep on the server, then finish with reward 1.0.
+
+        Args:
+            seconds: How long to sleep.
+        """
+        import asyncio
+
+        cls = type(self)
+        with cls.lock:
+            cls.napping += 1
+            cls.peak_napping = max(cls.peak_napping, cls.napping)
+        try:
+            await asyncio.sleep(params.seconds)
+        finally:
+            with cls.lock:
+                cls.napping -= 1
+        return ToolOutput(blocks=[TextBlock(text="rested")], reward=1.0, finished=True)
+
+
+def _called(ctx: GenerationContext) -> bool:
+    return any(m.get("role") == "tool" for m in ctx.messages)
+
+
+def call_answer(ctx: GenerationContext) -> str:
+    return "Done." if _called(ctx) else format_tool_call("answer", {})
+
+
+def nap_half_second(ctx: GenerationContext) -> str:
+    return "Done." if _called(ctx) else format_tool_call("nap", {"seconds": 0.5})
+
+
+def nap_long(ctx: GenerationContext) -> str:
+    return "Done." if _called(ctx) else format_tool_call("nap", {"seconds": 30})

@@ -1,0 +1,56 @@
+"""Run config: validation errors name the field, overrides apply before validation, paths resolve to the file."""
+
+import pytest
+
+from raygrpo.config import ConfigError, apply_overrides, load_config
+
+pytestmark = pytest.mark.timeout(30)
+
+ECHO = "examples/echo/rollout.yaml"
+
+
+def test_example_config_loads_and_resolves_against_its_folder():
+    cfg = load_config(ECHO)
+    assert set(cfg.envs) == {"echo"}
+    assert cfg.base_dir.endswith("examples/echo")
+    assert cfg.policy.kind == "scripted"
+
+
+def test_overrides_apply_and_parse_yaml_scalars():
+    cfg = load_config(ECHO, ["workers.num_env_actors=3", "policy.kind=transformers", "rollout.system_prompt=Be brief"])
+    assert cfg.workers.num_env_actors == 3
+    assert cfg.policy.kind == "transformers"
+    assert cfg.rollout.system_prompt == "Be brief"
+
+
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        ("workers.num_env_actorz=3", "workers.num_env_actorz"),
+        ("envs.echo.num_taks=3", "envs.echo.num_taks"),
+        ("rollout.max_turns=0", "rollout.max_turns"),
+        ("workers.max_concurrent_per_actor=lots", "workers.max_concurrent_per_actor"),
+        ("policy.kind=gpt", "policy.kind"),
+    ],
+)
+def test_bad_keys_and_values_name_the_field(override, field):
+    with pytest.raises(ConfigError) as info:
+        load_config(ECHO, [override])
+    assert field in str(info.value)
+
+
+def test_override_into_a_scalar_is_an_error():
+    with pytest.raises(ConfigError, match="model is not a mapping"):
+        apply_overrides({"model": "tiny"}, ["model.path=x"])
+
+
+def test_missing_file_and_bad_override_syntax():
+    with pytest.raises(ConfigError, match="not found"):
+        load_config("nope.yaml")
+    with pytest.raises(ConfigError, match="dotted.key=value"):
+        load_config(ECHO, ["no-equals-sign"])
+
+
+def test_no_envs_is_an_error():
+    with pytest.raises(ConfigError, match="envs"):
+        load_config(data={"envs": {}})

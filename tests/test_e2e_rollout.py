@@ -1,0 +1,175 @@
+"""End to end through Ray: `collect` (what `raygrpo rollout` runs) against real ORS servers.
+
+Leaks are checked on the server side: the ORS server's own registry of live sessions, not raygrpo's bookkeeping.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from raygrpo.collect import collect
+from raygrpo.config import load_config
+from tests.e2e_support import NUM_TASKS, FlakyEnvironment, NapEnvironment
+from tests.ors_utils import closed_port, ors_server, wait_until
+
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_local")]
+
+SUPPORT = str(Path(__file__).with_name("e2e_support.py"))
+
+
+def _run(tmp_path, config: str | None = None, overrides=(), data=None):
+    cfg = load_config(config, list(overrides), data=data)
+    summary = collect(cfg, tmp_path / "out", progress=False)
+    lines = (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
+    assert json.loads((tmp_path / "out" / "summary.json").read_text()) == summary
+    return summary, [json.loads(line) for line in lines]
+
+
+def _accounted(summary):
+    assert summary["completed"] == summary["requested"]
+    assert sum(summary["status_counts"].values()) == summary["requested"]
+    assert summary["leaked_envs"] == 0
+    assert all(v == 0 for v in summary["server_live_sessions"].values())
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("script, reward, scored", [("right", 1.0, True), ("wrong", 0.0, True), ("silent", None, False)])
+def test_echo_example_rewards(tmp_path, script, reward, scored):
+    summary, trajs = _run(tmp_path, "examples/echo/rollout.yaml", [f"policy.script=policies.py:{script}"])
+    _accounted(summary)
+    assert summary["requested"] == len(trajs) == 8 * 4
+    assert summary["reward_mean"] == reward
+    assert summary["scored"] == (summary["requested"] if scored else 0)
+    assert all(t["reward"] == reward for t in trajs)
+    assert summary["status_counts"] == {"ok": 32}
+    assert summary["max_concurrent_envs"] >= 2
+    # Token bookkeeping as the learner will read it.
+    for t in trajs:
+        assert len(t["completion_ids"]) == len(t["env_mask"]) == len(t["logprobs"]) > 0
+
+
+@pytest.mark.timeout(180)
+def test_arith_example_multi_step(tmp_path):
+    summary, trajs = _run(tmp_path, "examples/arith/rollout.yaml")
+    _accounted(summary)
+    assert summary["reward_mean"] == 1.0
+    assert all(t["tool_calls"] >= 3 and 0 in t["env_mask"] for t in trajs)
+    wrong, _ = _run(tmp_path / "wrong", "examples/arith/rollout.yaml", ["policy.script=policies.py:wrong"])
+    assert wrong["reward_mean"] == 0.0
+
+
+def _flaky_config(url: str, retries: int) -> dict:
+    return {
+        "envs": {"flaky": {"kind": "ors", "url": url}},
+        "policy": {"kind": "scripted", "script": f"{SUPPORT}:call_answer"},
+        "rollout": {"group_size": 2},
+        "workers": {"num_env_actors": 2, "max_concurrent_per_actor": 8, "max_retries": retries},
+    }
+
+
+@pytest.mark.timeout(180)
+def test_dead_sessions_are_retried_and_the_batch_completes(tmp_path):
+    FlakyEnvironment.sessions_by_task.clear()
+    with ors_server(FlakyEnvironment) as server:
+        summary, trajs = _run(tmp_path, data=_flaky_config(server.url, retries=2))
+        assert wait_until(lambda: server.live_sessions() == 0, 10)
+    _accounted(summary)
+    # The first session of each task died; its rollout was run again and scored.
+    assert summary["retried_attempts"] == NUM_TASKS
+    assert summary["reward_mean"] == 1.0 and summary["scored"] == NUM_TASKS * 2
+    assert sorted(t["attempt"] for t in trajs).count(1) == NUM_TASKS
+
+
+@pytest.mark.timeout(180)
+def test_without_retries_a_dead_session_is_unscored_not_zero(tmp_path):
+    FlakyEnvironment.sessions_by_task.clear()
+    with ors_server(FlakyEnvironment) as server:
+        summary, trajs = _run(tmp_path, data=_flaky_config(server.url, retries=0))
+        assert wait_until(lambda: server.live_sessions() == 0, 10)
+    assert summary["status_counts"]["env_error"] == NUM_TASKS
+    failed = [t for t in trajs if t["status"] == "env_error"]
+    assert len(failed) == NUM_TASKS and all(t["reward"] is None for t in failed)
+    assert summary["reward_mean"] == 1.0  # over the scored ones only
+
+
+@pytest.mark.timeout(180)
+def test_failed_run_leaves_no_session(tmp_path):
+    """Every generation fails (no policy server): all rollouts end policy_error, and every session was closed."""
+    with ors_server("examples/echo/env.py:EchoEnvironment") as server:
+        data = {
+            "envs": {"echo": {"kind": "ors", "url": server.url}},
+            "policy": {"kind": "vllm", "url": f"http://127.0.0.1:{closed_port()}", "served_model_name": "m",
+                       "request_timeout_s": 5},
+            "rollout": {"group_size": 1},
+            "workers": {"max_retries": 1},
+        }
+        summary, trajs = _run(tmp_path, data=data)
+        assert wait_until(lambda: server.live_sessions() == 0, 10)
+    assert summary["status_counts"] == {"policy_error": 8}
+    assert summary["scored"] == 0 and summary["reward_mean"] is None
+    assert summary["retried_attempts"] == 8
+    assert summary["leaked_envs"] == 0
+
+
+@pytest.mark.timeout(180)
+def test_cancelled_batch_leaves_no_session(tmp_path):
+    from raygrpo.launch import RolloutRuntime
+    from raygrpo.orchestrator import Orchestrator, make_groups
+
+    NapEnvironment.reset_counters()
+    with ors_server(NapEnvironment) as server:
+        cfg = load_config(data={
+            "envs": {"nap": {"kind": "ors", "url": server.url, "num_tasks": 16}},
+            "policy": {"kind": "scripted", "script": f"{SUPPORT}:nap_long"},
+            "rollout": {"group_size": 1},
+            "workers": {"num_env_actors": 2, "max_concurrent_per_actor": 8},
+        })
+        with RolloutRuntime(cfg) as runtime:
+            stream = Orchestrator(runtime.actors, max_in_flight_per_actor=8).run(make_groups(runtime.tasks, 1))
+            runner = iter(stream)
+            deadline = time.time() + 30
+            assert wait_until(lambda: NapEnvironment.napping == 16 or time.time() > deadline, 30)
+            # Closing the stream cancels the rollouts in flight; shutting the runtime down closes the rest.
+            stream.close()
+            del runner
+        assert runtime.leaked_envs == 0
+        assert wait_until(lambda: server.live_sessions() == 0, 15), server.live_sessions()
+        assert NapEnvironment.live == 0
+
+
+@pytest.mark.timeout(180)
+def test_one_actor_runs_64_sessions_at_once(tmp_path):
+    """64 sessions on one env pool actor, each with one 0.5 s tool call on the server, finish within 3 s."""
+    NapEnvironment.reset_counters()
+    with ors_server(NapEnvironment) as server:
+        cfg = load_config(data={
+            "envs": {"nap": {"kind": "ors", "url": server.url}},
+            "policy": {"kind": "scripted", "script": f"{SUPPORT}:nap_half_second"},
+            "rollout": {"group_size": 1},
+            "workers": {"num_env_actors": 1, "max_concurrent_per_actor": 64},
+        })
+        summary = collect(cfg, tmp_path / "out", progress=False)
+        assert wait_until(lambda: server.live_sessions() == 0, 10)
+    _accounted(summary)
+    assert summary["reward_mean"] == 1.0 and summary["requested"] == 64
+    assert NapEnvironment.peak_napping == 64 and NapEnvironment.peak_live == 64
+    assert summary["max_concurrent_envs"] == 64
+    assert summary["wall_seconds"] <= 3.0, summary["wall_seconds"]
+
+
+@pytest.mark.timeout(120)
+def test_unreachable_url_fails_fast_naming_url_and_field(tmp_path):
+    port = closed_port()
+    cfg = load_config(data={"envs": {"echo": {"kind": "ors", "url": f"http://127.0.0.1:{port}"}},
+                            "policy": {"kind": "scripted", "script": f"{SUPPORT}:call_answer"}})
+    start = time.monotonic()
+    with pytest.raises(Exception) as info:
+        collect(cfg, tmp_path / "out", progress=False)
+    assert time.monotonic() - start < 30
+    assert f"127.0.0.1:{port}" in str(info.value) and "envs.echo.url" in str(info.value)
+    assert os.path.exists(tmp_path / "out" / "summary.json")
