@@ -6,9 +6,32 @@ read). `ChatRenderer` is the only place that knows how a chat template lays out 
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
 from typing import Any
 
 from raygrpo.types import ToolCall
+
+
+def training_template(tokenizer: Any) -> str | None:
+    """TRL's prefix-preserving training variant of the tokenizer's chat template.
+
+    TRL ships `X.jinja` with `X_training.jinja` beside it and maps one to the other by exact text. Reading the files
+    directly avoids importing `trl` (seconds per process) in env pool actors; TRL's own lookup is the fallback.
+    """
+    template = tokenizer.chat_template
+    if isinstance(template, dict):
+        template = template.get("default")
+    spec = importlib.util.find_spec("trl")
+    if spec is not None and spec.submodule_search_locations:
+        folder = Path(next(iter(spec.submodule_search_locations))) / "chat_templates"
+        for path in sorted(folder.glob("*.jinja")):
+            training = path.with_name(f"{path.stem}_training.jinja")
+            if training.is_file() and path.read_text(encoding="utf-8") == template:
+                return training.read_text(encoding="utf-8")
+    from trl.chat_template_utils import get_training_chat_template
+
+    return get_training_chat_template(tokenizer)
 
 
 class ChatRenderer:
@@ -31,10 +54,7 @@ class ChatRenderer:
         self.eos_token_id: int = tokenizer.eos_token_id
         self.chat_template: str | None = None
         if not self._prefix_preserving():
-            # TRL is imported only here: it costs seconds per process, and most templates never need it.
-            from trl.chat_template_utils import get_training_chat_template
-
-            self.chat_template = get_training_chat_template(tokenizer)
+            self.chat_template = training_template(tokenizer)
 
     def _prefix_preserving(self) -> bool:
         call = {"type": "function", "function": {"name": "f", "arguments": {}}}

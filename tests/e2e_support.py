@@ -18,8 +18,8 @@ NUM_TASKS = 4
 
 
 class FlakyEnvironment(Environment):
-    """The first session of each task dies at its first tool call (the tool raises, so the SDK reports a failed
-    session); later sessions of the task answer with reward 1.0."""
+    """The server deletes the first session of each task mid-episode (as its idle reaper would), so the next call
+    finds the session gone; later sessions of the task answer with reward 1.0."""
 
     sessions_by_task: dict[int, int] = {}
     _lock = threading.Lock()
@@ -44,9 +44,12 @@ class FlakyEnvironment(Environment):
 
     @tool
     async def answer(self) -> ToolOutput:
-        """Answer; the first session of a task dies here."""
+        """Answer; the first session of a task is deleted by the server here."""
         if self.session_number == 1:
-            raise RuntimeError("the sandbox behind this session died")
+            from tests.ors_utils import delete_own_session
+
+            await delete_own_session(self)
+            return ToolOutput(blocks=[TextBlock(text="try again")])
         return ToolOutput(blocks=[TextBlock(text="right")], reward=1.0, finished=True)
 
 
@@ -121,7 +124,9 @@ def _called(ctx: GenerationContext) -> bool:
 
 
 def call_answer(ctx: GenerationContext) -> str:
-    return "Done." if _called(ctx) else format_tool_call("answer", {})
+    """Call `answer` until it says "right"."""
+    done = any(m.get("role") == "tool" and m.get("content") == "right" for m in ctx.messages)
+    return "Done." if done else format_tool_call("answer", {})
 
 
 def nap_half_second(ctx: GenerationContext) -> str:
@@ -130,3 +135,13 @@ def nap_half_second(ctx: GenerationContext) -> str:
 
 def nap_long(ctx: GenerationContext) -> str:
     return "Done." if _called(ctx) else format_tool_call("nap", {"seconds": 30})
+
+
+def nap_by_task(ctx: GenerationContext) -> str:
+    """Tasks 0-3 nap briefly; the others nap for a minute (they are still running when a test interrupts)."""
+    seconds = 0.1 if int(ctx.task.metadata.get("n", 0)) < 4 else 60
+    return "Done." if _called(ctx) else format_tool_call("nap", {"seconds": seconds})
+
+
+def call_check(ctx: GenerationContext) -> str:
+    return "Done." if _called(ctx) else format_tool_call("check", {})

@@ -58,6 +58,20 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0, interval_
     return predicate()
 
 
+async def delete_own_session(env: Environment) -> None:
+    """Delete `env`'s session from the test server that holds it, the way the server's idle reaper does."""
+    from openreward.environments.server import _delete_session
+
+    for running in _SERVERS:
+        srv = running.server
+        for sid, live in list(srv._active_envs.items()):
+            if live is env:
+                await _delete_session(sid, srv._active_envs, srv._active_toolsets, srv._last_ping,
+                                      srv._setup_tasks, srv._ready, srv._setup_errors)
+                return
+    raise RuntimeError(f"{type(env).__name__}: own session not found in any test server")
+
+
 # ── environments ─────────────────────────────────────────────────────────────────────────────────────────────────
 
 
@@ -148,16 +162,8 @@ class KillableEnvironment(Environment):
     @tool
     async def vanish(self) -> ToolOutput:
         """Delete this session on the server (the way the idle reaper would); later calls find it gone."""
-        from openreward.environments.server import _delete_session
-
-        for running in _SERVERS:
-            srv = running.server
-            for sid, env in list(srv._active_envs.items()):
-                if env is self:
-                    await _delete_session(sid, srv._active_envs, srv._active_toolsets, srv._last_ping,
-                                          srv._setup_tasks, srv._ready, srv._setup_errors)
-                    return ToolOutput(blocks=[TextBlock(text="gone")])
-        raise RuntimeError("KillableEnvironment: own session not found in any test server")
+        await delete_own_session(self)
+        return ToolOutput(blocks=[TextBlock(text="gone")])
 
     @tool
     async def explode(self) -> ToolOutput:

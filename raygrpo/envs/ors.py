@@ -27,10 +27,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Background close tasks that outlive a cancelled `close()`; kept referenced until done.
-_DETACHED: set[asyncio.Task] = set()
-
-
 class ORSSessionError(EnvError):
     """The ORS session failed or died: it cannot go on, and the rollout's reward is None."""
 
@@ -76,6 +72,10 @@ class ORSProvider:
                 f"{spec.field_path(name, 'environment')}: serve {spec.environment!r} first "
                 "(start_embedded_server), then build the provider from spec.served_at(url)"
             )
+        # The SDK takes seconds to import: pay for it where the provider is built (an actor's start-up), not in the
+        # first rollout.
+        import openreward  # noqa: F401
+
         self.spec = spec
         self.name = name
         self.call_timeout_s = call_timeout_s
@@ -84,6 +84,7 @@ class ORSProvider:
         self._clients: dict[asyncio.AbstractEventLoop, _LoopClient] = {}
         # Started, not yet closed: strong references, so `aclose` reaches sessions a caller forgot to close.
         self._adapters: set[ORSAdapter] = set()
+        self._closing: set[asyncio.Task] = set()
         self._closed = False
 
     def __getstate__(self) -> dict[str, Any]:
@@ -114,6 +115,10 @@ class ORSProvider:
         if open_adapters:
             logger.info("%s: closing %d open ORS session(s)", self.label, len(open_adapters))
             await asyncio.gather(*(a.close() for a in open_adapters), return_exceptions=True)
+        if self._closing:
+            # Closes still running in the background (their rollouts were cancelled): let them reach the server
+            # before the client, and with it their connections, goes away.
+            await asyncio.wait(list(self._closing), timeout=self.close_timeout_s)
         loop = asyncio.get_running_loop()
         for other in [lp for lp in self._clients if lp is not loop]:
             if other.is_closed():
@@ -188,6 +193,11 @@ class ORSProvider:
 
     def _unregister(self, adapter: ORSAdapter) -> None:
         self._adapters.discard(adapter)
+
+    def _track_close(self, task: asyncio.Task) -> None:
+        # Strong references keep detached closes alive; `aclose` waits for them before closing the client.
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
 
 def _tool_to_openai(tool: dict[str, Any]) -> dict[str, Any]:
@@ -376,8 +386,7 @@ class ORSAdapter:
             if self._session is None:
                 return
             self._close_task = asyncio.get_running_loop().create_task(self._close_session())
-            _DETACHED.add(self._close_task)
-            self._close_task.add_done_callback(_DETACHED.discard)
+            self.provider._track_close(self._close_task)
         await asyncio.shield(self._close_task)
 
     # ── internals ─────────────────────────────────────────────────────────────────────────────────────────────────
