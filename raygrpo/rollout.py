@@ -18,7 +18,7 @@ from typing import Any, Iterator
 from pydantic import BaseModel, ConfigDict, Field
 
 from raygrpo.chat import ChatRenderer, assistant_message
-from raygrpo.envs.base import EnvAdapter, EnvError
+from raygrpo.envs.base import EnvAdapter, EnvError, RewardMissingError
 from raygrpo.policy.base import GenerationContext, PolicyClient, PolicyError, SamplingParams
 from raygrpo.policy.config import request_seed
 from raygrpo.toolcalls import ToolCallProblem, parse_tool_calls
@@ -224,6 +224,9 @@ async def _episode(
         except TimeoutError:
             traj.status, traj.reward = Status.TIMEOUT, None
             traj.error = f"scoring exceeded score_timeout_s={config.score_timeout_s}"
+            return
+        except RewardMissingError as exc:
+            traj.status, traj.reward, traj.error = Status.NO_REWARD, None, _describe(exc)
             return
     traj.status = status
     traj.reward = None if reward is None else float(reward)

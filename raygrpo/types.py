@@ -15,7 +15,8 @@ from typing import Any
 class Status(str, enum.Enum):
     """How a rollout ended.
 
-    `OK` and `TRUNCATED` are normal endings (the model's own doing). `TIMEOUT` is the whole-rollout deadline.
+    `OK` and `TRUNCATED` are normal endings (the model's own doing). `TIMEOUT` is a deadline of the whole rollout or
+    of its scoring (a hung verifier). `NO_REWARD`: scoring ran but produced no reward (not retried).
     `ENV_ERROR` and `POLICY_ERROR` are infrastructure failures: the orchestrator may retry them, and their reward is
     always None (unscored), never 0.0. `CANCELLED` marks rollouts stopped by the user (Ctrl-C).
     """
@@ -23,6 +24,7 @@ class Status(str, enum.Enum):
     OK = "ok"
     TRUNCATED = "truncated"
     TIMEOUT = "timeout"
+    NO_REWARD = "no_reward"
     ENV_ERROR = "env_error"
     POLICY_ERROR = "policy_error"
     CANCELLED = "cancelled"

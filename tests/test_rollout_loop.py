@@ -187,3 +187,23 @@ def test_cancellation_closes_the_environment(renderer):
 
     asyncio.run(main())
     assert env.closed == 1
+
+
+def test_missing_reward_is_its_own_unscored_status(renderer):
+    from raygrpo.envs.base import RewardMissingError
+
+    class NoRewardEnv(AddEnv):
+        async def score(self):
+            raise RewardMissingError("the verifier wrote no reward file")
+
+    traj = _run(renderer, NoRewardEnv(), scripted(format_tool_call("submit", {})))
+    assert traj.status is Status.NO_REWARD and traj.reward is None and "no reward file" in traj.error
+
+
+def test_hung_scorer_is_unscored_timeout(renderer):
+    class HungScorer(AddEnv):
+        async def score(self):
+            await asyncio.sleep(30)
+
+    traj = _run(renderer, HungScorer(), scripted(format_tool_call("submit", {})), score_timeout_s=0.3)
+    assert traj.status is Status.TIMEOUT and traj.reward is None

@@ -19,13 +19,21 @@ class EnvError(RuntimeError):
     """
 
 
+class RewardMissingError(RuntimeError):
+    """The episode ran to its end but produced no reward (e.g. a verifier that wrote no reward file).
+
+    The rollout is kept unscored with status `no_reward` and is not retried: the model may have caused it.
+    """
+
+
 @runtime_checkable
 class EnvAdapter(Protocol):
     """One episode of one environment.
 
     `start` opens it and returns the opening messages and the tool schemas; `call` runs one tool call (a refused call
     comes back as a `ToolResult` with `error=True`; a dead environment raises `EnvError`); `score` returns the outcome
-    reward (None when nothing was scored); `close` releases everything and never raises.
+    reward (None when nothing was scored; `RewardMissingError` when scoring ran but found no reward; `EnvError` when
+    the scorer itself broke); `close` releases everything and never raises.
     """
 
     async def start(self, task: TaskRef) -> Observation: ...
