@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 OUT ?= runs/echo
 
-.PHONY: install rollout test test-all bench
+.PHONY: install rollout test bench
 
 install: $(VENV)/.installed
 
@@ -20,10 +20,6 @@ rollout: install
 
 test: install
 	$(PY) -m pytest
-
-# Also the slow tests (ORS keepalive over an idle gap).
-test-all: install
-	$(PY) -m pytest -m "not gpu and not vllm"
 
 bench: install
 	$(PY) benchmarks/ors_throughput.py
