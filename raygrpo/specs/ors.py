@@ -7,18 +7,16 @@ spec itself is what travels to actors: it holds only strings and numbers, never 
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import logging
 import os
 import re
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from raygrpo.envs.base import EnvError
+from raygrpo.specs.dataset import tasks_to_dataset
 from raygrpo.imports import split_spec
 from raygrpo.types import TaskRef
 
@@ -29,14 +27,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
 _ENV_VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CATALOG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*/[A-Za-z0-9][A-Za-z0-9_.\-]*$")
-#: Above this many explicit indices, one task-range request replaces per-index requests.
-_RANGE_FETCH_THRESHOLD = 16
-#: Concurrent per-index task requests while listing.
-_LIST_CONCURRENCY = 8
 
 
 class ORSConfigError(ValueError):
@@ -342,7 +334,9 @@ class ORSSpec(BaseModel):
                 f"{self.field_path(name, 'api_key_env')}: environment variable {self.api_key_env} is not set; the "
                 f"catalog environment {self.catalog!r} needs an OpenReward API key"
             )
-        pairs = _run_in_fresh_loop(lambda: self._alist(name))
+        from raygrpo.specs.ors_listing import ORSTaskLister, run_in_fresh_loop
+
+        pairs = run_in_fresh_loop(lambda: ORSTaskLister(self, name).list())
         return [
             TaskRef(env=name, index=index, split=self.split, metadata=dict(spec) if self.include_metadata else {})
             for index, spec in pairs
@@ -357,182 +351,3 @@ class ORSSpec(BaseModel):
         is stored as JSON text.
         """
         return tasks_to_dataset(self.list_tasks(name), include_metadata=self.include_metadata)
-
-    async def _alist(self, name: str) -> list[tuple[int, dict[str, Any]]]:
-        client = self.make_client()
-        envs_api = client.environments
-        try:
-            env = self.sdk_environment(client)
-            return await self._alist_with(env, name)
-        finally:
-            try:
-                await asyncio.wait_for(envs_api.aclose(), 5)
-            except Exception:  # noqa: BLE001 - closing a client must not hide the real outcome
-                logger.debug("closing the listing client failed", exc_info=True)
-
-    async def _alist_with(self, env: Any, name: str) -> list[tuple[int, dict[str, Any]]]:
-        splits = await self._request(env.list_splits(), name, "list the splits")
-        if self.split not in splits:
-            raise ORSConfigError(
-                f"{self.field_path(name, 'split')}: split {self.split!r} does not exist on {self._where()} "
-                f"(it has: {', '.join(map(repr, splits)) or 'none'})"
-            )
-        if self.indices is None and self.num_tasks is None:
-            try:
-                tasks = await self._request(env.list_tasks(self.split), name, "list the tasks")
-                return [(i, _task_spec(t)) for i, t in enumerate(tasks)]
-            except _ServerRefused:
-                # Index-only environments (list_tasks not implemented): count, then fetch the range.
-                logger.debug("%s: list_tasks refused; counting and fetching a range instead", self.describe())
-        total = await self._request(env.num_tasks(self.split), name, "count the tasks")
-        if self.indices is None:
-            count = total if self.num_tasks is None else min(self.num_tasks, total)
-            if self.num_tasks is not None and self.num_tasks > total:
-                logger.warning(
-                    "%s: num_tasks=%d but split %r has only %d tasks; using all of them",
-                    self.field_path(name, "num_tasks"), self.num_tasks, self.split, total,
-                )
-            tasks = await self._request(env.get_task_range(self.split, 0, count), name, "fetch the tasks")
-            return [(i, _task_spec(t)) for i, t in enumerate(tasks)]
-        bad = [i for i in self.indices if i >= total]
-        if bad:
-            raise ORSConfigError(
-                f"{self.field_path(name, 'indices')}: index {bad[0]} is out of range: split {self.split!r} has "
-                f"{total} tasks (0..{total - 1})"
-            )
-        if len(self.indices) > _RANGE_FETCH_THRESHOLD:
-            lo, hi = min(self.indices), max(self.indices) + 1
-            tasks = await self._request(env.get_task_range(self.split, lo, hi), name, "fetch the tasks")
-            by_index = {lo + k: _task_spec(t) for k, t in enumerate(tasks)}
-            return [(i, by_index[i]) for i in self.indices]
-        gate = asyncio.Semaphore(_LIST_CONCURRENCY)
-
-        async def one(index: int) -> tuple[int, dict[str, Any]]:
-            async with gate:
-                task = await self._request(env.get_task(self.split, index), name, f"fetch task {index}")
-                return index, _task_spec(task)
-
-        return list(await asyncio.gather(*(one(i) for i in self.indices)))
-
-    def _where(self) -> str:
-        if self.url is not None:
-            return f"the ORS server at {self.url}/"
-        return f"catalog environment {self.catalog!r}"
-
-    async def _request(self, aw: Awaitable[T], name: str, what: str) -> T:
-        """Await one SDK request under `connect_timeout_s`, turning failures into errors that name the field."""
-        import aiohttp
-        from openreward.api._session import AuthenticationError
-        from openreward.api.errors import OpenRewardError
-
-        field = self.field_path(name)
-        target = self.url or self.session_url()
-        try:
-            return await asyncio.wait_for(aw, self.connect_timeout_s)
-        except asyncio.TimeoutError:
-            raise ORSConnectionError(
-                f"{field}: cannot reach the ORS server at {target}/ (no answer within {self.connect_timeout_s:g} s "
-                f"while trying to {what})"
-            ) from None
-        except AuthenticationError:
-            raise ORSConfigError(
-                f"{self.field_path(name, 'api_key_env')}: {target}/ rejected the API key from "
-                f"{self.api_key_env} (401 Unauthorized)"
-            ) from None
-        except aiohttp.ClientResponseError as exc:
-            status = exc.status
-            if status == 404 and self.env_name is not None:
-                known = await self._server_environments()
-                hint = f" (it serves: {', '.join(known)})" if known else ""
-                raise ORSConfigError(
-                    f"{self.field_path(name, 'env_name')}: no environment {self.env_name!r} on {self._where()}"
-                    f"{hint}"
-                ) from None
-            if status in (400, 404, 405, 501):
-                raise _ServerRefused(f"{field}: {target}/ refused to {what}: HTTP {status}: {exc.message}") from None
-            raise ORSConnectionError(
-                f"{field}: the ORS server at {target}/ failed to {what}: HTTP {status}: {exc.message}"
-            ) from None
-        except (aiohttp.ClientError, OSError, OpenRewardError, TimeoutError) as exc:
-            raise ORSConnectionError(
-                f"{field}: cannot reach the ORS server at {target}/ ({_short_error(exc)})"
-            ) from None
-
-    async def _server_environments(self) -> list[str]:
-        """Names a self-hosted server serves (`GET /list_environments`), for error messages; [] when unknown."""
-        if self.url is None:
-            return []
-        import aiohttp
-
-        try:
-            timeout = aiohttp.ClientTimeout(total=min(5.0, self.connect_timeout_s))
-            async with aiohttp.ClientSession(timeout=timeout) as http:
-                async with http.get(f"{self.url}/list_environments") as resp:
-                    if resp.ok:
-                        return [str(n) for n in await resp.json()]
-        except Exception:  # noqa: BLE001 - only an error-message hint
-            pass
-        return []
-
-
-class _ServerRefused(ORSConfigError):
-    """The server answered a listing request with a client error (e.g. list_tasks not implemented)."""
-
-
-def _task_spec(task: Any) -> dict[str, Any]:
-    spec = task.task_spec if hasattr(task, "task_spec") else task
-    return dict(spec) if isinstance(spec, dict) else {"task_spec": spec}
-
-
-def _short_error(exc: BaseException) -> str:
-    """A one-line description of a connection failure (the SDK's retry errors are multi-line)."""
-    from openreward.api.errors import MaxRetriesError
-
-    if isinstance(exc, MaxRetriesError) and exc.errors:
-        last = exc.errors[-1]
-        return f"{type(last).__name__}: {last} (after {len(exc.errors)} attempts)"
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
-def _run_in_fresh_loop(factory: Callable[[], Awaitable[T]]) -> T:
-    """Run a coroutine to completion on a new event loop in a worker thread.
-
-    Works from plain sync code and from inside a running loop alike (a nested `asyncio.run` would fail there), and
-    the SDK's loop-bound aiohttp sessions live and die with that private loop.
-    """
-
-    async def main() -> T:
-        return await factory()
-
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="raygrpo-ors-list") as pool:
-        return pool.submit(asyncio.run, main()).result()
-
-
-def tasks_to_dataset(tasks: list[TaskRef], include_metadata: bool = True) -> datasets.Dataset:
-    """Turn `TaskRef`s into a TRL-style dataset (see `ORSSpec.dataset`)."""
-    import json
-
-    from datasets import Dataset
-
-    rows: dict[str, list[Any]] = {
-        "prompt": [[{"role": "user", "content": ""}] for _ in tasks],
-        "task_index": [t.index for t in tasks],
-        "env": [t.env for t in tasks],
-    }
-    if include_metadata:
-        keys = sorted({k for t in tasks for k in t.metadata} - rows.keys())
-        for key in keys:
-            rows[key] = [t.metadata.get(key) for t in tasks]
-    try:
-        return Dataset.from_dict(rows)
-    except Exception:  # noqa: BLE001 - Arrow could not unify a column's types: fall back to JSON text for those
-        pass
-    for key in list(rows):
-        if key in ("prompt", "task_index", "env"):
-            continue
-        try:
-            Dataset.from_dict({key: rows[key]})
-        except Exception:  # noqa: BLE001
-            rows[key] = [None if v is None else json.dumps(v, sort_keys=True, default=str) for v in rows[key]]
-    return Dataset.from_dict(rows)
