@@ -130,22 +130,41 @@ async def run_rollout(
         logger.exception("rollout of %s/%s failed unexpectedly", task.env, task.index)
         traj.status, traj.reward, traj.error = Status.ENV_ERROR, None, _describe(exc)
     finally:
-        with phases.timed("provision"):
-            await _close_quietly(adapter)
-        if on_env_close is not None:
-            on_env_close()
-        traj.timings = {**phases.seconds, "total": time.perf_counter() - started}
+        try:
+            with phases.timed("provision"):
+                await _close_quietly(adapter)
+        finally:
+            if on_env_close is not None:
+                on_env_close()
+            traj.timings = {**phases.seconds, "total": time.perf_counter() - started}
     return traj
 
 
+#: How long a cancelled rollout keeps waiting for its environment to close before giving up on it.
+CLOSE_GRACE_S = 60.0
+
+
 async def _close_quietly(adapter: EnvAdapter) -> None:
-    # Shielded so that a cancelled rollout still releases its session or sandbox.
-    try:
-        await asyncio.shield(adapter.close())
-    except asyncio.CancelledError:
-        raise
-    except Exception:  # noqa: BLE001
-        logger.warning("closing an environment failed", exc_info=True)
+    """Close the environment; if the rollout is cancelled meanwhile, finish closing first, then re-raise.
+
+    A cancelled rollout must still release its session or sandbox, and must not report it closed before it is.
+    """
+    closing = asyncio.ensure_future(adapter.close())
+    cancelled = False
+    deadline = time.monotonic() + CLOSE_GRACE_S
+    while not closing.done() and time.monotonic() < deadline:
+        try:
+            await asyncio.wait_for(asyncio.shield(closing), timeout=max(0.0, deadline - time.monotonic()))
+        except asyncio.CancelledError:
+            cancelled = True
+        except Exception:  # noqa: BLE001 - reported below
+            break
+    if closing.done() and not closing.cancelled() and closing.exception() is not None:
+        logger.warning("closing an environment failed: %s", closing.exception())
+    elif not closing.done():
+        logger.warning("an environment did not close within %s s", CLOSE_GRACE_S)
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 def _describe(exc: BaseException) -> str:
