@@ -1,0 +1,54 @@
+"""Sandbox backends for Harbor tasks, fault injection, and the orphan reaper.
+
+- `raygrpo.sandbox.local:LocalSandboxEnvironment`: a Harbor `BaseEnvironment` that runs each sandbox in its own
+  Linux namespaces with bubblewrap (development and CI; **no security boundary for untrusted code**; no image
+  builds: it applies a Dockerfile's `WORKDIR`, `ENV` and `COPY` and skips its `RUN` steps).
+- `raygrpo.sandbox.null:NullEnvironment`: a backend that does nothing, for scale tests.
+- `raygrpo.sandbox.faults`: `FaultConfig`, `FaultInjectingEnvironment`, `wrap_environment` (latency, start failures
+  before/after creation, exec hangs, sandbox death), around any backend.
+- `raygrpo.sandbox.registry`: owner labels and heartbeats of local sandboxes; `reap_orphans`, `live_sandboxes`,
+  and the /proc-based leak checks `sandbox_processes` and `sandbox_mounts`.
+
+Names are imported lazily, so that `from raygrpo.sandbox import reap_orphans` does not import Harbor.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "LocalSandboxEnvironment": "raygrpo.sandbox.local",
+    "SandboxError": "raygrpo.sandbox.local",
+    "SandboxStartError": "raygrpo.sandbox.local",
+    "SandboxNotRunningError": "raygrpo.sandbox.local",
+    "SandboxExecTimeoutError": "raygrpo.sandbox.local",
+    "NullEnvironment": "raygrpo.sandbox.null",
+    "FaultConfig": "raygrpo.sandbox.faults",
+    "FaultInjectingEnvironment": "raygrpo.sandbox.faults",
+    "InjectedFault": "raygrpo.sandbox.faults",
+    "InjectedStartFailure": "raygrpo.sandbox.faults",
+    "InjectedPostStartFailure": "raygrpo.sandbox.faults",
+    "InjectedExecTimeout": "raygrpo.sandbox.faults",
+    "InjectedSandboxDeath": "raygrpo.sandbox.faults",
+    "wrap_environment": "raygrpo.sandbox.faults",
+    "DockerfileError": "raygrpo.sandbox.dockerfile",
+    "parse_dockerfile": "raygrpo.sandbox.dockerfile",
+    "reap_orphans": "raygrpo.sandbox.registry",
+    "live_sandboxes": "raygrpo.sandbox.registry",
+    "sandbox_processes": "raygrpo.sandbox.registry",
+    "sandbox_mounts": "raygrpo.sandbox.registry",
+    "sandbox_root": "raygrpo.sandbox.registry",
+}
+
+LOCAL_IMPORT_PATH = "raygrpo.sandbox.local:LocalSandboxEnvironment"
+NULL_IMPORT_PATH = "raygrpo.sandbox.null:NullEnvironment"
+
+__all__ = sorted([*_EXPORTS, "LOCAL_IMPORT_PATH", "NULL_IMPORT_PATH"])
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'raygrpo.sandbox' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -1,0 +1,574 @@
+"""What the local sandbox can honour of a task's `environment/Dockerfile` without building an image.
+
+The local sandbox backend (`raygrpo.sandbox.local`) has no image builder: every sandbox sees the host's own
+filesystem, read-only. So it applies only the parts of a Dockerfile that describe files and process state:
+
+- `WORKDIR` (absolute or relative to the previous one): the working directory of every exec, made writable;
+- `ENV` (both `ENV K=V ...` and the legacy `ENV K V`): the environment of every exec;
+- `ARG` defaults: usable in later `$VAR` substitutions, as in a build;
+- `COPY` / `ADD` of files and directories from the build context (the task's `environment/` folder), heredoc
+  sources included; a relative destination is relative to `WORKDIR`; `--chown` is ignored, `--chmod` is applied.
+
+Everything else cannot be honoured and is skipped: `RUN` (the host must already provide what it installs), `USER`
+(execs run as root unless a user is requested), `COPY --from`, `ADD` of URLs and archives, `FROM`, `CMD`,
+`ENTRYPOINT`, `EXPOSE`, ... Skipped steps are reported once per Dockerfile per process with a `logging` warning
+(`report_skipped`), not once per sandbox. Only the final build stage counts (each `FROM` starts a new one).
+
+A Dockerfile that cannot be parsed raises `DockerfileError`, whose message names the file and the line.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+logger = logging.getLogger(__name__)
+
+#: The PATH a stock Linux image (e.g. `python:3.12-slim`) starts with; `$PATH` in `ENV` expands against it.
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+_KNOWN = {
+    "FROM", "RUN", "CMD", "LABEL", "MAINTAINER", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT", "VOLUME", "USER",
+    "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL",
+}
+_ARCHIVE_SUFFIXES = (
+    ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst", ".gz", ".bz2", ".xz",
+)
+_HEREDOC_RE = re.compile(r"<<(-?)([\"']?)([A-Za-z_][A-Za-z0-9_]*)\2")
+_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+class DockerfileError(ValueError):
+    """A Dockerfile the local sandbox cannot read; the message starts with `path:line:`."""
+
+    def __init__(self, path: Path | str, line: int, message: str):
+        self.path = Path(path)
+        self.line = line
+        super().__init__(f"{path}:{line}: {message}")
+
+
+@dataclass(frozen=True)
+class CopyStep:
+    """One `COPY`/`ADD` to apply when a sandbox starts.
+
+    Args:
+        line: line of the instruction in the Dockerfile.
+        dest: absolute destination inside the sandbox (already resolved against `WORKDIR`).
+        dest_is_dir: the destination names a directory (it ends with `/`, or there are several sources).
+        sources: host paths inside the build context (files or directories), globs already expanded.
+        inline: heredoc sources as `(file name, content)`.
+        chmod: mode from `--chmod`, applied to everything copied.
+    """
+
+    line: int
+    dest: PurePosixPath
+    dest_is_dir: bool
+    sources: tuple[Path, ...] = ()
+    inline: tuple[tuple[str, str], ...] = ()
+    chmod: int | None = None
+
+    @property
+    def writable_dir(self) -> PurePosixPath:
+        """The sandbox directory this step writes into (it must be writable in the sandbox)."""
+        if self.dest_is_dir or len(self.sources) + len(self.inline) > 1:
+            return self.dest
+        if len(self.sources) == 1 and self.sources[0].is_dir():
+            return self.dest
+        return self.dest.parent
+
+
+@dataclass(frozen=True)
+class SkippedStep:
+    """An instruction the local sandbox did not apply, and why."""
+
+    line: int
+    instruction: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class DockerfilePlan:
+    """What a sandbox applies of one Dockerfile: the final stage's working dir, environment and file copies.
+
+    Args:
+        path: the Dockerfile.
+        context_dir: the build context (the task's `environment/` folder).
+        workdir: the final `WORKDIR`, or None when the Dockerfile sets none.
+        env: the final stage's `ENV` values in order (`$VAR` references already expanded).
+        copies: the final stage's `COPY`/`ADD` steps, in order.
+        user: the final `USER` (not applied; recorded for the warning).
+        skipped: every instruction that was not applied.
+    """
+
+    path: Path
+    context_dir: Path
+    workdir: str | None
+    env: dict[str, str]
+    copies: tuple[CopyStep, ...]
+    user: str | None
+    skipped: tuple[SkippedStep, ...]
+
+    def writable_dirs(self) -> list[PurePosixPath]:
+        """Sandbox directories that must be writable: the `WORKDIR` and every copy destination."""
+        dirs = [PurePosixPath(self.workdir)] if self.workdir else []
+        dirs.extend(step.writable_dir for step in self.copies)
+        return dirs
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Lexing: quote removal and $VAR expansion, as Docker's shell-word processing does them
+# --------------------------------------------------------------------------------------------------------------
+
+
+class _LexError(ValueError):
+    pass
+
+
+def _expand_var(text: str, i: int, env: dict[str, str]) -> tuple[str, int]:
+    """Expand the `$...` starting at `text[i] == '$'`; return (value, index after it)."""
+    if i + 1 >= len(text):
+        return "$", i + 1
+    nxt = text[i + 1]
+    if nxt == "{":
+        end = text.find("}", i + 2)
+        if end < 0:
+            raise _LexError(f"unterminated ${{...}} in {text!r}")
+        body = text[i + 2 : end]
+        m = _NAME_RE.match(body)
+        if not m:
+            raise _LexError(f"bad variable reference ${{{body}}}")
+        name, rest = m.group(0), body[m.end() :]
+        value = env.get(name)
+        if rest == "":
+            return value or "", end + 1
+        if rest.startswith(":-"):
+            return (value if value else _lex_one(rest[2:], env)), end + 1
+        if rest.startswith(":+"):
+            return (_lex_one(rest[2:], env) if value else ""), end + 1
+        if rest.startswith("-"):
+            return (value if value is not None else _lex_one(rest[1:], env)), end + 1
+        if rest.startswith("+"):
+            return (_lex_one(rest[1:], env) if value is not None else ""), end + 1
+        raise _LexError(f"unsupported modifier in ${{{body}}}")
+    m = _NAME_RE.match(text, i + 1)
+    if not m:
+        return "$", i + 1
+    return env.get(m.group(0), ""), m.end()
+
+
+def _lex(text: str, env: dict[str, str], *, split: bool, escape: str = "\\") -> list[str]:
+    """Split `text` into words (or keep it as one when `split` is False), removing quotes and expanding `$VAR`."""
+    words: list[str] = []
+    cur: list[str] = []
+    in_word = False
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if split and c.isspace():
+            if in_word:
+                words.append("".join(cur))
+                cur, in_word = [], False
+            i += 1
+            continue
+        in_word = True
+        if c == "'":
+            end = text.find("'", i + 1)
+            if end < 0:
+                raise _LexError(f"unterminated single quote in {text!r}")
+            cur.append(text[i + 1 : end])
+            i = end + 1
+        elif c == '"':
+            i += 1
+            while True:
+                if i >= n:
+                    raise _LexError(f"unterminated double quote in {text!r}")
+                c = text[i]
+                if c == '"':
+                    i += 1
+                    break
+                if c == escape and i + 1 < n and text[i + 1] in ('"', "$", escape):
+                    cur.append(text[i + 1])
+                    i += 2
+                elif c == "$":
+                    value, i = _expand_var(text, i, env)
+                    cur.append(value)
+                else:
+                    cur.append(c)
+                    i += 1
+        elif c == escape and i + 1 < n:
+            cur.append(text[i + 1])
+            i += 2
+        elif c == "$":
+            value, i = _expand_var(text, i, env)
+            cur.append(value)
+        else:
+            cur.append(c)
+            i += 1
+    if in_word or not split:
+        words.append("".join(cur))
+    return words
+
+
+def _lex_one(text: str, env: dict[str, str], escape: str = "\\") -> str:
+    return _lex(text, env, split=False, escape=escape)[0]
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Reading instructions: continuations, comments, parser directives, heredocs
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Instruction:
+    line: int
+    keyword: str
+    args: str
+    heredocs: list[tuple[str, str, bool]] = field(default_factory=list)  # (name, body, expand)
+
+
+def _read_instructions(path: Path, text: str) -> tuple[list[_Instruction], str]:
+    lines = text.splitlines()
+    escape = "\\"
+    # Parser directives: `# key=value` lines at the very top, before anything else.
+    for raw in lines:
+        m = re.match(r"^\s*#\s*([A-Za-z]+)\s*=\s*(\S+)\s*$", raw)
+        if not m:
+            break
+        if m.group(1).lower() == "escape":
+            if m.group(2) not in ("\\", "`"):
+                raise DockerfileError(path, lines.index(raw) + 1, f"invalid escape directive {m.group(2)!r}")
+            escape = m.group(2)
+    out: list[_Instruction] = []
+    i = 0
+    while i < len(lines):
+        raw = lines[i]
+        stripped = raw.strip()
+        if not stripped or stripped.startswith("#"):
+            i += 1
+            continue
+        start = i + 1
+        parts: list[str] = []
+        line = raw
+        while True:
+            body = line.rstrip()
+            if body.endswith(escape):
+                parts.append(body[:-1])
+                i += 1
+                # Comment and empty lines inside a continuation are skipped, as Docker does.
+                while i < len(lines) and (not lines[i].strip() or lines[i].lstrip().startswith("#")):
+                    i += 1
+                if i >= len(lines):
+                    break
+                line = lines[i]
+                continue
+            parts.append(line)
+            i += 1
+            break
+        joined = " ".join(p.strip() for p in parts).strip()
+        m = re.match(r"^([A-Za-z]+)(?:\s+(.*))?$", joined, re.S)
+        if not m:
+            raise DockerfileError(path, start, f"cannot parse instruction {joined[:60]!r}")
+        keyword, args = m.group(1).upper(), (m.group(2) or "").strip()
+        if keyword not in _KNOWN:
+            raise DockerfileError(path, start, f"unknown instruction {m.group(1)!r}")
+        instr = _Instruction(start, keyword, args)
+        if keyword in ("RUN", "COPY", "ADD"):
+            for hm in _HEREDOC_RE.finditer(args):
+                strip_tabs, quote, name = hm.group(1) == "-", hm.group(2), hm.group(3)
+                body_lines: list[str] = []
+                while True:
+                    if i >= len(lines):
+                        raise DockerfileError(path, start, f"unterminated heredoc <<{name}")
+                    cur = lines[i]
+                    i += 1
+                    check = cur.lstrip("\t") if strip_tabs else cur
+                    if check == name:
+                        break
+                    body_lines.append(check if strip_tabs else cur)
+                body = "\n".join(body_lines) + ("\n" if body_lines else "")
+                instr.heredocs.append((name, body, not quote))
+        out.append(instr)
+    return out, escape
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Parsing
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _split_flags(words: list[str]) -> tuple[dict[str, str], list[str]]:
+    flags: dict[str, str] = {}
+    rest = list(words)
+    while rest and rest[0].startswith("--"):
+        flag = rest.pop(0)[2:]
+        key, _, value = flag.partition("=")
+        flags[key] = value
+    return flags, rest
+
+
+def _abs(path: str, workdir: str | None) -> PurePosixPath:
+    p = PurePosixPath(path)
+    if not p.is_absolute():
+        p = PurePosixPath(workdir or "/") / p
+    # Normalise `.` and `..` without touching the host filesystem.
+    parts: list[str] = []
+    for part in p.parts[1:]:
+        if part == "..":
+            if parts:
+                parts.pop()
+        elif part != ".":
+            parts.append(part)
+    return PurePosixPath("/", *parts)
+
+
+def parse_dockerfile(path: Path | str, context_dir: Path | str | None = None) -> DockerfilePlan:
+    """Parse a Dockerfile into what the local sandbox applies.
+
+    Args:
+        path: the Dockerfile.
+        context_dir: the build context; defaults to the Dockerfile's folder.
+
+    Raises:
+        DockerfileError: a syntax error, an unknown instruction, a `COPY` source missing from (or outside) the
+            context; the message names the file and line.
+    """
+    path = Path(path)
+    context = Path(context_dir) if context_dir is not None else path.parent
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise DockerfileError(path, 0, f"cannot read: {e}") from e
+    instructions, escape = _read_instructions(path, text)
+    context_real = os.path.realpath(context)
+
+    global_args: dict[str, str] = {}
+    args: dict[str, str] = {}
+    env: dict[str, str] = {}
+    workdir: str | None = None
+    user: str | None = None
+    copies: list[CopyStep] = []
+    skipped: list[SkippedStep] = []
+    seen_from = False
+
+    for ins in instructions:
+        subst = {"PATH": DEFAULT_PATH, **args, **env}
+        try:
+            if ins.keyword == "FROM":
+                # A new build stage: nothing of the previous stage reaches the final image except via COPY --from.
+                seen_from = True
+                args, env, workdir, user, copies, skipped = {}, {}, None, None, [], []
+                skipped.append(SkippedStep(ins.line, "FROM", "no image is pulled: the sandbox sees the host's files"))
+            elif ins.keyword == "ARG":
+                for word in _lex(ins.args, subst, split=True, escape=escape):
+                    name, eq, default = word.partition("=")
+                    if not _NAME_RE.fullmatch(name):
+                        raise _LexError(f"bad ARG name {name!r}")
+                    if eq:
+                        (args if seen_from else global_args)[name] = default
+                    elif name in global_args:
+                        args[name] = global_args[name]
+            elif ins.keyword == "ENV":
+                if not ins.args:
+                    raise _LexError("ENV needs at least one variable")
+                first = ins.args.split(None, 1)[0]
+                if "=" not in first:
+                    # Legacy form: `ENV KEY value with spaces`.
+                    key, _, value = ins.args.partition(" ")
+                    if not value.strip():
+                        raise _LexError(f"ENV {key} has no value")
+                    env[key] = _lex_one(value.strip(), subst, escape)
+                else:
+                    # Every pair sees the values before this instruction, as in Docker.
+                    for word in _lex(ins.args, subst, split=True, escape=escape):
+                        key, eq, value = word.partition("=")
+                        if not eq or not key:
+                            raise _LexError(f"ENV expects KEY=VALUE pairs, got {word!r}")
+                        env[key] = value
+            elif ins.keyword == "WORKDIR":
+                value = _lex_one(ins.args, subst, escape).strip()
+                if not value:
+                    raise _LexError("WORKDIR needs a path")
+                workdir = str(_abs(value, workdir))
+            elif ins.keyword == "USER":
+                user = _lex_one(ins.args, subst, escape).strip() or None
+                skipped.append(SkippedStep(ins.line, "USER", "execs run as root unless a user is requested"))
+            elif ins.keyword in ("COPY", "ADD"):
+                step = _parse_copy(path, ins, subst, escape, workdir, context, context_real, skipped)
+                if step is not None:
+                    copies.append(step)
+            elif ins.keyword == "RUN":
+                skipped.append(SkippedStep(ins.line, "RUN", "the host must already provide what it installs"))
+            else:
+                # CMD, ENTRYPOINT, EXPOSE, LABEL, VOLUME, HEALTHCHECK, SHELL, STOPSIGNAL, ONBUILD, MAINTAINER:
+                # image metadata with no effect on execs.
+                skipped.append(SkippedStep(ins.line, ins.keyword, "image metadata"))
+        except _LexError as e:
+            raise DockerfileError(path, ins.line, str(e)) from None
+    return DockerfilePlan(
+        path=path,
+        context_dir=context,
+        workdir=workdir,
+        env=env,
+        copies=tuple(copies),
+        user=user,
+        skipped=tuple(skipped),
+    )
+
+
+def _parse_copy(
+    path: Path,
+    ins: _Instruction,
+    subst: dict[str, str],
+    escape: str,
+    workdir: str | None,
+    context: Path,
+    context_real: str,
+    skipped: list[SkippedStep],
+) -> CopyStep | None:
+    m = re.match(r"^((?:--\S+\s+)*)(.*)$", ins.args, re.S)
+    assert m is not None
+    flags, _ = _split_flags(_lex(m.group(1), subst, split=True, escape=escape))
+    body = m.group(2).strip()
+    if body.startswith("["):
+        try:
+            array = json.loads(body)
+        except json.JSONDecodeError as e:
+            raise _LexError(f"bad JSON array in {ins.keyword}: {e.msg}") from None
+        if not isinstance(array, list) or not all(isinstance(a, str) for a in array):
+            raise _LexError(f"{ins.keyword} JSON form must be an array of strings")
+        rest = [_lex_one(a, subst, escape) for a in array]
+    else:
+        rest = _lex(body, subst, split=True, escape=escape)
+    if len(rest) < 2:
+        raise _LexError(f"{ins.keyword} needs at least one source and a destination")
+    *srcs, dest = rest
+    if "from" in flags:
+        skipped.append(SkippedStep(ins.line, ins.keyword, f"--from={flags['from']}: files of another image/stage"))
+        return None
+    unknown = set(flags) - {"chown", "chmod", "link", "checksum", "keep-git-dir", "exclude", "parents"}
+    if unknown:
+        raise _LexError(f"unsupported {ins.keyword} flag(s): {', '.join('--' + f for f in sorted(unknown))}")
+    chmod = None
+    if flags.get("chmod"):
+        try:
+            chmod = int(flags["chmod"], 8)
+        except ValueError:
+            raise _LexError(f"--chmod={flags['chmod']} is not an octal mode") from None
+
+    heredocs = {name: (body, expand) for name, body, expand in ins.heredocs}
+    sources: list[Path] = []
+    inline: list[tuple[str, str]] = []
+    for src in srcs:
+        hm = _HEREDOC_RE.fullmatch(src) if src.startswith("<<") else None
+        if hm and hm.group(3) in heredocs:
+            body, expand = heredocs[hm.group(3)]
+            inline.append((hm.group(3), _lex_one_heredoc(body, subst) if expand else body))
+            continue
+        if ins.keyword == "ADD" and re.match(r"^[a-z][a-z0-9+.-]*://", src, re.I) or src.startswith("git@"):
+            skipped.append(SkippedStep(ins.line, "ADD", f"{src}: remote sources are not fetched"))
+            continue
+        if ins.keyword == "ADD" and src.lower().endswith(_ARCHIVE_SUFFIXES):
+            skipped.append(SkippedStep(ins.line, "ADD", f"{src}: archives are not extracted"))
+            continue
+        lexical = os.path.normpath(os.path.join(context, src.lstrip("/")))
+        if lexical != os.path.normpath(context) and not lexical.startswith(os.path.normpath(context) + os.sep):
+            raise _LexError(f"{ins.keyword} source {src!r} is outside the build context {context}")
+        matches = sorted(glob.glob(glob.escape(str(context)) + "/" + src.lstrip("/"))) if any(
+            ch in src for ch in "*?["
+        ) else [str(context / src.lstrip("/"))]
+        found = False
+        for match in matches:
+            if not os.path.lexists(match):
+                continue
+            real = os.path.realpath(match)
+            if real != context_real and not real.startswith(context_real + os.sep):
+                raise _LexError(f"{ins.keyword} source {src!r} is outside the build context {context}")
+            sources.append(Path(match))
+            found = True
+        if not found:
+            raise _LexError(f"{ins.keyword} source {src!r} not found in the build context {context}")
+    if not sources and not inline:
+        return None
+    dest_is_dir = dest.endswith("/") or len(srcs) > 1
+    return CopyStep(
+        line=ins.line,
+        dest=_abs(dest, workdir),
+        dest_is_dir=dest_is_dir,
+        sources=tuple(sources),
+        inline=tuple(inline),
+        chmod=chmod,
+    )
+
+
+def _lex_one_heredoc(body: str, env: dict[str, str]) -> str:
+    out: list[str] = []
+    i = 0
+    while i < len(body):
+        c = body[i]
+        if c == "\\" and i + 1 < len(body) and body[i + 1] in "$\\":
+            out.append(body[i + 1])
+            i += 2
+        elif c == "$":
+            value, i = _expand_var(body, i, env)
+            out.append(value)
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Loading (cached per file version) and reporting skipped steps once
+# --------------------------------------------------------------------------------------------------------------
+
+_cache: dict[tuple[str, str], tuple[tuple[int, int], DockerfilePlan]] = {}
+_reported: set[str] = set()
+_lock = threading.Lock()
+
+
+def load_plan(environment_dir: Path | str) -> DockerfilePlan | None:
+    """The plan of `environment_dir/Dockerfile` (None when there is none), parsed once per file version."""
+    environment_dir = Path(environment_dir)
+    path = environment_dir / "Dockerfile"
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    key = (str(path.resolve()), str(environment_dir.resolve()))
+    stamp = (st.st_mtime_ns, st.st_size)
+    with _lock:
+        hit = _cache.get(key)
+        if hit and hit[0] == stamp:
+            return hit[1]
+    plan = parse_dockerfile(path, environment_dir)
+    with _lock:
+        _cache[key] = (stamp, plan)
+    return plan
+
+
+def report_skipped(plan: DockerfilePlan) -> None:
+    """Warn (once per Dockerfile per process) about the steps the local sandbox does not apply."""
+    key = str(plan.path.resolve())
+    with _lock:
+        if key in _reported:
+            return
+        _reported.add(key)
+    runs = [s.line for s in plan.skipped if s.instruction == "RUN"]
+    other = [s for s in plan.skipped if s.instruction not in ("RUN", "FROM") and s.reason != "image metadata"]
+    if runs:
+        logger.warning(
+            "%s: %d RUN step(s) skipped (line%s %s): the local sandbox does not build images, so the host must "
+            "already provide what they install",
+            plan.path,
+            len(runs),
+            "s" if len(runs) > 1 else "",
+            ", ".join(map(str, runs)),
+        )
+    for s in other:
+        logger.warning("%s:%d: %s not applied by the local sandbox: %s", plan.path, s.line, s.instruction, s.reason)

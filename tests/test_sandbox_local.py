@@ -1,0 +1,367 @@
+"""The local sandbox backend, driven through Harbor's own factory and verifier; leaks checked through /proc."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import logging
+import socket
+import time
+from pathlib import Path
+
+import pytest
+from harbor.verifier.verifier import Verifier
+from tests.sandbox_utils import (
+    assert_no_leaks,
+    make_env,
+    make_task,
+    pid_namespace,
+    pids_in_namespace,
+    processes_mentioning,
+    wait_until,
+)
+
+from raygrpo.sandbox.dockerfile import DockerfileError, parse_dockerfile
+from raygrpo.sandbox.local import (
+    LocalSandboxEnvironment,
+    SandboxExecTimeoutError,
+    SandboxNotRunningError,
+)
+from raygrpo.sandbox.registry import live_sandboxes
+
+RICH_DOCKERFILE = """\
+# syntax=docker/dockerfile:1
+FROM python:3.12-slim
+ARG TOOL_VERSION=1.2
+ENV APP_MODE=test \\
+    GREETING="hello world"
+ENV LEGACY_STYLE some value $TOOL_VERSION
+ENV PATH=/opt/tool/bin:$PATH
+WORKDIR /opt/project
+WORKDIR src
+RUN apt-get update && \\
+    apt-get install -y --no-install-recommends curl
+COPY data.txt ./
+COPY --chown=1000:1000 conf/ ../conf/
+COPY ["data.txt", "/data/copy2.txt"]
+COPY --chmod=755 <<EOF /app/run.sh
+#!/bin/sh
+echo mode=$APP_MODE
+EOF
+RUN echo done
+CMD ["python3"]
+"""
+
+
+@pytest.fixture
+def sroot(tmp_path: Path) -> Path:
+    """A sandbox root of this test's own (never the shared default), checked for leaks at the end."""
+    root = tmp_path / "sandboxes"
+    yield root
+    assert_no_leaks(root)
+
+
+@pytest.mark.timeout(60)
+async def test_start_exec_upload_download_stop(tmp_path: Path, sroot: Path):
+    task = make_task(tmp_path)
+    env, _, _ = make_env(task, tmp_path / "trials", sroot)
+    assert isinstance(env, LocalSandboxEnvironment)
+    t0 = time.perf_counter()
+    await env.start(force_build=False)
+    start_s = time.perf_counter() - t0
+    try:
+        ns = pid_namespace(env.init_pid)
+        assert ns != pid_namespace(os.getpid())
+        r = await env.exec("pwd; cat data.txt; echo err >&2; exit 3")
+        assert (r.stdout, r.stderr, r.return_code) == ("/app\npayload\n", "err\n", 3)
+        r = await env.exec("echo $X-$HOME; pwd", cwd="/tmp", env={"X": "y"})
+        assert r.stdout == "y-/root\n/tmp\n"
+        # The host's filesystem is read-only; the sandbox's own dirs are writable; its PIDs are its own.
+        r = await env.exec("touch /usr/x 2>&1; echo $?; touch /workdir/a /logs/a /tests/a /solution/a /home/user/a")
+        assert "Read-only file system" in r.stdout and r.stdout.strip().endswith("1") and r.return_code == 0
+        r = await env.exec("ps -o pid= -p 1 && readlink /proc/1/exe && ls /work 2>&1 | head -1")
+        assert "No such file" in r.stdout
+
+        src = tmp_path / "up.txt"
+        src.write_text("uploaded\n")
+        await env.upload_file(src, "/workdir/in/up.txt")
+        await env.upload_file(src, "/home/user/")
+        updir = tmp_path / "updir"
+        (updir / "sub").mkdir(parents=True)
+        (updir / "sub" / "f.txt").write_text("deep\n")
+        await env.upload_dir(updir, "/tests")
+        r = await env.exec("cat /workdir/in/up.txt /home/user/up.txt /tests/sub/f.txt")
+        assert r.stdout == "uploaded\nuploaded\ndeep\n"
+
+        await env.exec("mkdir -p /app/out/x && echo o > /app/out/x/o.txt && echo r > /app/result.txt")
+        await env.download_file("/app/result.txt", tmp_path / "dl" / "result.txt")
+        await env.download_dir("/app/out", tmp_path / "dl" / "out")
+        assert (tmp_path / "dl" / "result.txt").read_text() == "r\n"
+        assert (tmp_path / "dl" / "out" / "x" / "o.txt").read_text() == "o\n"
+        # Host paths outside the sandbox's own dirs go through the sandbox (read-only ones can be read).
+        await env.download_file("/etc/hostname", tmp_path / "dl" / "hostname")
+        assert (tmp_path / "dl" / "hostname").exists()
+        with pytest.raises(RuntimeError, match="read-only"):
+            await env.upload_file(src, "/usr/share/up.txt")
+        # A symlink the sandbox made must not redirect an upload on the host.
+        await env.exec("ln -s /etc /app/etc-link")
+        with pytest.raises(RuntimeError):
+            await env.upload_file(src, "/app/etc-link/evil.txt")
+        assert not Path("/etc/evil.txt").exists()
+
+        t0 = time.perf_counter()
+        for _ in range(5):
+            await env.exec("true")
+        exec_s = (time.perf_counter() - t0) / 5
+        host_dir = env.host_dir
+        assert host_dir is not None and host_dir.exists()
+    finally:
+        t0 = time.perf_counter()
+        await env.stop(delete=True)
+        stop_s = time.perf_counter() - t0
+    assert not host_dir.exists()
+    assert pids_in_namespace(ns) == []
+    with pytest.raises(SandboxNotRunningError):
+        await env.exec("true")
+    await env.stop(delete=True)  # idempotent
+    print(f"local sandbox: start {start_s * 1000:.0f} ms, exec {exec_s * 1000:.1f} ms, stop {stop_s * 1000:.0f} ms")
+
+
+@pytest.mark.timeout(60)
+async def test_dockerfile_workdir_env_and_copies(tmp_path: Path, sroot: Path, caplog):
+    task = make_task(tmp_path, dockerfile=RICH_DOCKERFILE, files={"conf/app.ini": "k=v\n"})
+    caplog.set_level(logging.WARNING, logger="raygrpo.sandbox.dockerfile")
+    envs = [make_env(task, tmp_path / "trials", sroot)[0] for _ in range(2)]
+    for env in envs:
+        await env.start(force_build=False)
+    try:
+        r = await envs[0].exec(
+            "pwd; echo $APP_MODE/$GREETING/$LEGACY_STYLE; echo $PATH; cat data.txt ../conf/app.ini /data/copy2.txt; "
+            "/app/run.sh; ls /opt | head -50"
+        )
+        lines = r.stdout.splitlines()
+        assert lines[0] == "/opt/project/src"
+        assert lines[1] == "test/hello world/some value 1.2"
+        assert lines[2].startswith("/opt/tool/bin:/usr/local/sbin:")
+        assert lines[3:7] == ["payload", "k=v", "payload", "mode=test"]
+        # /opt is a read-only host dir: made writable for WORKDIR, with the host's entries still there.
+        assert "project" in lines[7:]
+        assert set(lines[8:]) >= {p.name for p in Path("/opt").iterdir() if p.is_dir()}
+        # Each sandbox has its own copy.
+        await envs[0].exec("echo changed > data.txt")
+        assert (await envs[1].exec("cat data.txt")).stdout == "payload\n"
+    finally:
+        for env in envs:
+            await env.stop(delete=True)
+    runs = [r for r in caplog.records if "RUN step" in r.getMessage()]
+    assert len(runs) == 1, "skipped RUN steps are reported once per task, not per sandbox"
+    assert "2 RUN step(s)" in runs[0].getMessage() and "lines 10, 19" in runs[0].getMessage()
+
+
+def test_dockerfile_errors_name_path_and_line(tmp_path: Path):
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM x\nWORKDIR /app\nFROBNICATE now\n")
+    with pytest.raises(DockerfileError, match=rf"{bad}:3: unknown instruction 'FROBNICATE'"):
+        parse_dockerfile(bad)
+    bad.write_text("FROM x\n\nCOPY missing.txt /app/\n")
+    with pytest.raises(DockerfileError, match=rf"{bad}:3: COPY source 'missing.txt' not found"):
+        parse_dockerfile(bad)
+    bad.write_text('FROM x\nENV A="unterminated\n')
+    with pytest.raises(DockerfileError, match=rf"{bad}:2: unterminated double quote"):
+        parse_dockerfile(bad)
+    bad.write_text("FROM x\nCOPY ../../etc/passwd /app/\n")
+    with pytest.raises(DockerfileError, match=rf"{bad}:2: .*outside the build context"):
+        parse_dockerfile(bad)
+    # A bad Dockerfile fails when the environment is created, before any sandbox exists.
+    task = make_task(tmp_path, "t2", dockerfile="FROM x\nRUN true\nCOPY nope /app\n")
+    with pytest.raises(DockerfileError, match=r"Dockerfile:3"):
+        make_env(task, tmp_path / "trials", tmp_path / "sandboxes")
+
+
+def test_dockerfile_multistage_and_skips(tmp_path: Path):
+    (tmp_path / "a.txt").write_text("a")
+    df = tmp_path / "Dockerfile"
+    df.write_text(
+        "FROM builder AS b\nWORKDIR /build\nENV X=1\nCOPY a.txt .\n"
+        "FROM final\nUSER app\nCOPY --from=b /build/a.txt /app/\nADD https://example.com/f.tgz /app/\n"
+        "ADD a.txt /app/b.txt\nEXPOSE 80\n"
+    )
+    plan = parse_dockerfile(df)
+    assert plan.workdir is None and plan.env == {} and plan.user == "app"
+    assert [str(c.dest) for c in plan.copies] == ["/app/b.txt"]
+    reasons = {s.instruction: s.reason for s in plan.skipped}
+    assert "--from=b" in str([s.reason for s in plan.skipped]) and "remote" in reasons["ADD"]
+
+
+@pytest.mark.timeout(60)
+async def test_files_and_background_processes_persist_between_execs(tmp_path: Path, sroot: Path):
+    env, _, _ = make_env(make_task(tmp_path), tmp_path / "trials", sroot)
+    await env.start(force_build=False)
+    try:
+        await env.exec("echo state > /app/state.txt; nohup sleep 1000 >/dev/null 2>&1 & echo $! > /tmp/bg.pid")
+        r = await env.exec("cat /app/state.txt; kill -0 $(cat /tmp/bg.pid) && echo bg-alive")
+        assert r.stdout == "state\nbg-alive\n"
+        # A server started in one exec answers in the next, on the host's loopback.
+        await env.exec("python3 -u -m http.server 0 --bind 127.0.0.1 >/tmp/http.log 2>&1 &")
+        r = await env.exec(
+            "for i in $(seq 50); do port=$(grep -o 'port [0-9]*' /tmp/http.log | cut -d' ' -f2); "
+            "[ -n \"$port\" ] && break; sleep 0.1; done; "
+            "python3 -c \"import urllib.request as u,sys; print(u.urlopen('http://127.0.0.1:'+sys.argv[1]).status)\" "
+            "$port"
+        )
+        assert r.stdout.strip() == "200", r
+    finally:
+        await env.stop(delete=True)
+
+
+@pytest.mark.timeout(60)
+async def test_exec_timeout_kills_the_whole_group(tmp_path: Path, sroot: Path):
+    env, _, _ = make_env(make_task(tmp_path), tmp_path / "trials", sroot)
+    await env.start(force_build=False)
+    try:
+        ns = pid_namespace(env.init_pid)
+        t0 = time.perf_counter()
+        with pytest.raises(SandboxExecTimeoutError, match="Command timed out after 1 seconds") as info:
+            await env.exec("echo started; sleep 777 & sleep 778", timeout_sec=1)
+        elapsed = time.perf_counter() - t0
+        assert 0.9 < elapsed < 3.0
+        assert info.value.stdout == "started\n"
+        assert isinstance(info.value, RuntimeError)  # what Harbor's docker backend raises on a timeout
+        assert wait_until(lambda: not any("sleep 77" in _cmdline(p) for p in pids_in_namespace(ns)))
+        # The sandbox is still usable after a timeout.
+        assert (await env.exec("echo ok")).stdout == "ok\n"
+        # A cancelled exec (the caller's own deadline) also kills its processes.
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(env.exec("sleep 779"), timeout=0.5)
+        assert wait_until(lambda: not any("sleep 779" in _cmdline(p) for p in pids_in_namespace(ns)))
+    finally:
+        await env.stop(delete=True)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+@pytest.mark.timeout(60)
+async def test_stop_kills_background_and_detached_processes(tmp_path: Path, sroot: Path):
+    env, _, _ = make_env(make_task(tmp_path), tmp_path / "trials", sroot)
+    await env.start(force_build=False)
+    ns = pid_namespace(env.init_pid)
+    await env.exec("sleep 1000 & setsid sleep 1001 & nohup sleep 1002 >/dev/null 2>&1 &")
+    assert len([p for p in pids_in_namespace(ns) if "sleep 100" in _cmdline(p)]) == 3
+    assert processes_mentioning(str(sroot))
+    assert [s.sandbox_id for s in live_sandboxes(sroot)] == [env.sandbox_id]
+    await env.stop(delete=True)
+    assert pids_in_namespace(ns) == []
+    assert live_sandboxes(sroot) == []
+    assert list(sroot.iterdir()) == []
+
+
+@pytest.mark.timeout(60)
+async def test_harbor_verifier_scores_the_sandbox(tmp_path: Path, sroot: Path):
+    task_dir = make_task(tmp_path)
+    for answer, expected in (("42", 1.0), ("41", 0.0)):
+        env, task, paths = make_env(task_dir, tmp_path / "trials", sroot)
+        await env.start(force_build=False)
+        try:
+            await env.exec(f"echo {answer} > answer.txt")  # the "agent": relative to WORKDIR /app
+            result = await Verifier(task=task, trial_paths=paths, environment=env).verify()
+            assert result.rewards == {"reward": expected}
+            assert paths.reward_text_path.read_text().strip() == str(int(expected))
+        finally:
+            await env.stop(delete=True)
+
+
+@pytest.mark.timeout(60)
+async def test_harbor_verifier_with_auto_mounted_logs(tmp_path: Path, sroot: Path):
+    """With Harbor's auto_mounting, /logs/verifier is the trial's own dir: the verifier reads it without a copy."""
+    env, task, paths = make_env(make_task(tmp_path), tmp_path / "trials", sroot, kwargs={"auto_mounting": True})
+    await env.start(force_build=False)
+    try:
+        assert env.is_path_mounted("/logs/verifier", paths.verifier_dir)
+        await env.exec("echo 42 > /app/answer.txt")
+        result = await Verifier(task=task, trial_paths=paths, environment=env).verify()
+        assert result.rewards == {"reward": 1.0}
+    finally:
+        await env.stop(delete=True)
+
+
+@pytest.mark.timeout(60)
+async def test_no_network_task_gets_loopback_only(tmp_path: Path, sroot: Path):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    probe = f"(echo > /dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo open || echo closed"
+    try:
+        public, _, _ = make_env(make_task(tmp_path, "pub"), tmp_path / "trials", sroot)
+        offline, _, _ = make_env(
+            make_task(tmp_path, "off", task_toml_env='network_mode = "no-network"\n'), tmp_path / "trials", sroot
+        )
+        for env in (public, offline):
+            await env.start(force_build=False)
+        try:
+            assert (await public.exec(probe)).stdout == "open\n"
+            assert (await offline.exec(probe)).stdout == "closed\n"
+        finally:
+            for env in (public, offline):
+                await env.stop(delete=True)
+    finally:
+        server.close()
+
+
+@pytest.mark.timeout(60)
+async def test_users(tmp_path: Path, sroot: Path, caplog):
+    env, _, _ = make_env(make_task(tmp_path), tmp_path / "trials", sroot)
+    await env.start(force_build=False)
+    try:
+        assert (await env.exec("id -u")).stdout == "0\n"
+        assert (await env.exec("id -u", user="nobody")).stdout == "65534\n"
+        with env.with_default_user(1234):
+            assert (await env.exec("id -u")).stdout == "1234\n"
+        caplog.set_level(logging.WARNING, logger="raygrpo.sandbox.local")
+        assert (await env.exec("id -u", user="no-such-user")).stdout == "0\n"
+        assert "does not exist on this host" in caplog.text
+    finally:
+        await env.stop(delete=True)
+
+
+@pytest.mark.timeout(120)
+async def test_many_sandboxes_start_at_once(tmp_path: Path, sroot: Path):
+    task = make_task(tmp_path)
+    n = 32
+    envs = [make_env(task, tmp_path / "trials", sroot)[0] for _ in range(n)]
+    t0 = time.perf_counter()
+    await asyncio.gather(*(env.start(force_build=False) for env in envs))
+    start_all_s = time.perf_counter() - t0
+    try:
+        results = await asyncio.gather(*(env.exec("cat data.txt; hostname") for env in envs))
+        assert all(r.stdout.startswith("payload\n") for r in results)
+        assert len({r.stdout for r in results}) == n  # each its own UTS namespace / hostname
+        assert len({pid_namespace(env.init_pid) for env in envs}) == n
+        assert len(live_sandboxes(sroot)) == n
+    finally:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(env.stop(delete=True) for env in envs))
+        stop_all_s = time.perf_counter() - t0
+    print(f"{n} local sandboxes: all started in {start_all_s:.2f} s, all stopped in {stop_all_s:.2f} s")
+    assert start_all_s < 30
+
+
+@pytest.mark.timeout(60)
+async def test_cancelled_start_leaves_nothing(tmp_path: Path, sroot: Path):
+    """A start cut by the caller's deadline at any point (preparing files, launching, waiting) leaves no trace."""
+    task = make_task(tmp_path, dockerfile=RICH_DOCKERFILE, files={"conf/app.ini": "k=v\n"})
+    for delay in (0.0, 0.001, 0.002, 0.004, 0.006, 0.008, 0.01, 0.012, 0.015, 0.02, 0.03):
+        env, _, _ = make_env(task, tmp_path / "trials", sroot)
+        try:
+            await asyncio.wait_for(env.start(force_build=False), timeout=delay)
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            await env.stop(delete=True)
+        assert_no_leaks(sroot)
+        assert not sroot.exists() or list(sroot.iterdir()) == []
