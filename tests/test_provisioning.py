@@ -1,0 +1,272 @@
+"""Provisioning control: the create schedule, the gate's concurrency bound and cancellation, the limiter actor.
+
+Everything but the last test runs without Ray, against the in-process `CreateRateLimiter`; the last one kills the
+named limiter actor mid-run (once restarted by Ray, once for good) and checks that starts go on within the rate.
+The multi-node acceptance run is in `test_rate_limit_cluster.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+
+import pytest
+
+from raygrpo.provisioning import (
+    CreateRateLimiter,
+    ProvisioningError,
+    ProvisioningGate,
+    Reservation,
+    gate_for,
+    max_per_window,
+    reset_gates,
+)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_gates():
+    reset_gates()
+    yield
+    reset_gates()
+
+
+async def _run_starters(gates: list[ProvisioningGate], per_gate: int, seconds: float, body_s: float = 0.02):
+    """Each gate gets `per_gate` loops of `async with gate.start_slot(): record`; returns the sorted create times."""
+    creates: list[float] = []
+    end = time.time() + seconds
+
+    async def starter(gate: ProvisioningGate) -> None:
+        while time.time() < end:
+            async with gate.start_slot():
+                creates.append(time.time())
+                await asyncio.sleep(body_s * random.uniform(0.5, 1.5))
+
+    await asyncio.wait_for(asyncio.gather(*(starter(g) for g in gates for _ in range(per_gate))), seconds + 10)
+    return sorted(creates)
+
+
+def _gates(n: int, rate: float, limiter: CreateRateLimiter, concurrent: int = 3) -> list[ProvisioningGate]:
+    return [ProvisioningGate(concurrent, rate, "p", limiter=limiter) for _ in range(n)]
+
+
+@pytest.mark.timeout(30)
+async def test_schedule_reaches_the_rate_and_never_exceeds_it():
+    rate = 20.0
+    limiter = CreateRateLimiter("p", rate)
+    gates = _gates(4, rate, limiter)
+    creates = await _run_starters(gates, per_gate=3, seconds=3.0)
+    assert max_per_window(creates) <= rate
+    assert len(creates) >= 50
+    # A wake later than the margin (another process took the CPU) gives its slot up: count those as offered.
+    late = sum(g.stats()["late_wakes"] for g in gates)
+    assert late <= 5 and (len(creates) - 1 + late) / (creates[-1] - creates[0]) >= 0.9 * rate
+    # spread: every gate got its share
+    assert all(g.stats()["granted"] >= 8 for g in gates)
+
+
+@pytest.mark.timeout(30)
+async def test_late_wakes_give_their_slot_up_and_the_rate_still_holds():
+    """A loop blocked now and then (as on a loaded machine) wakes starts late; none may push a window over."""
+    rate = 20.0
+    limiter = CreateRateLimiter("p", rate)
+    gates = _gates(4, rate, limiter)
+    stop = asyncio.Event()
+
+    async def hog() -> None:
+        while not stop.is_set():
+            time.sleep(random.uniform(0.0, 0.09))  # blocks the loop, as a busy process would
+            await asyncio.sleep(random.uniform(0.0, 0.05))
+
+    hogging = asyncio.create_task(hog())
+    try:
+        creates = await _run_starters(gates, per_gate=3, seconds=3.0)
+    finally:
+        stop.set()
+        await hogging
+    assert max_per_window(creates) <= rate
+    assert sum(g.stats()["late_wakes"] for g in gates) > 0
+    assert len(creates) >= 0.5 * 3.0 * rate
+
+
+@pytest.mark.timeout(20)
+async def test_concurrency_limit_holds():
+    gate = ProvisioningGate(max_concurrent_starts=3)
+    inside = peak = 0
+
+    async def start() -> None:
+        nonlocal inside, peak
+        async with gate.start_slot():
+            inside += 1
+            peak = max(peak, inside)
+            await asyncio.sleep(0.03)
+            inside -= 1
+
+    tasks = [asyncio.create_task(start()) for _ in range(12)]
+    await asyncio.sleep(0.01)
+    stats = gate.stats()
+    assert stats["starting"] == 3 and stats["waiting"] == 9
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    assert peak == 3
+    stats = gate.stats()
+    assert (stats["granted"], stats["waiting"], stats["starting"]) == (12, 0, 0)
+    assert stats["mean_wait_s"] > 0 and len(gate.grant_times()) == 12
+
+
+@pytest.mark.timeout(20)
+async def test_released_slot_goes_to_the_next_request():
+    limiter = CreateRateLimiter("p", 10.0, max_lead_s=100.0)
+    got = [await limiter.reserve(f"r{i}") for i in range(5)]
+    gaps = [b.at - a.at for a, b in zip(got, got[1:])]
+    assert all(abs(g - limiter.interval_s) < 1e-6 for g in gaps)
+    assert limiter.release("r2") and not limiter.release("r2")
+    again = await limiter.reserve("r5")
+    assert again.at == got[2].at  # no hole left behind
+    assert (await limiter.reserve("r6")).at == pytest.approx(got[4].at + limiter.interval_s)
+    assert (await limiter.reserve("r5")).at == again.at  # asking again answers the same slot
+    assert limiter.stats()["reused"] == 1
+
+
+@pytest.mark.timeout(20)
+async def test_answers_are_held_until_the_slot_is_near():
+    limiter = CreateRateLimiter("p", 10.0, max_lead_s=0.2, max_hold_s=0.1, min_lead_s=0.0)
+    pending = 0
+
+    async def ask(rid: str) -> tuple[Reservation, float]:
+        nonlocal pending
+        while not (res := await limiter.reserve(rid)).ready:
+            pending += 1
+        return res, time.time()
+
+    answers = await asyncio.wait_for(asyncio.gather(*(ask(f"r{i}") for i in range(8))), 10)
+    assert pending > 0
+    assert all(res.at - answered <= 0.2 + 0.02 for res, answered in answers)
+    slots = sorted(res.at for res, _ in answers)
+    assert slots[-1] - slots[0] == pytest.approx(7 * limiter.interval_s)
+
+
+@pytest.mark.timeout(20)
+async def test_recovering_limiter_leaves_a_pause():
+    fresh = CreateRateLimiter("p", 5.0)
+    recovering = CreateRateLimiter("p", 5.0, max_lead_s=1.0, margin_s=0.05, recovering=True)
+    assert fresh.stats()["next_slot_in_s"] < 0.01
+    assert recovering.stats()["next_slot_in_s"] >= 2.0
+    with pytest.raises(ValueError):
+        CreateRateLimiter("p", 5.0, margin_s=0.0)
+
+
+@pytest.mark.timeout(20)
+async def test_abandoned_request_is_released():
+    limiter = CreateRateLimiter("p", 10.0, max_lead_s=0.05, max_hold_s=0.05, min_lead_s=0.0, abandon_after_s=0.1)
+    first = await limiter.reserve("now")
+    assert first.ready
+    assert not (await limiter.reserve("gone")).ready  # its caller never asks again
+    await asyncio.sleep(0.7)
+    await limiter.reserve("later")
+    assert limiter.stats()["abandoned"] == 1
+
+
+@pytest.mark.timeout(20)
+async def test_cancelled_start_releases_its_slot():
+    limiter = CreateRateLimiter("p", 5.0)
+    gate = ProvisioningGate(None, 5.0, "p", limiter=limiter)
+
+    async def start() -> float:
+        async with gate.start_slot():
+            return time.time()
+
+    tasks = [asyncio.create_task(start()) for _ in range(4)]
+    await asyncio.sleep(0.05)
+    tasks[2].cancel()
+    late = asyncio.create_task(start())
+    times = await asyncio.wait_for(asyncio.gather(tasks[0], tasks[1], tasks[3], late), 10)
+    with pytest.raises(asyncio.CancelledError):
+        await tasks[2]
+    stats = gate.stats()
+    assert (stats["cancelled"], stats["waiting"], stats["starting"], stats["granted"]) == (1, 0, 0, 4)
+    assert limiter.stats()["released"] == 1 and limiter.stats()["reused"] == 1
+    assert max(times) - min(times) < 3.5 * limiter.interval_s  # the late start took the cancelled one's slot
+
+
+@pytest.mark.timeout(20)
+async def test_wait_beyond_max_wait_fails_and_frees_the_slot():
+    limiter = CreateRateLimiter("p", 1.0, max_hold_s=0.1)
+    gate = ProvisioningGate(None, 1.0, "p", limiter=limiter, max_wait_s=0.3)
+
+    async def start() -> None:
+        async with gate.start_slot():
+            pass
+
+    results = await asyncio.wait_for(asyncio.gather(*(start() for _ in range(4)), return_exceptions=True), 10)
+    errors = [r for r in results if isinstance(r, ProvisioningError)]
+    assert len(errors) >= 2 and "max_wait_s" in str(errors[0])
+    assert limiter.stats()["queued"] == 0 and gate.stats()["waiting"] == 0
+
+
+@pytest.mark.timeout(20)
+async def test_late_answer_queues_again():
+    class LateOnce:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        async def reserve(self, request_id: str) -> Reservation:
+            self.calls += 1
+            now = time.time()
+            at = now - 1.0 if self.calls == 1 else now + 0.01
+            return Reservation(request_id, at, at + 0.04, True, 5.0)
+
+        def release(self, request_id: str) -> None:
+            pass
+
+    fake = LateOnce()
+    gate = ProvisioningGate(1, 5.0, "p", limiter=fake)
+    async with gate.start_slot():
+        pass
+    assert fake.calls == 2 and gate.stats()["late_wakes"] == 1
+
+
+@pytest.mark.timeout(20)
+async def test_gate_for_shares_one_gate_per_key(caplog):
+    a = gate_for("e2b", 4, None)
+    assert gate_for("e2b", 4, None) is a
+    assert gate_for("docker", 4, None) is not a
+    with caplog.at_level(logging.WARNING, logger="raygrpo.provisioning"):
+        assert gate_for("e2b", 8, None) is a
+    assert "already set" in caplog.text
+    with pytest.raises(ValueError):
+        ProvisioningGate(2, 5.0, None)
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(90)
+async def test_ray_limiter_death_is_survived(ray_local):
+    """Kill the named limiter once with a Ray restart and once for good; starts go on and never exceed the rate."""
+    import ray
+
+    from raygrpo.actors.rate_limiter import NAMESPACE, RayRateLimiterClient, ensure_rate_limiter, limiter_name
+
+    key, rate = f"test-{uuid.uuid4().hex[:8]}", 10.0
+    assert ensure_rate_limiter(key, rate)["rate_per_s"] == rate
+    gate = gate_for(key, 2, rate)
+    creates: list[float] = []
+    end = time.time() + 10.0
+
+    async def starter() -> None:
+        while time.time() < end:
+            async with gate.start_slot():
+                creates.append(time.time())
+
+    running = asyncio.gather(*(starter() for _ in range(3)))
+    kills = []
+    for no_restart in (False, True):
+        await asyncio.sleep(1.0)
+        kills.append(time.time())
+        ray.kill(ray.get_actor(limiter_name(key), namespace=NAMESPACE), no_restart=no_restart)
+        await asyncio.sleep(2.5)
+    await asyncio.wait_for(running, 60)
+    assert isinstance(gate._limiter, RayRateLimiterClient)
+    assert max_per_window(creates) <= rate
+    assert any(t > kills[1] + 1.0 for t in creates), "no create after the limiter was killed for good"
+    assert ray.get(ray.get_actor(limiter_name(key), namespace=NAMESPACE).ping.remote(), timeout=30)["granted"] > 0
