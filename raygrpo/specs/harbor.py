@@ -39,6 +39,9 @@ LOCAL_BACKEND = "raygrpo.sandbox.local:LocalSandboxEnvironment"
 #: next rollout of the task. Every other backend gets `delete=True` (for cloud sandboxes such as Daytona,
 #: `delete=False` keeps the sandbox itself alive and billing).
 IMAGE_REUSE_BACKENDS = frozenset({"docker", "podman"})
+#: Backends whose remote image builds have been seen to drop the files a Dockerfile `COPY`s from the build context
+#: (TRL's HarborEnv re-uploads them for e2b): raygrpo uploads those files again after such a sandbox starts.
+REUPLOAD_BACKENDS = frozenset({"e2b"})
 #: TaskRef.metadata keys raygrpo sets itself; task.toml `[metadata]` keys with these names are left out.
 RESERVED_METADATA = ("task_dir", "task_name", "instruction")
 
@@ -93,6 +96,10 @@ class HarborSpec(BaseModel):
         stop_timeout_s (`float`, *optional*, defaults to `60.0`):
             Deadline for stopping a sandbox; past it raygrpo gives up waiting and logs it (the sandbox registry's
             reaper gets what is left).
+        reupload_copied_files (`bool`, *optional*):
+            After the sandbox starts (before the healthcheck), upload the files `environment/Dockerfile` `COPY`s from
+            the build context to their destinations again, as TRL does for e2b, whose remote builds have dropped
+            them. None: on for e2b, off elsewhere (docker and the local backend apply `COPY` themselves).
         max_output_chars (`int`, *optional*, defaults to `8000`):
             Tool outputs longer than this are cut (head and tail kept). The run's `rollout.max_tool_output_chars`
             cuts again.
@@ -130,6 +137,7 @@ class HarborSpec(BaseModel):
     exec_timeout_s: float = Field(default=30.0, gt=0)
     verifier_timeout_s: float | None = Field(default=None, gt=0)
     stop_timeout_s: float = Field(default=60.0, gt=0)
+    reupload_copied_files: bool | None = None
     max_output_chars: int = Field(default=8000, ge=64)
     reward_key: str | None = None
     reward_reduce: Literal["key", "mean", "sum", "min", "max"] = "key"
@@ -250,6 +258,13 @@ class HarborSpec(BaseModel):
         return self.environment_type not in IMAGE_REUSE_BACKENDS
 
     @property
+    def reuploads_copied_files(self) -> bool:
+        """Whether `COPY`'d build-context files are uploaded again after start (see `reupload_copied_files`)."""
+        if self.reupload_copied_files is not None:
+            return self.reupload_copied_files
+        return self.environment_type in REUPLOAD_BACKENDS
+
+    @property
     def effective_rate_limit_key(self) -> str:
         """Name of the cluster-wide create-rate limit this suite draws from."""
         return self.rate_limit_key or self.backend
@@ -296,7 +311,7 @@ class HarborSpec(BaseModel):
             for key, value in (task.config.metadata or {}).items():
                 if key not in RESERVED_METADATA:
                     meta[key] = value
-            refs.append(TaskRef(env=name, index=index, split="train", prompt=task.instruction, metadata=meta))
+            refs.append(TaskRef(env=name, index=index, split="train", metadata=meta))
         return refs
 
     def dataset(self, name: str) -> datasets.Dataset:
@@ -306,7 +321,7 @@ class HarborSpec(BaseModel):
         when the episode starts, as in TRL), `task_index`, `env`, `task_dir`, `task_name`, `instruction`, and one
         column per task.toml `[metadata]` key.
         """
-        from raygrpo.specs.ors import tasks_to_dataset
+        from raygrpo.specs.dataset import tasks_to_dataset
 
         return tasks_to_dataset(self.list_tasks(name))
 
@@ -354,21 +369,26 @@ def check_task_dir(task_dir: Path) -> None:
             `tests/test.sh` or `environment/`, an invalid `task.toml`, or a feature raygrpo does not run: multi-step
             tasks and separate verifier environments).
     """
+    from harbor.models.task.config import TaskConfig
     from harbor.models.task.verifier_mode import resolve_task_verifier_mode
+    from harbor.utils.scripts import discover_script
 
     if not (task_dir / "task.toml").is_file():
         raise ValueError(f"task dir {task_dir} is missing task.toml")
     if not (task_dir / "instruction.md").is_file():
         raise ValueError(f"task dir {task_dir} is missing instruction.md")
+    if discover_script(task_dir / "tests", "test") is None:
+        raise ValueError(f"task dir {task_dir} is missing tests/test.sh")
+    try:
+        config = TaskConfig.model_validate_toml((task_dir / "task.toml").read_text())
+    except Exception as exc:  # noqa: BLE001 - TOML syntax and pydantic errors alike
+        raise ValueError(f"task dir {task_dir}: task.toml is invalid: {_toml_error(exc)}") from None
+    if config.steps:
+        raise ValueError(f"task dir {task_dir}: multi-step tasks ([[steps]] in task.toml) are not supported")
     try:
         task = load_task(str(task_dir))
-    except FileNotFoundError as exc:
-        raise ValueError(f"task dir {task_dir}: {exc}") from None
-    except Exception as exc:  # noqa: BLE001 - pydantic / TOML errors of task.toml
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"task dir {task_dir}: task.toml is invalid: {first}") from None
-    if task.config.steps:
-        raise ValueError(f"task dir {task_dir}: multi-step tasks ([[steps]] in task.toml) are not supported")
+    except Exception as exc:  # noqa: BLE001 - Harbor's own checks (missing files, unsafe paths)
+        raise ValueError(f"task dir {task_dir}: {_first_line(exc)}") from None
     if resolve_task_verifier_mode(task.config).value != "shared":
         raise ValueError(f"task dir {task_dir}: a separate verifier environment ([verifier].environment) is not "
                          "supported; the verifier runs in the task's own sandbox")
@@ -376,6 +396,19 @@ def check_task_dir(task_dir: Path) -> None:
         raise ValueError(f"task dir {task_dir} is missing tests/test.sh")
     if not task.paths.environment_dir.is_dir() and not task.config.environment.docker_image:
         raise ValueError(f"task dir {task_dir} is missing environment/ (or [environment].docker_image in task.toml)")
+
+
+def _toml_error(exc: BaseException) -> str:
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:3])
+    return _first_line(exc)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def load_task(task_dir: str) -> Task:

@@ -1,0 +1,555 @@
+"""Harbor task sandboxes as raygrpo environments: `HarborProvider` (one per suite per actor) and `HarborAdapter`
+(one episode: one sandbox).
+
+Built on Harbor's own API: the sandbox is a `BaseEnvironment` made by Harbor's `EnvironmentFactory` (a built-in
+`environment_type`, or a class by import path; raygrpo's local bubblewrap sandbox by default), optionally wrapped by
+raygrpo's fault injector, and graded by Harbor's `Verifier` (uploads `tests/`, runs `test.sh`, reads
+`/logs/verifier/reward.json` or `reward.txt`). Harbor's async clients bind to the loop that creates them, so every
+environment is created inside `start`, on the env pool actor's loop; nothing loop-bound is made or pickled earlier.
+
+Outcomes, as the agent loop (`raygrpo.rollout`) reports them:
+
+- the sandbox fails to start, its healthcheck fails, or it dies mid-episode: `EnvError` -> `env_error` (retried);
+- the verifier crashes (cannot upload the tests, cannot read the results back, ...): `EnvError` -> `env_error`;
+- the verifier runs past its deadline: `TimeoutError` (`HarborVerifierTimeout`) -> `timeout`, not retried;
+- the verifier writes no usable reward (no file, an empty or unparsable one, a missing `reward_key`):
+  `RewardMissingError` -> `no_reward`, not retried (the model may have caused it).
+
+None of them is ever scored 0.0. Every sandbox that was started is stopped in `close()`, which is idempotent,
+never raises, and finishes in the background when its rollout is cancelled; the provider's `aclose()` stops what is
+still alive and waits for those background stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import shutil
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from raygrpo.envs.base import EnvError, RewardMissingError
+from raygrpo.envs.harness import load_harness
+from raygrpo.types import Observation, TaskRef, ToolResult
+
+if TYPE_CHECKING:
+    from harbor.environments.base import BaseEnvironment
+    from harbor.models.task.task import Task
+    from harbor.models.trial.paths import TrialPaths
+
+    from raygrpo.specs.harbor import HarborSpec
+
+logger = logging.getLogger(__name__)
+
+
+class HarborStartError(EnvError):
+    """The sandbox could not be created or started, or its healthcheck failed (retried as `env_error`)."""
+
+
+class HarborVerifierError(EnvError):
+    """The task's verifier crashed (infrastructure: retried as `env_error`)."""
+
+
+class HarborVerifierTimeout(TimeoutError):
+    """The task's verifier ran past its deadline; the rollout ends unscored with status `timeout`."""
+
+
+class HarborProvider:
+    """Starts sandboxes for one Harbor suite on one event loop (the env pool actor's).
+
+    Holds the harness class, a cache of parsed tasks, the provisioning gate (per-actor start concurrency and the
+    cluster-wide create-rate limit, made lazily inside the loop) and the set of live adapters, so that `aclose()`
+    can stop every sandbox still alive (shutdown, cancellation, Ctrl-C).
+
+    Args:
+        spec: The suite's spec (validated: absolute paths).
+        name: The environment's name in the run config, for error messages and sandbox labels.
+    """
+
+    def __init__(self, spec: HarborSpec, *, name: str | None = None) -> None:
+        # Harbor's modules take a moment to import: pay for it when the actor starts, not in the first rollout.
+        import harbor.environments.factory  # noqa: F401
+        import harbor.verifier.factory  # noqa: F401
+
+        self.spec = spec
+        self.name = name
+        self.harness_cls = load_harness(spec.harness)
+        self._environment_import_path = _harbor_import_path(spec.environment_import_path)
+        self._tasks: dict[str, Task] = {}
+        # Started, not yet closed: strong references, so `aclose` reaches sandboxes a caller forgot to close.
+        self._adapters: set[HarborAdapter] = set()
+        self._closing: set[asyncio.Task] = set()
+        self._closed = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Sandboxes, gates and adapters are loop-bound: a pickled provider carries only its configuration.
+        return {"spec": self.spec, "name": self.name}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["spec"], name=state["name"])
+
+    # ── EnvProvider ──────────────────────────────────────────────────────────────────────────────────────────────
+
+    def adapter(self) -> HarborAdapter:
+        """A new, unstarted adapter (one episode, one sandbox)."""
+        if self._closed:
+            raise EnvError(f"{self.label}: the Harbor provider is closed")
+        return HarborAdapter(self)
+
+    async def aclose(self) -> None:
+        """Stop every sandbox still alive and wait for background stops of cancelled rollouts. Never raises;
+        idempotent."""
+        self._closed = True
+        open_adapters = [a for a in list(self._adapters) if not a.closed]
+        if open_adapters:
+            logger.info("%s: stopping %d live sandbox(es)", self.label, len(open_adapters))
+            await asyncio.gather(*(a.close() for a in open_adapters), return_exceptions=True)
+        if self._closing:
+            # Stops still running in the background (their rollouts were cancelled): they must finish before the
+            # actor reports it is shut down, or the sandboxes outlive it.
+            await asyncio.wait(list(self._closing), timeout=self.spec.stop_timeout_s + 5)
+
+    # ── used by adapters ─────────────────────────────────────────────────────────────────────────────────────────
+
+    @property
+    def label(self) -> str:
+        """How errors name this suite: `envs.<name>.path (<folder>)`."""
+        return f"{self.spec.field_path(self.name)} ({self.spec.path})"
+
+    @property
+    def live_sandboxes(self) -> int:
+        """Adapters of this provider whose sandbox start began and that are not closed yet."""
+        return sum(1 for a in list(self._adapters) if a.started and not a.closed)
+
+    @property
+    def gate(self) -> Any:
+        """This actor's provisioning gate of the suite's rate-limit key (`raygrpo.provisioning.gate_for`): start
+        concurrency per actor and the cluster-wide create rate. Made on first use on the running loop; suites on the
+        same key share it (gates hold no resources to release)."""
+        from raygrpo.provisioning import gate_for
+
+        return gate_for(
+            self.spec.effective_rate_limit_key,
+            max_concurrent_starts=self.spec.max_concurrent_starts,
+            rate_per_s=self.spec.create_rate_per_s,
+        )
+
+    def task(self, task_dir: str) -> Task:
+        """Harbor's parsed task for a task dir (cached: every rollout of a task shares it, read-only)."""
+        task = self._tasks.get(task_dir)
+        if task is None:
+            from raygrpo.specs.harbor import load_task
+
+            task = self._tasks[task_dir] = load_task(task_dir)
+        return task
+
+    def task_dir_of(self, ref: TaskRef) -> str:
+        """The task dir a `TaskRef` points at: its `task_dir` metadata, else its index into the suite."""
+        task_dir = ref.metadata.get("task_dir") if ref.metadata else None
+        if isinstance(task_dir, str) and task_dir:
+            return task_dir
+        dirs = self.spec.task_dirs()
+        if not 0 <= ref.index < len(dirs):
+            raise EnvError(f"{self.label}: task index {ref.index} is out of range (the suite has {len(dirs)} tasks)")
+        return dirs[ref.index]
+
+    def create_environment(self, task: Task, trial_paths: TrialPaths, session_id: str) -> BaseEnvironment:
+        """Build (not start) the task's sandbox through Harbor's `EnvironmentFactory`, with fault injection when
+        the spec configures it."""
+        from harbor.environments.factory import EnvironmentFactory
+        from harbor.models.trial.config import EnvironmentConfig as TrialEnvironmentConfig
+
+        config = TrialEnvironmentConfig(
+            type=self.spec.environment_type,
+            import_path=self._environment_import_path,
+            delete=self.spec.stop_delete,
+            kwargs=dict(self.spec.environment_kwargs),
+        )
+        env = EnvironmentFactory.create_environment_from_config(
+            config=config,
+            environment_dir=task.paths.environment_dir,
+            environment_name=task.short_name,
+            session_id=session_id,
+            trial_paths=trial_paths,
+            task_env_config=task.config.environment.model_copy(deep=True),
+            logger=logger,
+        )
+        if self.spec.faults is not None:
+            from raygrpo.sandbox.faults import wrap_environment
+
+            env = wrap_environment(env, self.spec.faults)
+        return env
+
+    def _register(self, adapter: HarborAdapter) -> None:
+        if self._closed:
+            raise EnvError(f"{self.label}: the Harbor provider is closed")
+        self._adapters.add(adapter)
+
+    def _unregister(self, adapter: HarborAdapter) -> None:
+        self._adapters.discard(adapter)
+
+    def _track_close(self, task: asyncio.Task) -> None:
+        # Strong references keep detached stops alive; `aclose` waits for them.
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+
+class HarborAdapter:
+    """One episode of one Harbor task: a sandbox started in `start`, driven through the harness, graded by the
+    task's verifier in `score`, stopped in `close`.
+
+    `timings` records seconds per phase of this episode (`create`, `start`, `healthcheck`, `exec` (summed over
+    calls), `verify`, `stop`) and `rewards` the verifier's raw reward dict, for benchmarks and debugging.
+
+    Args:
+        provider: The provider (suite, harness, gate) this adapter belongs to.
+    """
+
+    def __init__(self, provider: HarborProvider) -> None:
+        spec = provider.spec
+        self.provider = provider
+        self.spec = spec
+        self.harness = provider.harness_cls(exec_timeout_s=spec.exec_timeout_s, max_output_chars=spec.max_output_chars)
+        self.task: TaskRef | None = None
+        self.harbor_task: Task | None = None
+        self.env: BaseEnvironment | None = None
+        self.session_id: str | None = None
+        self.rewards: dict[str, float] | None = None
+        self.timings: dict[str, float] = {}
+        self._trial_dir: str | None = None
+        self._trial_paths: TrialPaths | None = None
+        self._tool_names: set[str] = set()
+        self._started = False
+        self._start_called = False
+        self._closed = False
+        self._dead: str | None = None
+        self._close_task: asyncio.Task | None = None
+
+    # ── state ─────────────────────────────────────────────────────────────────────────────────────────────────────
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def label(self) -> str:
+        name = f" task {self.harbor_task.name}" if self.harbor_task is not None else ""
+        return f"{self.provider.label}{name}"
+
+    # ── EnvAdapter ────────────────────────────────────────────────────────────────────────────────────────────────
+
+    async def start(self, task: TaskRef) -> Observation:
+        """Create and start the task's sandbox, run its healthcheck, prepare `/logs/verifier`, and return the
+        instruction with the harness's tools.
+
+        The sandbox start runs inside the provider's provisioning gate (per-actor concurrency, cluster-wide create
+        rate); `start_timeout_s` counts from when the gate lets it in. On any failure the adapter must still be
+        closed (`close` is safe after a failed or cancelled start).
+
+        Raises:
+            HarborStartError: Creating or starting the sandbox failed, the healthcheck failed, or the deadline
+                passed.
+        """
+        if self._started or self._closed:
+            raise HarborStartError(f"{self.label}: start() may be called once, on a new adapter")
+        self._started = True
+        self.task = task
+        self.provider._register(self)
+        try:
+            return await self._start(task)
+        except EnvError:
+            raise
+        except (TimeoutError, asyncio.TimeoutError):
+            self._dead = f"did not start within start_timeout_s={self.spec.start_timeout_s:g}"
+            raise HarborStartError(f"{self.label}: the sandbox {self._dead}") from None
+        except Exception as exc:  # noqa: BLE001 - every backend fails its own way; all are start failures
+            self._dead = _describe(exc)
+            raise HarborStartError(f"{self.label}: the sandbox failed to start: {self._dead}") from exc
+
+    async def _start(self, task: TaskRef) -> Observation:
+        from harbor.models.trial.paths import EnvironmentPaths, TrialPaths
+
+        clock = time.perf_counter
+        began = clock()
+        task_dir = self.provider.task_dir_of(task)
+        harbor_task = self.harbor_task = self.provider.task(task_dir)
+        self._trial_dir = tempfile.mkdtemp(prefix=f"raygrpo-harbor-{harbor_task.short_name[:40]}-")
+        self._trial_paths = TrialPaths(trial_dir=Path(self._trial_dir))
+        self._trial_paths.mkdir()
+        self.session_id = f"{harbor_task.short_name}__{uuid.uuid4().hex[:10]}__env"
+        self.env = self.provider.create_environment(harbor_task, self._trial_paths, self.session_id)
+        self.timings["create"] = clock() - began
+
+        loop = asyncio.get_running_loop()
+        async with self.provider.gate.start_slot():
+            deadline = loop.time() + self.spec.start_timeout_s
+            self._start_called = True
+            began = clock()
+            async with asyncio.timeout_at(deadline):
+                await self.env.start(force_build=False)
+            self.timings["start"] = clock() - began
+        began = clock()
+        async with asyncio.timeout_at(deadline):
+            if self.spec.reuploads_copied_files:
+                await upload_copied_files(self.env, harbor_task.paths.environment_dir)
+            await self.env.run_healthcheck()
+            self.timings["healthcheck"] = clock() - began
+            # test.sh writes its reward here; the shell cannot create the parent itself.
+            await self.env.empty_dirs([EnvironmentPaths.for_os(self.env.os).verifier_dir], chmod=True)
+            # Tool commands run as the task's agent user, as in a Harbor trial.
+            self.env.default_user = harbor_task.config.agent.user
+            setup = getattr(self.harness, "setup", None)
+            if setup is not None:
+                await setup(self.env)
+        self.timings["exec"] = 0.0
+        tools = copy.deepcopy(list(self.harness.tools))
+        self._tool_names = {t["function"]["name"] for t in tools}
+        logger.debug("%s: sandbox %s up in %.2f s", self.label, self.session_id, self.timings.get("start", 0.0))
+        return Observation(messages=[{"role": "user", "content": harbor_task.instruction}], tools=tools)
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        """Run one harness tool call in the sandbox.
+
+        Unknown tools and non-object arguments are refused without touching the sandbox; a command that times out
+        comes back as an error result (the episode goes on).
+
+        Raises:
+            EnvError: The sandbox is dead (an exec failed for another reason than a timeout), or the adapter is not
+                started / already closed.
+        """
+        if self._closed:
+            raise EnvError(f"{self.label}: call() after close()")
+        if not self._started or self.env is None:
+            raise EnvError(f"{self.label}: call() before start()")
+        if self._dead is not None:
+            raise EnvError(f"{self.label}: the sandbox is dead ({self._dead})")
+        if name not in self._tool_names:
+            available = ", ".join(sorted(self._tool_names)) or "none"
+            return ToolResult(text=f"Error: unknown tool {name!r}. Available tools: {available}.", error=True)
+        if not isinstance(arguments, dict) or not all(isinstance(k, str) for k in arguments):
+            return ToolResult(text=f"Error: the arguments of {name!r} must be a JSON object.", error=True)
+        began = time.perf_counter()
+        try:
+            return await self.harness.call(self.env, name, arguments)
+        except EnvError as exc:
+            self._dead = str(exc)
+            raise EnvError(f"{self.label}: {exc}") from exc
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a harness that breaks leaves the sandbox in an unknown state
+            self._dead = _describe(exc)
+            raise EnvError(f"{self.label}: tool {name!r} failed: {self._dead}") from exc
+        finally:
+            self.timings["exec"] = self.timings.get("exec", 0.0) + time.perf_counter() - began
+
+    async def score(self) -> float:
+        """Run the task's verifier in the sandbox and reduce its rewards to one number.
+
+        Raises:
+            HarborVerifierTimeout: The verifier ran past `verifier_timeout_s` (or the task's own timeout).
+            RewardMissingError: The verifier wrote no usable reward.
+            HarborVerifierError: The verifier crashed.
+            EnvError: The sandbox is dead or was never started.
+        """
+        if not self._started or self.env is None or self.harbor_task is None:
+            raise EnvError(f"{self.label}: score() before start()")
+        if self._dead is not None:
+            raise EnvError(f"{self.label}: the sandbox is dead ({self._dead})")
+        from harbor.verifier.verifier import RewardFileEmptyError, RewardFileNotFoundError, VerifierOutputParseError
+        from pydantic import ValidationError
+
+        timeout = self.spec.verifier_timeout_s or self.harbor_task.config.verifier.timeout_sec
+        began = time.perf_counter()
+        try:
+            result = await asyncio.wait_for(self._verify(), timeout)
+        except (TimeoutError, asyncio.TimeoutError):
+            raise HarborVerifierTimeout(f"{self.label}: the verifier did not finish within {timeout:g} s") from None
+        except (RewardFileNotFoundError, RewardFileEmptyError, VerifierOutputParseError, ValidationError) as exc:
+            raise RewardMissingError(f"{self.label}: the verifier wrote no usable reward: {_describe(exc)}") from None
+        except asyncio.CancelledError:
+            raise
+        except EnvError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - uploading tests, running test.sh or reading results failed
+            raise HarborVerifierError(f"{self.label}: the verifier crashed: {_describe(exc)}") from exc
+        finally:
+            self.timings["verify"] = time.perf_counter() - began
+        self.rewards = dict(result.rewards or {})
+        return reduce_rewards(self.rewards, self.spec.reward_reduce, self.spec.reward_key, self.label)
+
+    async def _verify(self) -> Any:
+        from harbor.models.trial.config import VerifierConfig
+        from harbor.verifier.factory import VerifierFactory
+
+        task = self.harbor_task
+        verifier = VerifierFactory.create_verifier_from_config(
+            VerifierConfig(),
+            task=task,
+            trial_paths=self._trial_paths,
+            environment=self.env,
+            override_env=task.config.verifier.env or None,
+            logger=logger,
+        )
+        # test.sh runs as the task's verifier user, as in a Harbor trial.
+        with self.env.with_default_user(task.config.verifier.user):
+            return await verifier.verify()
+
+    async def close(self) -> None:
+        """Stop the sandbox and remove this episode's host files. Never raises; idempotent.
+
+        Safe after a failed or cancelled `start`. If the caller is cancelled while closing, the stop goes on in the
+        background (bounded by `stop_timeout_s`; the provider's `aclose` waits for it) and the cancellation
+        propagates.
+        """
+        if self._close_task is None:
+            self._closed = True
+            if self.env is None and self._trial_dir is None:
+                self.provider._unregister(self)
+                return
+            self._close_task = asyncio.get_running_loop().create_task(self._stop())
+            self.provider._track_close(self._close_task)
+        await asyncio.shield(self._close_task)
+
+    async def _stop(self) -> None:
+        began = time.perf_counter()
+        try:
+            if self.env is not None and self._start_called:
+                await asyncio.wait_for(self.env.stop(delete=self.spec.stop_delete), self.spec.stop_timeout_s)
+                logger.debug("%s: sandbox %s stopped", self.label, self.session_id)
+        except (TimeoutError, asyncio.TimeoutError):
+            logger.warning("%s: stopping sandbox %s took over %g s; the sandbox reaper gets what is left",
+                           self.label, self.session_id, self.spec.stop_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - close never raises
+            logger.warning("%s: stopping sandbox %s failed: %s", self.label, self.session_id, _describe(exc))
+        finally:
+            self.timings["stop"] = time.perf_counter() - began
+            if self._trial_dir is not None:
+                shutil.rmtree(self._trial_dir, ignore_errors=True)
+            self.provider._unregister(self)
+
+
+async def upload_copied_files(env: BaseEnvironment, environment_dir: Path) -> int:
+    """Upload what `environment/Dockerfile` `COPY`s / `ADD`s from the build context into a started sandbox; returns
+    how many sources were uploaded.
+
+    For backends whose image builds drop build-context files (e2b, as TRL found). Each source is staged under
+    `/tmp` (uploads may run as the sandbox's unprivileged user) and moved into place as root, so root-owned
+    destinations work; a directory's contents go into the destination, as `COPY dir /dest` does. A Dockerfile the
+    parser cannot read is skipped with a warning (the backend's own build may still have honoured it).
+
+    Raises:
+        HarborStartError: Moving a file into place failed.
+    """
+    from shlex import quote
+
+    from raygrpo.sandbox.dockerfile import DockerfileError, load_plan
+
+    try:
+        plan = load_plan(environment_dir)
+    except DockerfileError as exc:
+        logger.warning("not re-uploading COPY'd files: %s", exc)
+        return 0
+    if plan is None:
+        return 0
+    count = 0
+    for step in plan.copies:
+        many = step.dest_is_dir or len(step.sources) + len(step.inline) > 1
+        items: list[tuple[Path, str, bool]] = []
+        for source in step.sources:
+            if source.is_dir():
+                items.append((source, str(step.dest), True))
+            else:
+                items.append((source, str(step.dest / source.name) if many else str(step.dest), False))
+        with tempfile.TemporaryDirectory(prefix="raygrpo-heredoc-") as scratch:
+            for name, content in step.inline:
+                path = Path(scratch) / Path(name).name
+                path.write_text(content)
+                items.append((path, str(step.dest / path.name) if many else str(step.dest), False))
+            for source, dest, is_dir in items:
+                tmp = f"/tmp/raygrpo-upload-{uuid.uuid4().hex}"
+                parent = dest.rsplit("/", 1)[0] or "/"
+                if is_dir:
+                    await env.upload_dir(source, tmp)
+                    command = f"mkdir -p {quote(dest)} && cp -a {quote(tmp)}/. {quote(dest)}/ && rm -rf {quote(tmp)}"
+                else:
+                    await env.upload_file(source, tmp)
+                    command = f"mkdir -p {quote(parent)} && mv -f {quote(tmp)} {quote(dest)}"
+                if step.chmod is not None:
+                    command += f" && chmod -R {step.chmod:o} {quote(dest)}"
+                result = await env.exec(command, user="root")
+                if result.return_code != 0:
+                    raise HarborStartError(f"could not put {source.name} at {dest} in the sandbox: "
+                                           f"{(result.stderr or result.stdout or '').strip()[:200]}")
+                count += 1
+    return count
+
+
+def reduce_rewards(rewards: dict[str, float], reduce: str, key: str | None, label: str = "") -> float:
+    """One reward from the verifier's named rewards (`reward.txt` gives `{"reward": x}`).
+
+    `reduce="key"` takes `rewards[key]`; with no key, `rewards["reward"]`, else the only entry. `mean`, `sum`, `min`
+    and `max` reduce every entry.
+
+    Raises:
+        RewardMissingError: There is no entry, or not the one asked for (the message lists what there is).
+    """
+    where = f"{label}: " if label else ""
+    if not rewards:
+        raise RewardMissingError(f"{where}the verifier's reward file holds no rewards")
+    if reduce == "key":
+        if key is None:
+            if "reward" in rewards:
+                key = "reward"
+            elif len(rewards) == 1:
+                key = next(iter(rewards))
+            else:
+                raise RewardMissingError(
+                    f"{where}reward.json holds several rewards ({', '.join(sorted(rewards))}) and none is named "
+                    "'reward': set `reward_key`, or `reward_reduce` to mean/sum/min/max"
+                )
+        if key not in rewards:
+            raise RewardMissingError(f"{where}reward.json has no {key!r} (it has: {', '.join(sorted(rewards))})")
+        return float(rewards[key])
+    values = [float(v) for v in rewards.values()]
+    if reduce == "mean":
+        return statistics.fmean(values)
+    if reduce == "sum":
+        return float(sum(values))
+    if reduce == "min":
+        return min(values)
+    if reduce == "max":
+        return max(values)
+    raise ValueError(f"unknown reward_reduce {reduce!r}")
+
+
+def _harbor_import_path(spec: str | None) -> str | None:
+    """The `module:Class` path Harbor's factory can import for a backend selector.
+
+    Harbor imports dotted module paths only; a file path (`"dir/file.py:Class"`) is loaded here with raygrpo's
+    loader, which registers the module under a stable name in `sys.modules`, and that name is what Harbor gets.
+    """
+    if spec is None:
+        return None
+    from raygrpo.imports import is_file_spec, split_spec
+
+    target, attr = split_spec(spec)
+    if not is_file_spec(target):
+        return spec
+    from raygrpo.specs.harbor import load_environment_class
+
+    cls = load_environment_class(spec)
+    return f"{cls.__module__}:{attr}"
+
+
+def _describe(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__

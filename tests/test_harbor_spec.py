@@ -1,0 +1,229 @@
+"""HarborSpec: loading the example suite, task selection, the dataset, relative paths, and load-time errors that
+name the field or the task dir (no sandbox is started here)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import pytest
+from harbor_utils import EXAMPLE_DIR, EXAMPLE_TASKS, example_task_names, make_task
+from pydantic import ValidationError
+
+from raygrpo.specs.harbor import HarborSpec
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def load(data: dict, base_dir=None) -> HarborSpec:
+    return HarborSpec.model_validate(data, context={"base_dir": str(base_dir)} if base_dir else None)
+
+
+def error_of(data: dict, base_dir=None) -> str:
+    with pytest.raises(ValidationError) as info:
+        load(data, base_dir)
+    return str(info.value)
+
+
+# ── the example suite ──────────────────────────────────────────────────────────────────────────────────────────
+
+
+def test_example_suite_loads_relative_to_base_dir():
+    spec = load({"kind": "harbor", "path": "tasks"}, base_dir=EXAMPLE_DIR)
+    assert spec.path == str(EXAMPLE_TASKS)
+    names = example_task_names()
+    assert len(names) >= 8
+    assert [os.path.basename(d) for d in spec.task_dirs()] == names
+    # The folder above `tasks/` works too.
+    assert load({"path": str(EXAMPLE_DIR)}).task_dirs() == spec.task_dirs()
+
+
+def test_list_tasks_carries_dir_instruction_and_metadata():
+    spec = load({"path": "tasks"}, base_dir=EXAMPLE_DIR)
+    refs = spec.list_tasks("local")
+    assert [r.index for r in refs] == list(range(len(example_task_names())))
+    first = refs[0]
+    assert first.env == "local" and first.split == "train"
+    task_dir = EXAMPLE_TASKS / example_task_names()[0]
+    assert first.metadata["task_dir"] == str(task_dir)
+    assert first.metadata["instruction"] == (task_dir / "instruction.md").read_text()
+    assert first.metadata["task_name"] == f"raygrpo/{task_dir.name}"
+    assert first.metadata["difficulty"] == "easy" and first.metadata["category"]  # task.toml [metadata]
+
+
+def test_dataset_columns():
+    spec = load({"path": "tasks", "indices": [2, 0]}, base_dir=EXAMPLE_DIR)
+    ds = spec.dataset("local")
+    assert len(ds) == 2
+    assert {"prompt", "task_index", "env", "task_dir", "task_name", "instruction", "difficulty"} <= set(ds.column_names)
+    assert ds["task_index"] == [2, 0]
+    assert ds["task_dir"] == [str(EXAMPLE_TASKS / example_task_names()[i]) for i in (2, 0)]
+    assert ds["prompt"][0] == [{"role": "user", "content": ""}]
+
+
+def test_selection(caplog):
+    base = {"path": str(EXAMPLE_TASKS)}
+    assert [r.index for r in load({**base, "num_tasks": 3}).list_tasks("x")] == [0, 1, 2]
+    assert [r.index for r in load({**base, "indices": [4, 1]}).list_tasks("x")] == [4, 1]
+    many = load({**base, "num_tasks": 1000})
+    assert len(many.list_tasks("x")) == len(example_task_names())
+    assert "num_tasks=1000" in caplog.text
+    assert "index 99 is out of range" in error_of({**base, "indices": [0, 99]})
+    assert "`indices` must be >= 0" in error_of({**base, "indices": [-1]})
+    assert "must not be empty" in error_of({**base, "indices": []})
+
+
+def test_example_rollout_yaml_env_entry_validates():
+    import yaml
+
+    data = yaml.safe_load((EXAMPLE_DIR / "rollout.yaml").read_text())
+    (entry,) = data["envs"].values()
+    spec = load(entry, base_dir=EXAMPLE_DIR)
+    assert spec.kind == "harbor" and spec.backend == "local" and spec.path == str(EXAMPLE_TASKS)
+
+
+def test_faults_are_validated():
+    spec = load({"path": str(EXAMPLE_TASKS), "faults": {"start_latency_s": 1.0, "start_failure_rate": 0.2}})
+    assert spec.faults.start_latency_s == 1.0 and spec.faults.start_failure_rate == 0.2
+    assert "faults.start_failure_rate" in error_of({"path": str(EXAMPLE_TASKS), "faults": {"start_failure_rate": 2}})
+    assert "faults.latency" in error_of({"path": str(EXAMPLE_TASKS), "faults": {"latency": 1}})
+
+
+def test_spec_pickles_and_is_plain_data():
+    spec = load({"path": "tasks", "environment_kwargs": {"a": 1}}, base_dir=EXAMPLE_DIR)
+    copy = pickle.loads(pickle.dumps(spec))
+    assert copy == spec and copy.task_dirs() == spec.task_dirs()
+    provider = pickle.loads(pickle.dumps(spec.provider(name="local")))  # carries only its configuration
+    assert provider.spec == spec and provider.name == "local" and provider.live_sandboxes == 0
+
+
+# ── backend selection ─────────────────────────────────────────────────────────────────────────────────────────
+
+
+def test_backend_defaults_and_image_reuse():
+    local = load({"path": str(EXAMPLE_TASKS)})
+    assert local.backend == "local"
+    assert local.environment_import_path == "raygrpo.sandbox.local:LocalSandboxEnvironment"
+    assert local.stop_delete is True and local.effective_rate_limit_key == "local"
+    docker = load({"path": str(EXAMPLE_TASKS), "environment_type": "Docker"})
+    assert docker.environment_type == "docker" and docker.environment_import_path is None
+    assert docker.stop_delete is False  # keep the built image for the next rollout
+    e2b = load({"path": str(EXAMPLE_TASKS), "environment_type": "e2b", "create_rate_per_s": 5})
+    assert e2b.stop_delete is True and e2b.effective_rate_limit_key == "e2b"
+    assert load({"path": str(EXAMPLE_TASKS), "environment_type": "e2b", "rate_limit_key": "team"}) \
+        .effective_rate_limit_key == "team"
+
+
+def test_import_path_file_resolves_against_base_dir(tmp_path):
+    (tmp_path / "backend.py").write_text(
+        "from harbor.environments.docker.docker import DockerEnvironment\n"
+        "class MyEnv(DockerEnvironment):\n    pass\n"
+        "class NotAnEnv:\n    pass\n"
+    )
+    spec = load({"path": str(EXAMPLE_TASKS), "import_path": "backend.py:MyEnv"}, base_dir=tmp_path)
+    assert spec.import_path == f"{tmp_path / 'backend.py'}:MyEnv"
+    assert spec.backend == spec.import_path == spec.effective_rate_limit_key
+    message = error_of({"path": str(EXAMPLE_TASKS), "import_path": "backend.py:NotAnEnv"}, base_dir=tmp_path)
+    assert "import_path" in message and "BaseEnvironment subclass" in message
+    message = error_of({"path": str(EXAMPLE_TASKS), "import_path": "backend.py:Missing"}, base_dir=tmp_path)
+    assert "import_path" in message and "no attribute 'Missing'" in message
+
+
+def test_harness_selectors(tmp_path):
+    assert load({"path": str(EXAMPLE_TASKS)}).harness == "bash"
+    (tmp_path / "my_harness.py").write_text(
+        "from raygrpo.envs.harness import BashHarness\n"
+        "class Shell(BashHarness):\n    pass\n"
+        "class Broken:\n    pass\n"
+    )
+    spec = load({"path": str(EXAMPLE_TASKS), "harness": "my_harness.py:Shell"}, base_dir=tmp_path)
+    assert spec.harness == f"{tmp_path / 'my_harness.py'}:Shell"
+    assert spec.provider().harness_cls.__name__ == "Shell"
+    assert "harness" in error_of({"path": str(EXAMPLE_TASKS), "harness": "zsh"})
+    message = error_of({"path": str(EXAMPLE_TASKS), "harness": "my_harness.py:Broken"}, base_dir=tmp_path)
+    assert "`tools` list" in message
+    assert "no module named" in error_of({"path": str(EXAMPLE_TASKS), "harness": "no_such_mod:Cls"})
+
+
+# ── config errors ─────────────────────────────────────────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize(
+    "data, expected",
+    [
+        ({"num_tasks": 2, "indices": [0]}, "`num_tasks` and `indices` are exclusive"),
+        (
+            {"environment_type": "docker", "import_path": "harbor.environments.docker.docker:DockerEnvironment"},
+            "`environment_type` and `import_path` are exclusive",
+        ),
+        ({"reward_key": "acc", "reward_reduce": "mean"}, "`reward_key` applies to reward_reduce='key' only"),
+        ({"environment_type": "dockr"}, "unknown Harbor environment type 'dockr'"),
+        ({"environment": "docker"}, "environment\n  Extra inputs are not permitted"),
+        ({"reward_reduce": "median"}, "reward_reduce"),
+        ({"exec_timeout_s": 0}, "exec_timeout_s"),
+        ({"max_concurrent_starts": 0}, "max_concurrent_starts"),
+        ({"create_rate_per_s": -1}, "create_rate_per_s"),
+    ],
+)
+def test_field_errors(data, expected):
+    assert expected in error_of({"path": str(EXAMPLE_TASKS), **data})
+
+
+def test_path_errors(tmp_path):
+    assert f"{tmp_path / 'nope'} does not exist" in error_of({"path": "nope"}, base_dir=tmp_path)
+    (tmp_path / "file.txt").write_text("x")
+    assert "is not a folder" in error_of({"path": "file.txt"}, base_dir=tmp_path)
+    (tmp_path / "empty").mkdir()
+    assert f"no Harbor task dirs under {tmp_path / 'empty'}" in error_of({"path": "empty"}, base_dir=tmp_path)
+
+
+def test_relative_path_without_base_dir_uses_cwd(monkeypatch):
+    monkeypatch.chdir(EXAMPLE_DIR)
+    assert load({"path": "tasks"}).path == str(EXAMPLE_TASKS)
+
+
+def test_suite_forms(tmp_path):
+    one = make_task(tmp_path / "single", "only")
+    assert load({"path": str(one)}).task_dirs() == [str(one)]  # a task dir itself
+    make_task(tmp_path / "nested" / "tasks", "b")
+    make_task(tmp_path / "nested" / "tasks", "a")
+    (tmp_path / "nested" / "tasks" / ".cache").mkdir()  # hidden folders are not tasks
+    spec = load({"path": "nested"}, base_dir=tmp_path)
+    assert [os.path.basename(d) for d in spec.task_dirs()] == ["a", "b"]
+
+
+def _break(task, how: str) -> None:
+    if how == "task.toml":
+        (task / "task.toml").unlink()
+    elif how == "instruction.md":
+        (task / "instruction.md").unlink()
+    elif how == "tests/test.sh":
+        (task / "tests" / "test.sh").unlink()
+    elif how == "environment/":
+        for f in (task / "environment").iterdir():
+            f.unlink()
+        (task / "environment").rmdir()
+    elif how == "invalid":
+        (task / "task.toml").write_text("[verifier]\ntimeout_sec = 'soon'\n")
+    elif how == "steps":
+        (task / "task.toml").write_text('schema_version = "1.4"\n[[steps]]\nname = "one"\n')
+
+
+@pytest.mark.parametrize(
+    "how, expected",
+    [
+        ("task.toml", "is missing task.toml"),
+        ("instruction.md", "is missing instruction.md"),
+        ("tests/test.sh", "is missing tests/test.sh"),
+        ("environment/", "is missing environment/"),
+        ("invalid", "task.toml is invalid"),
+        ("steps", "multi-step tasks"),
+    ],
+)
+def test_bad_task_dir_fails_naming_it(tmp_path, how, expected):
+    make_task(tmp_path / "suite", "good")
+    bad = make_task(tmp_path / "suite", "broken")
+    _break(bad, how)
+    message = error_of({"path": "suite"}, base_dir=tmp_path)
+    assert f"task dir {bad}" in message and expected in message
+    assert message.splitlines()[1].startswith("path")  # the error is located at the `path` field
