@@ -9,6 +9,9 @@ OUT ?= runs/echo
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
+	@# The local Harbor sandbox backend runs each sandbox in bubblewrap namespaces (Debian's bubblewrap package).
+	command -v bwrap >/dev/null || { apt-get update -qq && apt-get install -y -qq bubblewrap; } \
+		|| echo "warning: install bubblewrap (bwrap) for the local Harbor sandbox backend" >&2
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e .

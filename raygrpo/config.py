@@ -8,14 +8,37 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PrivateAttr,
+    Tag,
+    ValidationError,
+    field_validator,
+)
 
 from raygrpo.policy.config import PolicyConfig, SamplingConfig
 from raygrpo.rollout import RolloutConfig
+from raygrpo.specs.harbor import HarborSpec
 from raygrpo.specs.ors import ORSSpec
+
+
+def _env_kind(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return value.get("kind", "ors")
+    return getattr(value, "kind", None)
+
+
+#: One environment of a run: an ORS environment (`kind: ors`, the default) or a Harbor task suite (`kind: harbor`).
+EnvSpec = Annotated[
+    Annotated[ORSSpec, Tag("ors")] | Annotated[HarborSpec, Tag("harbor")],
+    Discriminator(_env_kind, custom_error_type="env_kind", custom_error_message="kind must be 'ors' or 'harbor'"),
+]
 
 
 class ConfigError(ValueError):
@@ -60,7 +83,8 @@ class RunConfig(BaseModel):
     """Everything one run needs.
 
     Args:
-        envs: Environments by name. A name appears in every trajectory's task reference.
+        envs: Environments by name: ORS environments (`kind: ors`, the default) and Harbor task suites
+            (`kind: harbor`). A name appears in every trajectory's task reference.
         model: Path to a Hugging Face model folder whose tokenizer (and, for the transformers engine, weights) the run
             uses, or `"tiny"` for a tiny random model built locally on first use.
         policy: Which policy writes the assistant turns (default: the transformers engine running `model`).
@@ -73,7 +97,7 @@ class RunConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    envs: dict[str, ORSSpec]
+    envs: dict[str, EnvSpec]
     model: str = "tiny"
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
@@ -86,7 +110,7 @@ class RunConfig(BaseModel):
 
     @field_validator("envs")
     @classmethod
-    def _at_least_one_env(cls, envs: dict[str, ORSSpec]) -> dict[str, ORSSpec]:
+    def _at_least_one_env(cls, envs: dict[str, Any]) -> dict[str, Any]:
         if not envs:
             raise ValueError("at least one environment is needed")
         return envs
@@ -159,7 +183,8 @@ def load_config(path: str | os.PathLike[str] | None = None, overrides: list[str]
         raise ConfigError("a run config must be a YAML mapping")
     data = apply_overrides(dict(data), overrides or [])
     try:
-        cfg = RunConfig.model_validate(data)
+        # Specs resolve their relative paths (task folders, harness files) against the config file's folder.
+        cfg = RunConfig.model_validate(data, context={"base_dir": base_dir})
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc)) from None
     cfg._base_dir = base_dir

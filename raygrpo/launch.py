@@ -55,14 +55,22 @@ class RolloutRuntime:
         from raygrpo.policy.tiny import resolve_model_path
 
         cfg = self.cfg
+        from raygrpo.actors.rate_limiter import ensure_rate_limiter
+        from raygrpo.specs.ors import ORSSpec
+
         for name, spec in cfg.envs.items():
-            if spec.environment:
+            if isinstance(spec, ORSSpec) and spec.environment:
                 handle, url = start_embedded_server(spec, name, base_dir=cfg.base_dir)
                 self.servers[name] = handle
                 self.envs[name] = spec.served_at(url)
                 logger.info("serving environment %s at %s", name, url)
         # Listing the tasks first makes an unreachable server fail the run before any actor starts.
         self.tasks = self.list_tasks()
+        for name, spec in self.envs.items():
+            rate = getattr(spec, "create_rate_per_s", None)
+            if rate:
+                # Created here, by the driver, so the limiter outlives any one env pool actor.
+                ensure_rate_limiter(spec.effective_rate_limit_key, rate)
         # Checked (and "tiny" built) here so a bad path fails before any actor starts; actors and engines resolve
         # `cfg.model` again on their own nodes, where a driver-local cache path might not exist.
         resolve_model_path(cfg.model)

@@ -240,9 +240,9 @@ async def _episode(
     with phases.timed("verify"):
         try:
             reward = await asyncio.wait_for(adapter.score(), timeout=config.score_timeout_s)
-        except TimeoutError:
+        except TimeoutError as exc:
             traj.status, traj.reward = Status.TIMEOUT, None
-            traj.error = f"scoring exceeded score_timeout_s={config.score_timeout_s}"
+            traj.error = str(exc) or f"scoring exceeded score_timeout_s={config.score_timeout_s}"
             return
         except RewardMissingError as exc:
             traj.status, traj.reward, traj.error = Status.NO_REWARD, None, _describe(exc)

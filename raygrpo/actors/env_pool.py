@@ -82,7 +82,7 @@ class EnvPool:
             a["policy"], tokenizer, engines=a["engines"], worker_index=a["worker_index"], base_dir=a["base_dir"],
             model_name=a["model_path"],
         )
-        providers = {name: spec.provider() for name, spec in a["envs"].items()}
+        providers = {name: spec.provider(name=name) for name, spec in a["envs"].items()}
         return RolloutWorker(
             name=a["name"],
             providers=providers,
