@@ -155,7 +155,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 def format_validation_error(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(root)"
+        loc = list(err["loc"])
+        if len(loc) > 2 and loc[0] == "envs" and loc[2] in ("ors", "harbor"):
+            del loc[2]  # the union member's tag: users write envs.<name>.<field>
+        where = ".".join(str(p) for p in loc) or "(root)"
         lines.append(f"{where}: {err['msg']}")
     return "invalid run config:\n  " + "\n  ".join(lines)
 

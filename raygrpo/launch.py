@@ -8,6 +8,9 @@ Ctrl-C), shuts the env pool actors down (which closes every session), then the e
 from __future__ import annotations
 
 import logging
+import os
+import threading
+import uuid
 from typing import Any
 
 import ray
@@ -37,6 +40,10 @@ class RolloutRuntime:
         self.tasks: list[TaskRef] = []
         self.final_stats: list[dict[str, Any]] = []
         self.server_live_sessions: dict[str, int] = {}
+        # Sandboxes of this run (local backend) live under their own root: leak counts and the reaper see only them.
+        self.sandbox_root = str(_base_sandbox_root() / f"run-{uuid.uuid4().hex[:12]}")
+        self.leaked_sandboxes: int = 0
+        self._reaper: _Reaper | None = None
 
     def __enter__(self) -> RolloutRuntime:
         try:
@@ -78,12 +85,18 @@ class RolloutRuntime:
         self.engines = start_engines(cfg.policy, self.model_path)
 
         from raygrpo.actors.env_pool import EnvPoolActor
+        from raygrpo.sandbox.registry import ROOT_ENV
 
+        self._reaper = _Reaper(self.sandbox_root)
         k = cfg.workers.max_concurrent_per_actor
+        job_env = dict((ray.get_runtime_context().runtime_env or {}).get("env_vars") or {})
         for i in range(cfg.workers.num_env_actors):
             name = f"{self.actor_prefix}-{i}"
             handle = EnvPoolActor.options(
-                name=name, num_cpus=cfg.workers.actor_num_cpus, max_concurrency=k + 16
+                name=name,
+                num_cpus=cfg.workers.actor_num_cpus,
+                max_concurrency=k + 16,
+                runtime_env={"env_vars": {**job_env, ROOT_ENV: self.sandbox_root}},
             ).remote(
                 name=name,
                 envs=self.envs,
@@ -133,9 +146,61 @@ class RolloutRuntime:
                 logger.warning("embedded server %s did not stop cleanly: %s", name, exc)
             ray.kill(handle, no_restart=True)
         self.servers = {}
+        if self._reaper is not None:
+            self.leaked_sandboxes = self._reaper.close()
+            self._reaper = None
 
     @property
     def leaked_envs(self) -> int:
-        """Environments still alive after shutdown: the larger of the actors' count and the servers' own count."""
+        """Environments still alive after shutdown: the largest of the actors' own count, the ORS servers' count of
+        live sessions, and the local sandboxes of this run still found on this machine (checked through the OS)."""
         actor_live = sum(int(s.get("live_envs") or 0) for s in self.final_stats)
-        return max(actor_live, sum(self.server_live_sessions.values()))
+        return max(actor_live, sum(self.server_live_sessions.values()), self.leaked_sandboxes)
+
+
+def _base_sandbox_root():
+    from raygrpo.sandbox.registry import sandbox_root
+
+    return sandbox_root()
+
+
+class _Reaper:
+    """Stops orphaned local sandboxes of this run (their env pool actor died) every `interval_s`, on the driver.
+
+    Env pool actors reap their own node too (sandbox dirs are node-local); this covers the driver's node when an
+    actor there died. `close()` reaps once more and returns how many of the run's sandboxes are still alive.
+    """
+
+    def __init__(self, root: str, interval_s: float = 5.0) -> None:
+        self.root = root
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(interval_s,), name="raygrpo-reaper", daemon=True)
+        self._thread.start()
+
+    def _loop(self, interval_s: float) -> None:
+        from raygrpo.sandbox.registry import reap_orphans
+
+        while not self._stop.wait(interval_s):
+            if os.path.isdir(self.root):
+                try:
+                    reaped = reap_orphans(self.root)
+                    if reaped:
+                        logger.warning("reaped %d orphaned sandbox(es): %s", len(reaped), ", ".join(reaped))
+                except Exception:  # noqa: BLE001 - the reaper must keep going
+                    logger.warning("reaping orphaned sandboxes failed", exc_info=True)
+
+    def close(self) -> int:
+        from raygrpo.sandbox.registry import live_sandboxes, reap_orphans
+
+        self._stop.set()
+        self._thread.join(timeout=30)
+        if not os.path.isdir(self.root):
+            return 0
+        reap_orphans(self.root)
+        left = len(live_sandboxes(self.root))
+        if left == 0:
+            try:
+                os.rmdir(self.root)
+            except OSError:
+                pass
+        return left

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any
 
 import ray
@@ -56,6 +57,7 @@ class EnvPool:
         )
         self._worker = None
         self._lock: asyncio.Lock | None = None
+        self._reaper: asyncio.Task | None = None
 
     async def _ready(self):
         if self._worker is not None:
@@ -65,6 +67,7 @@ class EnvPool:
         async with self._lock:
             if self._worker is None:
                 self._worker = await asyncio.to_thread(self._build)
+                self._reaper = asyncio.get_running_loop().create_task(_reap_periodically())
         return self._worker
 
     def _build(self):
@@ -107,11 +110,31 @@ class EnvPool:
             return {"name": self._args["name"], "live_envs": 0, "peak_envs": 0, "envs_opened": 0, "running": 0}
         return self._worker.stats()
 
+    async def pid(self) -> int:
+        """The actor's process id (for fault-injection tests that kill it)."""
+        return os.getpid()
+
     async def shutdown(self) -> dict[str, Any]:
         """Cancel running rollouts, close every environment and provider; returns the final stats."""
+        if self._reaper is not None:
+            self._reaper.cancel()
         if self._worker is None:
             return await self.stats()
         return await self._worker.aclose()
+
+
+async def _reap_periodically(interval_s: float = 10.0) -> None:
+    """Stop local sandboxes on this node whose owner died (another env pool actor, say); sandbox dirs are node-local,
+    so each actor looks after its own node."""
+    from raygrpo.sandbox.registry import reap_orphans, sandbox_root
+
+    while True:
+        await asyncio.sleep(interval_s)
+        if sandbox_root().is_dir():
+            try:
+                await asyncio.to_thread(reap_orphans)
+            except Exception:  # noqa: BLE001 - reaping must not take the actor down
+                logger.warning("reaping orphaned sandboxes failed", exc_info=True)
 
 
 EnvPoolActor = ray.remote(max_restarts=0)(EnvPool)
