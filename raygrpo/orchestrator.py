@@ -9,6 +9,7 @@ for an infrastructure reason (env or policy error, a dead actor) is run again, a
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -99,15 +100,16 @@ class Orchestrator:
         self._pending[ref] = (slot, request)
         self.stats.dispatched += 1
 
-    def run(self, requests: Iterable[RolloutRequest]) -> Iterator[Trajectory]:
+    def run(self, requests: Iterable[RolloutRequest], stop: threading.Event | None = None) -> Iterator[Trajectory]:
         """Yield one final trajectory per request, in completion order.
 
-        Closing the generator early (or an exception such as KeyboardInterrupt while it waits) cancels the rollouts
-        still in flight; each closes its environment as it unwinds.
+        Closing the generator early, setting `stop` (checked at least once a second, from any thread), or an
+        exception such as KeyboardInterrupt while it waits cancels the rollouts still in flight; each closes its
+        environment as it unwinds.
         """
         queue: deque[RolloutRequest] = deque(requests)
         try:
-            while queue or self._pending:
+            while (queue or self._pending) and not (stop is not None and stop.is_set()):
                 while queue:
                     slot = self._free_slot()
                     if slot is None:

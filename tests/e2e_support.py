@@ -145,3 +145,8 @@ def nap_by_task(ctx: GenerationContext) -> str:
 
 def call_check(ctx: GenerationContext) -> str:
     return "Done." if _called(ctx) else format_tool_call("check", {})
+
+
+def bash_sleep(ctx: GenerationContext) -> str:
+    """Start a background sleep and a foreground one in the sandbox (a rollout that is still busy when stopped)."""
+    return "Done." if _called(ctx) else format_tool_call("bash", {"command": "sleep 300 & sleep 300"})

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -130,13 +131,17 @@ def test_cancelled_batch_leaves_no_session(tmp_path):
             "workers": {"num_env_actors": 2, "max_concurrent_per_actor": 8},
         })
         with RolloutRuntime(cfg) as runtime:
-            stream = Orchestrator(runtime.actors, max_in_flight_per_actor=8).run(make_groups(runtime.tasks, 1))
-            runner = iter(stream)
-            deadline = time.time() + 30
-            assert wait_until(lambda: NapEnvironment.napping == 16 or time.time() > deadline, 30)
-            # Closing the stream cancels the rollouts in flight; shutting the runtime down closes the rest.
-            stream.close()
-            del runner
+            stop = threading.Event()
+            stream = Orchestrator(runtime.actors, max_in_flight_per_actor=8).run(make_groups(runtime.tasks, 1), stop)
+            finished: list = []
+            consumer = threading.Thread(target=lambda: finished.extend(stream))
+            consumer.start()
+            busy = wait_until(lambda: NapEnvironment.napping == 16, 30)
+            # Stopping the stream cancels the rollouts in flight; shutting the runtime down closes the rest.
+            stop.set()
+            consumer.join(30)
+            assert busy and not consumer.is_alive() and finished == []
+            assert server.live_sessions() <= 16
         assert runtime.leaked_envs == 0
         assert wait_until(lambda: server.live_sessions() == 0, 15), server.live_sessions()
         assert NapEnvironment.live == 0
