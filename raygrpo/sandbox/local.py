@@ -128,7 +128,10 @@ class _Mount:
 
 
 def _under(p: PurePosixPath, q: PurePosixPath) -> bool:
-    return p == q or q in p.parents
+    """Whether `p` is `q` or below it (both normalized absolute paths; compared by parts: `q in p.parents` builds
+    every parent path and costs a sandbox start milliseconds)."""
+    qp = q.parts
+    return p.parts[: len(qp)] == qp
 
 
 def _norm(path: str | PurePosixPath, base: str | None = None) -> PurePosixPath:
