@@ -33,6 +33,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from raygrpo.envs.live import LiveAdapters
 from raygrpo.envs.base import EnvError, RewardMissingError
 from raygrpo.envs.harness import load_harness
 from raygrpo.types import Observation, TaskRef, ToolResult
@@ -81,9 +82,7 @@ class HarborProvider:
         self.harness_cls = load_harness(spec.harness)
         self._environment_import_path = _harbor_import_path(spec.environment_import_path)
         self._tasks: dict[str, Task] = {}
-        # Started, not yet closed: strong references, so `aclose` reaches sandboxes a caller forgot to close.
-        self._adapters: set[HarborAdapter] = set()
-        self._closing: set[asyncio.Task] = set()
+        self._live = LiveAdapters(self.label)
         self._closed = False
 
     def __getstate__(self) -> dict[str, Any]:
@@ -105,14 +104,9 @@ class HarborProvider:
         """Stop every sandbox still alive and wait for background stops of cancelled rollouts. Never raises;
         idempotent."""
         self._closed = True
-        open_adapters = [a for a in list(self._adapters) if not a.closed]
-        if open_adapters:
-            logger.info("%s: stopping %d live sandbox(es)", self.label, len(open_adapters))
-            await asyncio.gather(*(a.close() for a in open_adapters), return_exceptions=True)
-        if self._closing:
-            # Stops still running in the background (their rollouts were cancelled): they must finish before the
-            # actor reports it is shut down, or the sandboxes outlive it.
-            await asyncio.wait(list(self._closing), timeout=self.spec.stop_timeout_s + 5)
+        # Stops still running in the background (their rollouts were cancelled) must finish before the actor
+        # reports it is shut down, or the sandboxes outlive it.
+        await self._live.close_all(self.spec.stop_timeout_s + 5, "sandbox(es)")
 
     # ── used by adapters ─────────────────────────────────────────────────────────────────────────────────────────
 
@@ -124,7 +118,7 @@ class HarborProvider:
     @property
     def live_sandboxes(self) -> int:
         """Adapters of this provider whose sandbox start began and that are not closed yet."""
-        return sum(1 for a in list(self._adapters) if a.started and not a.closed)
+        return self._live.open_count()
 
     @property
     def gate(self) -> Any:
@@ -188,15 +182,7 @@ class HarborProvider:
     def _register(self, adapter: HarborAdapter) -> None:
         if self._closed:
             raise EnvError(f"{self.label}: the Harbor provider is closed")
-        self._adapters.add(adapter)
-
-    def _unregister(self, adapter: HarborAdapter) -> None:
-        self._adapters.discard(adapter)
-
-    def _track_close(self, task: asyncio.Task) -> None:
-        # Strong references keep detached stops alive; `aclose` waits for them.
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+        self._live.add(adapter)
 
 
 class HarborAdapter:
@@ -413,10 +399,10 @@ class HarborAdapter:
         if self._close_task is None:
             self._closed = True
             if self.env is None and self._trial_dir is None:
-                self.provider._unregister(self)
+                self.provider._live.discard(self)
                 return
             self._close_task = asyncio.get_running_loop().create_task(self._stop())
-            self.provider._track_close(self._close_task)
+            self.provider._live.track_close(self._close_task)
         await asyncio.shield(self._close_task)
 
     async def _stop(self) -> None:
@@ -434,7 +420,7 @@ class HarborAdapter:
             self.timings["stop"] = time.perf_counter() - began
             if self._trial_dir is not None:
                 shutil.rmtree(self._trial_dir, ignore_errors=True)
-            self.provider._unregister(self)
+            self.provider._live.discard(self)
 
 
 async def upload_copied_files(env: BaseEnvironment, environment_dir: Path) -> int:

@@ -19,6 +19,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
+from raygrpo.envs.live import LiveAdapters
 from raygrpo.envs.base import EnvError
 from raygrpo.types import Observation, TaskRef, ToolResult
 
@@ -82,9 +83,7 @@ class ORSProvider:
         self.start_timeout_s = start_timeout_s
         self.close_timeout_s = close_timeout_s
         self._clients: dict[asyncio.AbstractEventLoop, _LoopClient] = {}
-        # Started, not yet closed: strong references, so `aclose` reaches sessions a caller forgot to close.
-        self._adapters: set[ORSAdapter] = set()
-        self._closing: set[asyncio.Task] = set()
+        self._live = LiveAdapters(self.label)
         self._closed = False
 
     def __getstate__(self) -> dict[str, Any]:
@@ -111,14 +110,9 @@ class ORSProvider:
     async def aclose(self) -> None:
         """Close every session still open, then this loop's SDK client. Never raises; idempotent."""
         self._closed = True
-        open_adapters = [a for a in list(self._adapters) if not a.closed]
-        if open_adapters:
-            logger.info("%s: closing %d open ORS session(s)", self.label, len(open_adapters))
-            await asyncio.gather(*(a.close() for a in open_adapters), return_exceptions=True)
-        if self._closing:
-            # Closes still running in the background (their rollouts were cancelled): let them reach the server
-            # before the client, and with it their connections, goes away.
-            await asyncio.wait(list(self._closing), timeout=self.close_timeout_s)
+        # Closes still running in the background (their rollouts were cancelled) must reach the server before the
+        # client, and with it their connections, goes away.
+        await self._live.close_all(self.close_timeout_s, "ORS session(s)")
         loop = asyncio.get_running_loop()
         for other in [lp for lp in self._clients if lp is not loop]:
             if other.is_closed():
@@ -141,7 +135,7 @@ class ORSProvider:
     @property
     def open_sessions(self) -> int:
         """Adapters of this provider that started and are not closed yet."""
-        return sum(1 for a in list(self._adapters) if a.started and not a.closed)
+        return self._live.open_count()
 
     def environment(self) -> Any:
         """The SDK `AsyncEnvironment` for the running loop, made on first use. Must be called inside the loop."""
@@ -189,15 +183,7 @@ class ORSProvider:
     def _register(self, adapter: ORSAdapter) -> None:
         if self._closed:
             raise EnvError(f"{self.label}: the ORS provider is closed")
-        self._adapters.add(adapter)
-
-    def _unregister(self, adapter: ORSAdapter) -> None:
-        self._adapters.discard(adapter)
-
-    def _track_close(self, task: asyncio.Task) -> None:
-        # Strong references keep detached closes alive; `aclose` waits for them before closing the client.
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+        self._live.add(adapter)
 
 
 def _tool_to_openai(tool: dict[str, Any]) -> dict[str, Any]:
@@ -382,11 +368,11 @@ class ORSAdapter:
         """
         if self._close_task is None:
             self._closed = True
-            self.provider._unregister(self)
+            self.provider._live.discard(self)
             if self._session is None:
                 return
             self._close_task = asyncio.get_running_loop().create_task(self._close_session())
-            self.provider._track_close(self._close_task)
+            self.provider._live.track_close(self._close_task)
         await asyncio.shield(self._close_task)
 
     # ── internals ─────────────────────────────────────────────────────────────────────────────────────────────────
