@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationInfo, 
 from raygrpo.envs.harness import load_harness, resolve_harness_spec
 from raygrpo.imports import ImportSpecError, is_file_spec, load_object, resolve_file, split_spec
 from raygrpo.sandbox.faults import FaultConfig
+from raygrpo.specs.selection import check_indices
 from raygrpo.types import TaskRef
 
 if TYPE_CHECKING:
@@ -167,14 +168,7 @@ class HarborSpec(BaseModel):
     @field_validator("indices")
     @classmethod
     def _check_indices(cls, value: list[int] | None) -> list[int] | None:
-        if value is None:
-            return None
-        if not value:
-            raise ValueError("`indices` must not be empty (leave it out to use every task)")
-        negative = [i for i in value if i < 0]
-        if negative:
-            raise ValueError(f"`indices` must be >= 0, got {negative[:5]}")
-        return value
+        return check_indices(value)
 
     @field_validator("harness")
     @classmethod

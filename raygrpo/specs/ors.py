@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 from raygrpo.envs.base import EnvError
 from raygrpo.specs.dataset import tasks_to_dataset
 from raygrpo.imports import split_spec
+from raygrpo.specs.selection import check_indices
 from raygrpo.types import TaskRef
 
 if TYPE_CHECKING:
@@ -146,14 +147,7 @@ class ORSSpec(BaseModel):
     @field_validator("indices")
     @classmethod
     def _check_indices(cls, value: list[int] | None) -> list[int] | None:
-        if value is None:
-            return None
-        if not value:
-            raise ValueError("`indices` must not be empty (leave it out to use every task)")
-        negative = [i for i in value if i < 0]
-        if negative:
-            raise ValueError(f"`indices` must be >= 0, got {negative[:5]}")
-        return value
+        return check_indices(value)
 
     @field_validator("secrets")
     @classmethod
