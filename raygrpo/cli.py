@@ -22,7 +22,7 @@ def _parser() -> argparse.ArgumentParser:
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="override a config field, e.g. --set policy.kind=transformers (repeatable)",
     )
-    rollout.add_argument("--no-progress", action="store_true", help="no progress bar")
+    rollout.add_argument("--no-progress", action="store_true", help="no progress output")
     return parser
 
 
@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     from raygrpo.collect import collect
 
     try:
-        summary = collect(cfg, out, progress=not args.no_progress and sys.stderr.isatty())
+        progress = False if args.no_progress else ("bar" if sys.stderr.isatty() else "log")
+        summary = collect(cfg, out, progress=progress)
     except KeyboardInterrupt:
         print(f"raygrpo: interrupted; partial results in {out}", file=sys.stderr)
         return 130

@@ -7,6 +7,7 @@ rollouts in flight are cancelled, every environment is closed, and a partial sum
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,11 @@ from raygrpo.summary import RunSummary, TrajectoryWriter, write_summary
 logger = logging.getLogger(__name__)
 
 
-def collect(cfg: RunConfig, out_dir: str | Path, progress: bool = True) -> dict[str, Any]:
+def collect(cfg: RunConfig, out_dir: str | Path, progress: bool | str = True) -> dict[str, Any]:
     """Run every task of `cfg` `group_size` times and write the outputs; returns the summary.
+
+    `progress`: `"bar"` (or True) for a live progress bar, `"log"` for a plain line every few seconds (logs of
+    `ray job submit`, CI), False for none.
 
     Starts a local Ray (or joins `cfg.ray.address`) unless Ray is already initialised, and shuts down only what it
     started.
@@ -50,7 +54,8 @@ def collect(cfg: RunConfig, out_dir: str | Path, progress: bool = True) -> dict[
                 on_failed_attempt=summary.add_failed_attempt,
             )
             t0 = time.perf_counter()
-            with _Progress(len(requests), enabled=progress) as bar:
+            mode = "bar" if progress is True else (progress or "off")
+            with _Progress(len(requests), mode=mode) as bar:
                 for traj in orchestrator.run(requests):
                     writer.write(traj)
                     summary.add(traj)
@@ -77,12 +82,15 @@ def collect(cfg: RunConfig, out_dir: str | Path, progress: bool = True) -> dict[
 
 
 class _Progress:
-    """A rich progress bar with the running reward mean, or nothing when disabled."""
+    """Progress of a run with the running reward mean: a rich bar (`"bar"`), plain lines on stderr at most every
+    `log_every_s` (`"log"`), or nothing (`"off"`)."""
 
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total, self.enabled = total, enabled
+    def __init__(self, total: int, mode: str, log_every_s: float = 5.0) -> None:
+        self.total, self.mode, self.log_every_s = total, mode, log_every_s
+        self.enabled = mode == "bar"
         self.done = self.scored = 0
         self.reward_sum = 0.0
+        self._started = self._logged = time.monotonic()
 
     def __enter__(self) -> _Progress:
         if self.enabled:
@@ -101,10 +109,16 @@ class _Progress:
         if traj.reward is not None:
             self.scored += 1
             self.reward_sum += traj.reward
+        mean = f"{self.reward_sum / self.scored:.3f}" if self.scored else "-"
+        info = f"in flight {in_flight}  scored {self.scored}  reward {mean}"
         if self.enabled:
-            mean = f"{self.reward_sum / self.scored:.3f}" if self.scored else "-"
-            info = f"in flight {in_flight}  scored {self.scored}  reward {mean}"
             self._progress.update(self._task, completed=self.done, info=info)
+        elif self.mode == "log":
+            now = time.monotonic()
+            if now - self._logged >= self.log_every_s or self.done == self.total:
+                self._logged = now
+                print(f"rollouts {self.done}/{self.total}  {info}  {now - self._started:.1f} s",
+                      file=sys.stderr, flush=True)
 
     def __exit__(self, *exc: Any) -> None:
         if self.enabled:
