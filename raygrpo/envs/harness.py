@@ -15,6 +15,8 @@ What it must do with failures:
 
 from __future__ import annotations
 
+import abc
+
 import asyncio
 import logging
 import math
@@ -53,7 +55,7 @@ class Harness(Protocol):
     async def call(self, env: BaseEnvironment, name: str, arguments: dict[str, Any]) -> ToolResult: ...
 
 
-class BaseHarness:
+class BaseHarness(abc.ABC):
     """Base class of harnesses: holds the limits every harness gets and the shared exec helper.
 
     Args:
@@ -68,8 +70,9 @@ class BaseHarness:
         self.exec_timeout_s = exec_timeout_s
         self.max_output_chars = max_output_chars
 
+    @abc.abstractmethod
     async def call(self, env: BaseEnvironment, name: str, arguments: dict[str, Any]) -> ToolResult:
-        raise NotImplementedError
+        """Run the tool `name` with `arguments` in `env`; refused calls come back as error results."""
 
     async def run_command(self, env: BaseEnvironment, command: str, *, cwd: str | None = None) -> ToolResult:
         """Run `command` in the sandbox under `exec_timeout_s` and describe the outcome for the model.
