@@ -57,14 +57,15 @@ class RolloutRuntime:
         self.stop()
 
     def _start(self) -> None:
+        from raygrpo.actors.env_pool import EnvPoolActor
         from raygrpo.actors.ors_server import start_embedded_server
+        from raygrpo.actors.rate_limiter import ensure_rate_limiter
         from raygrpo.policy.factory import start_engines
         from raygrpo.policy.tiny import resolve_model_path
-
-        cfg = self.cfg
-        from raygrpo.actors.rate_limiter import ensure_rate_limiter
+        from raygrpo.sandbox.registry import ROOT_ENV
         from raygrpo.specs.ors import ORSSpec
 
+        cfg = self.cfg
         for name, spec in cfg.envs.items():
             if isinstance(spec, ORSSpec) and spec.environment:
                 handle, url = start_embedded_server(spec, name, base_dir=cfg.base_dir)
@@ -83,9 +84,6 @@ class RolloutRuntime:
         resolve_model_path(cfg.model)
         self.model_path = cfg.model
         self.engines = start_engines(cfg.policy, self.model_path)
-
-        from raygrpo.actors.env_pool import EnvPoolActor
-        from raygrpo.sandbox.registry import ROOT_ENV
 
         self._reaper = _Reaper(self.sandbox_root)
         k = cfg.workers.max_concurrent_per_actor
