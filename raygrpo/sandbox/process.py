@@ -1,0 +1,343 @@
+"""Process plumbing of the local sandbox: its init process, running commands inside it, and killing them.
+
+`raygrpo.sandbox.local` owns the sandbox's lifecycle; the helpers here need no environment object. `InitProcess`
+starts the sandbox's init under bwrap, learns its host pid and kills it. An exec is `nsenter` into the init's
+namespaces (`nsenter_argv`), run in a process group of its own with its output in files (`run_in_group`,
+`read_output`); a timeout kills the whole group (`kill_group`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import json
+import os
+import pwd
+import shutil
+import signal
+import tarfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+from harbor.environments.base import transfer_tar_filter
+
+from raygrpo.sandbox import registry as _reg
+
+NSENTER = shutil.which("nsenter") or "/usr/bin/nsenter"
+# Tools run inside the sandbox, by absolute path (a task's ENV PATH may not include them); the sandbox's /usr is
+# the host's, so the host's locations are the sandbox's.
+TOOL = {name: shutil.which(name) or f"/usr/bin/{name}" for name in ("env", "setpriv", "cat", "tar", "test", "sh")}
+
+
+class InitProcess:
+    """A sandbox's init (`sleep infinity` as PID 1 of its namespace) and the bwrap monitor that is its parent.
+
+    `pid` / `start_time` identify the init on the host once known (None before); `proc` is the bwrap monitor.
+    """
+
+    def __init__(self) -> None:
+        self.proc: asyncio.subprocess.Process | None = None
+        self.info_task: asyncio.Future[bytes] | None = None
+        self.pid: int | None = None
+        self.start_time: int | None = None
+        self._reg: _reg.Registration | None = None
+
+    def alive(self) -> bool:
+        return _reg.pid_alive(self.pid, self.start_time)
+
+    async def start(self, bwrap: list[str], env: dict[str, str], log_path: Path, reg: _reg.Registration,
+                    timeout_s: float) -> bool:
+        """Start the init under `bwrap` and wait until it runs inside its finished mounts; False when bwrap
+        failed (it has then exited). Its processes are recorded in `reg`.
+
+        Two pipes come back from bwrap: `--info-fd` gives the init's host pid as soon as it is cloned (so a
+        cancelled start can still kill it), and the init's first command writes `ready` on the other once the
+        mounts are in place (an exec before that could see a half-built filesystem). bwrap's stdout is not a pipe:
+        waiting for its exit must not depend on pipes held open by the sandbox.
+
+        Raises:
+            TimeoutError: the init did not come up within `timeout_s`.
+        """
+        self._reg = reg
+        info_r, info_w = os.pipe()
+        ready_r, ready_w = os.pipe()
+        init = f"echo ready >&{ready_w}; exec {ready_w}>&-; exec sleep infinity"
+        argv = bwrap + ["--info-fd", str(info_w), "--", "/bin/bash", "-c", init]  # dash: fds < 10
+        with open(log_path, "wb") as log:
+            try:
+                self.proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=log,
+                    env=env,
+                    pass_fds=(info_w, ready_w),
+                    start_new_session=True,
+                )
+            except BaseException:
+                os.close(info_r)
+                os.close(ready_r)
+                raise
+            finally:
+                os.close(info_w)
+                os.close(ready_w)
+        reg.record_processes(self.proc.pid, None)
+        self.info_task = read_pipe(info_r)
+        ready_task = read_pipe(ready_r, line=True)
+        try:
+            async with asyncio.timeout(timeout_s):
+                info = await asyncio.shield(self.info_task)
+                self.note(info)
+                ready = await ready_task
+        finally:
+            ready_task.cancel()
+        if ready.strip() != b"ready":
+            await self.proc.wait()
+            return False
+        return True
+
+    def note(self, info: bytes) -> None:
+        """Record the init's host pid from bwrap's `--info-fd` JSON (empty when bwrap died first)."""
+        if not info.strip() or self.pid is not None or self._reg is None:
+            return
+        self.pid = int(json.loads(info)["child-pid"])
+        self.start_time = _reg.proc_start_time(self.pid)
+        self._reg.record_processes(self.proc.pid if self.proc else 0, self.pid)
+
+    async def kill(self) -> asyncio.CancelledError | None:
+        """Kill the init (and so every process of its PID namespace) and reap bwrap; runs to the end even when
+        cancelled, and returns the cancellation it swallowed, for the caller to re-raise when done."""
+        cancelled: asyncio.CancelledError | None = None
+        info_task = self.info_task
+        if self.pid is None and info_task is not None:
+            # A start cut short: learn the init's pid before killing anything. Killing only the bwrap monitor
+            # could race with the init arming its parent-death signal and leave it running.
+            try:
+                await asyncio.wait([info_task], timeout=2)
+            except asyncio.CancelledError as e:
+                cancelled = e
+            if info_task.done() and not info_task.cancelled() and info_task.exception() is None:
+                with contextlib.suppress(ValueError, KeyError):
+                    self.note(info_task.result())
+            else:
+                info_task.cancel()
+        # Killing the PID namespace's init makes the kernel kill every process in the namespace. Its parent, the
+        # bwrap monitor, then reaps it and exits by itself: the monitor is killed only when it does not (killing it
+        # first would orphan the init's zombie to the host's init, which may reap it late).
+        proc = self.proc
+        if self.pid and self.alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+        for grace in (3.0, 5.0):
+            if proc is None or proc.returncode is not None:
+                break
+            if grace > 3.0 or not self.pid:
+                # os.kill, not proc.kill(): Popen.kill() polls first and may reap behind asyncio's child watcher.
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGKILL)
+            try:
+                await asyncio.wait_for(asyncio.shield(proc.wait()), timeout=grace)
+            except asyncio.CancelledError as e:
+                cancelled = e
+            except asyncio.TimeoutError:
+                continue
+        return cancelled
+
+
+async def run_to_end(fn: Any, *args: Any) -> asyncio.CancelledError | None:
+    """Run `fn(*args)` in a thread to its end even when cancelled; return the cancellation it swallowed, for the
+    caller to re-raise when done. Exceptions of `fn` are raised."""
+    cancelled: asyncio.CancelledError | None = None
+    task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError as e:
+            cancelled = e
+    task.result()
+    return cancelled
+
+
+def user_prefix(user: str | int | None) -> tuple[list[str], str] | None:
+    """The `setpriv` prefix that runs as `user`, and that user's home; None for a user name the host lacks."""
+    if user is None or user in ("root", 0, "0"):
+        return [], "/root"
+    try:
+        pw = pwd.getpwuid(int(user)) if str(user).isdigit() else pwd.getpwnam(str(user))
+        uid, gid, home = pw.pw_uid, pw.pw_gid, pw.pw_dir
+    except KeyError:
+        if not str(user).isdigit():
+            return None
+        uid = gid = int(user)
+        home = "/home/user"
+    if uid == 0:
+        return [], "/root"
+    return [TOOL["setpriv"], f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"], home
+
+
+def nsenter_argv(init_pid: int, *, netns: bool, prefix: list[str], workdir: str, argv: list[str]) -> list[str]:
+    """The command line that runs `argv` in `workdir` inside the namespaces of the sandbox whose init is `init_pid`."""
+    ns = [NSENTER, "-t", str(init_pid), "-m", "-p", "-i", "-u", "-r"]
+    if netns:
+        ns.append("-n")
+    if os.geteuid() != 0:
+        ns += ["-U", "--preserve-credentials"]
+    return ns + ["--", *prefix, TOOL["env"], f"--chdir={workdir}", *argv]
+
+
+class ExecTimeout(TimeoutError):
+    """`run_in_group` ran past its timeout; `stdout` / `stderr` hold what the command printed before it was killed."""
+
+    def __init__(self, stdout: str | None, stderr: str | None):
+        super().__init__("exec timed out")
+        self.stdout = stdout
+        self.stderr = stderr
+
+
+async def run_in_group(
+    argv: list[str],
+    *,
+    env: dict[str, str],
+    exec_dir: Path,
+    timeout_sec: float | None,
+    max_output: int,
+    stdin_data: bytes | None = None,
+    binary_stdout: bool = False,
+) -> tuple[int, str | bytes | None, str | None]:
+    """Run `argv` in its own process group; return its exit status (128 + N when killed by signal N, as a shell
+    reports it), stdout (bytes, whole, when `binary_stdout`) and stderr (see `read_output`).
+
+    The output goes to files under `exec_dir` (not pipes, which background processes would hold open), removed
+    afterwards.
+
+    Raises:
+        ExecTimeout: it ran past `timeout_sec`; the whole group was killed (so it is, too, on any other error).
+    """
+    tag = uuid.uuid4().hex[:12]
+    out_path = exec_dir / f"{tag}.out"
+    err_path = exec_dir / f"{tag}.err"
+    try:
+        with open(out_path, "wb") as out_f, open(err_path, "wb") as err_f:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.PIPE if stdin_data is not None else asyncio.subprocess.DEVNULL,
+                stdout=out_f,
+                stderr=err_f,
+                env=env,
+                start_new_session=True,  # its own process group, killed as a whole on timeout
+            )
+        try:
+            async with asyncio.timeout(timeout_sec if timeout_sec else None):
+                if stdin_data is not None:
+                    await proc.communicate(stdin_data)
+                else:
+                    await proc.wait()
+        except TimeoutError:
+            await kill_group(proc)
+            raise ExecTimeout(read_output(out_path, max_output), read_output(err_path, max_output)) from None
+        except BaseException:
+            await kill_group(proc)
+            raise
+        rc = proc.returncode if proc.returncode is not None else 0
+        if rc < 0:
+            rc = 128 - rc  # killed by a signal: report it as a shell would
+        stdout = out_path.read_bytes() if binary_stdout else read_output(out_path, max_output)
+        return rc, stdout, read_output(err_path, max_output)
+    finally:
+        for path in (out_path, err_path):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+
+def read_output(path: Path, max_bytes: int) -> str | None:
+    """An exec's output file as text, cut at `max_bytes` (with a note); None when missing or empty."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except FileNotFoundError:
+        return None
+    if not data:
+        return None
+    text = data[:max_bytes].decode(errors="replace")
+    if len(data) > max_bytes:
+        text += f"\n[raygrpo local sandbox: output cut at {max_bytes} bytes]"
+    return text
+
+
+def tar_of(items: list[tuple[Path, str]]) -> bytes:
+    """An uncompressed tar of host paths, each under its archive name."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for path, arcname in items:
+            tf.add(path, arcname=arcname)
+    return buf.getvalue()
+
+
+def log_tail(path: Path, n: int = 2000) -> str:
+    """The last `n` characters of a log file ("" when unreadable)."""
+    try:
+        return path.read_text(errors="replace").strip()[-n:]
+    except OSError:
+        return ""
+
+
+def extract_tar(data: bytes, target: Path) -> None:
+    """Unpack a tar (from the sandbox) into the host directory `target`, with Harbor's transfer filter."""
+    target.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+        tf.extractall(target, filter=transfer_tar_filter)
+
+
+def read_pipe(fd: int, *, line: bool = False) -> asyncio.Future[bytes]:
+    """A task reading a pipe to EOF (or one line) on the running loop; the fd is closed however the task ends."""
+    pipe = os.fdopen(fd, "rb", 0)
+
+    async def read() -> bytes:
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader()
+        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+        try:
+            return await (reader.readline() if line else reader.read())
+        finally:
+            transport.close()
+
+    task = asyncio.ensure_future(read())
+    task.add_done_callback(lambda _: pipe.close())  # also when cancelled before it ever ran
+    return task
+
+
+async def kill_group(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL the process group an exec runs in, and reap its leader (shielded from cancellation).
+
+    The members are killed before the leader (`nsenter`, outside the sandbox): nsenter then reaps its child inside
+    the sandbox as it exits. Killing them all at once would orphan that child to the host's init, whose late reaping
+    keeps a PID of the sandbox's namespace allocated and can delay the sandbox's teardown by seconds.
+    """
+    pgid = proc.pid
+    for pid in group_members(pgid):
+        if pid != pgid:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+    try:
+        await asyncio.wait_for(asyncio.shield(proc.wait()), timeout=2)
+    except (asyncio.TimeoutError, asyncio.CancelledError):
+        pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)  # the leader if it is still there, and anything forked since
+    with contextlib.suppress(Exception, asyncio.CancelledError):
+        await asyncio.wait_for(asyncio.shield(proc.wait()), timeout=5)
+
+
+def group_members(pgid: int) -> list[int]:
+    """The pids of the processes in process group `pgid`, read from /proc."""
+    members = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if os.getpgid(int(entry.name)) == pgid:
+                    members.append(int(entry.name))
+            except (ProcessLookupError, PermissionError):
+                continue
+    return members
