@@ -26,16 +26,17 @@ import asyncio
 import copy
 import logging
 import shutil
-import statistics
 import tempfile
 import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from raygrpo.envs.live import LiveAdapters
 from raygrpo.envs.base import EnvError, RewardMissingError
+from raygrpo.envs.harbor_files import upload_copied_files
 from raygrpo.envs.harness import load_harness
+from raygrpo.envs.live import LiveAdapters
+from raygrpo.envs.rewards import reduce_rewards
 from raygrpo.types import Observation, TaskRef, ToolResult
 
 if TYPE_CHECKING:
@@ -421,100 +422,6 @@ class HarborAdapter:
             if self._trial_dir is not None:
                 shutil.rmtree(self._trial_dir, ignore_errors=True)
             self.provider._live.discard(self)
-
-
-async def upload_copied_files(env: BaseEnvironment, environment_dir: Path) -> int:
-    """Upload what `environment/Dockerfile` `COPY`s / `ADD`s from the build context into a started sandbox; returns
-    how many sources were uploaded.
-
-    For backends whose image builds drop build-context files (e2b, as TRL found). Each source is staged under
-    `/tmp` (uploads may run as the sandbox's unprivileged user) and moved into place as root, so root-owned
-    destinations work; a directory's contents go into the destination, as `COPY dir /dest` does. A Dockerfile the
-    parser cannot read is skipped with a warning (the backend's own build may still have honoured it).
-
-    Raises:
-        HarborStartError: Moving a file into place failed.
-    """
-    from shlex import quote
-
-    from raygrpo.sandbox.dockerfile import DockerfileError, load_plan
-
-    try:
-        plan = load_plan(environment_dir)
-    except DockerfileError as exc:
-        logger.warning("not re-uploading COPY'd files: %s", exc)
-        return 0
-    if plan is None:
-        return 0
-    count = 0
-    for step in plan.copies:
-        many = step.dest_is_dir or len(step.sources) + len(step.inline) > 1
-        items: list[tuple[Path, str, bool]] = []
-        for source in step.sources:
-            if source.is_dir():
-                items.append((source, str(step.dest), True))
-            else:
-                items.append((source, str(step.dest / source.name) if many else str(step.dest), False))
-        with tempfile.TemporaryDirectory(prefix="raygrpo-heredoc-") as scratch:
-            for name, content in step.inline:
-                path = Path(scratch) / Path(name).name
-                path.write_text(content)
-                items.append((path, str(step.dest / path.name) if many else str(step.dest), False))
-            for source, dest, is_dir in items:
-                tmp = f"/tmp/raygrpo-upload-{uuid.uuid4().hex}"
-                parent = dest.rsplit("/", 1)[0] or "/"
-                if is_dir:
-                    await env.upload_dir(source, tmp)
-                    command = f"mkdir -p {quote(dest)} && cp -a {quote(tmp)}/. {quote(dest)}/ && rm -rf {quote(tmp)}"
-                else:
-                    await env.upload_file(source, tmp)
-                    command = f"mkdir -p {quote(parent)} && mv -f {quote(tmp)} {quote(dest)}"
-                if step.chmod is not None:
-                    command += f" && chmod -R {step.chmod:o} {quote(dest)}"
-                result = await env.exec(command, user="root")
-                if result.return_code != 0:
-                    raise HarborStartError(f"could not put {source.name} at {dest} in the sandbox: "
-                                           f"{(result.stderr or result.stdout or '').strip()[:200]}")
-                count += 1
-    return count
-
-
-def reduce_rewards(rewards: dict[str, float], reduce: str, key: str | None, label: str = "") -> float:
-    """One reward from the verifier's named rewards (`reward.txt` gives `{"reward": x}`).
-
-    `reduce="key"` takes `rewards[key]`; with no key, `rewards["reward"]`, else the only entry. `mean`, `sum`, `min`
-    and `max` reduce every entry.
-
-    Raises:
-        RewardMissingError: There is no entry, or not the one asked for (the message lists what there is).
-    """
-    where = f"{label}: " if label else ""
-    if not rewards:
-        raise RewardMissingError(f"{where}the verifier's reward file holds no rewards")
-    if reduce == "key":
-        if key is None:
-            if "reward" in rewards:
-                key = "reward"
-            elif len(rewards) == 1:
-                key = next(iter(rewards))
-            else:
-                raise RewardMissingError(
-                    f"{where}reward.json holds several rewards ({', '.join(sorted(rewards))}) and none is named "
-                    "'reward': set `reward_key`, or `reward_reduce` to mean/sum/min/max"
-                )
-        if key not in rewards:
-            raise RewardMissingError(f"{where}reward.json has no {key!r} (it has: {', '.join(sorted(rewards))})")
-        return float(rewards[key])
-    values = [float(v) for v in rewards.values()]
-    if reduce == "mean":
-        return statistics.fmean(values)
-    if reduce == "sum":
-        return float(sum(values))
-    if reduce == "min":
-        return min(values)
-    if reduce == "max":
-        return max(values)
-    raise ValueError(f"unknown reward_reduce {reduce!r}")
 
 
 def _harbor_import_path(spec: str | None) -> str | None:

@@ -19,8 +19,8 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from raygrpo.envs.live import LiveAdapters
 from raygrpo.envs.base import EnvError
+from raygrpo.envs.live import LiveAdapters
 from raygrpo.types import Observation, TaskRef, ToolResult
 
 if TYPE_CHECKING:
