@@ -23,35 +23,14 @@ class PolicyEngineActor:
 
     Args:
         model_path: Model directory or `"tiny"`.
-        device: Torch device.
-        max_batch_size: Most requests per forward batch.
-        batch_wait_s: How long to wait for a batch to fill.
-        seed: Sampling seed of the engine.
-        dtype: Model dtype.
-        num_threads: Torch threads inside the actor; defaults to the actor's CPUs (at least 1).
+        **engine_kwargs: `TransformersEngine`'s keyword arguments (`device`, `max_batch_size`, `batch_wait_s`, `seed`,
+            `dtype`, `num_threads`).
     """
 
-    def __init__(
-        self,
-        model_path: str,
-        device: str = "cpu",
-        max_batch_size: int = 16,
-        batch_wait_s: float = 0.005,
-        seed: int = 0,
-        dtype: str = "float32",
-        num_threads: int = 1,
-    ):
+    def __init__(self, model_path: str, **engine_kwargs: Any):
         from raygrpo.policy.transformers_engine import TransformersEngine
 
-        self.engine = TransformersEngine(
-            model_path,
-            device=device,
-            max_batch_size=max_batch_size,
-            batch_wait_s=batch_wait_s,
-            seed=seed,
-            dtype=dtype,
-            num_threads=num_threads,
-        )
+        self.engine = TransformersEngine(model_path, **engine_kwargs)
 
     async def ready(self) -> bool:
         """Returns once the model is loaded (the actor's constructor has run)."""
