@@ -1,4 +1,4 @@
-"""Command line: `raygrpo rollout CONFIG [--out DIR] [--set key=value ...]`."""
+"""Command line: `raygrpo rollout CONFIG ...` (collect trajectories) and `raygrpo train CONFIG ...` (GRPO)."""
 
 from __future__ import annotations
 
@@ -16,13 +16,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
     rollout = sub.add_parser("rollout", help="collect trajectories for every task of a run config")
-    rollout.add_argument("config", help="run config (YAML)")
-    rollout.add_argument("--out", help="output folder (default: runs/<config name>-<time>)")
-    rollout.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-        help="override a config field, e.g. --set policy.kind=transformers (repeatable)",
-    )
-    rollout.add_argument("--no-progress", action="store_true", help="no progress output")
+    train = sub.add_parser("train", help="train the run config's model with GRPO on its environments")
+    for command in (rollout, train):
+        command.add_argument("config", help="run config (YAML)")
+        command.add_argument("--out", help="output folder (default: runs/<config name>-<time>)")
+        command.add_argument(
+            "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+            help="override a config field, e.g. --set policy.kind=transformers (repeatable)",
+        )
+        command.add_argument("--no-progress", action="store_true", help="no progress output")
+    train.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     return parser
 
 
@@ -45,14 +48,22 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"raygrpo: {exc}", file=sys.stderr)
         return 2
+    if args.command == "train" and args.resume and not args.out:
+        print("raygrpo: --resume needs --out (the run folder to continue)", file=sys.stderr)
+        return 2
     out = Path(args.out or f"runs/{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}")
     # `ray job stop` and `kill` send SIGTERM: stop as cleanly as on Ctrl-C.
     signal.signal(signal.SIGTERM, _raise_interrupt)
-    from raygrpo.collect import collect
-
+    progress = False if args.no_progress else ("bar" if sys.stderr.isatty() else "log")
     try:
-        progress = False if args.no_progress else ("bar" if sys.stderr.isatty() else "log")
-        summary = collect(cfg, out, progress=progress)
+        if args.command == "train":
+            from raygrpo.train.run import train
+
+            summary = train(cfg, out, resume=args.resume, progress=progress)
+        else:
+            from raygrpo.collect import collect
+
+            summary = collect(cfg, out, progress=progress)
     except KeyboardInterrupt:
         print(f"raygrpo: interrupted; partial results in {out}", file=sys.stderr)
         return 130
@@ -60,6 +71,12 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("raygrpo").debug("run failed", exc_info=True)
         print(f"raygrpo: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    if args.command == "train":
+        keys = ("steps", "reward_first5_mean", "reward_last5_mean", "reward_gain", "eval_reward_first",
+                "eval_reward_last", "dropped_groups_total", "wall_seconds", "leaked_envs")
+        print(json.dumps({k: summary.get(k) for k in keys}, indent=2))
+        print(f"wrote {out / 'metrics.jsonl'}, {out / 'reward_curve.png'}, {out / 'model'} and {out / 'summary.json'}")
+        return 0
     keys = ("requested", "completed", "scored", "reward_mean", "status_counts", "wall_seconds",
             "max_concurrent_envs", "leaked_envs")
     print(json.dumps({k: summary[k] for k in keys}, indent=2))

@@ -20,12 +20,14 @@ from pydantic import (
     Tag,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from raygrpo.policy.config import PolicyConfig, SamplingConfig
 from raygrpo.rollout import RolloutConfig
 from raygrpo.specs.harbor import HarborSpec
 from raygrpo.specs.ors import ORSSpec
+from raygrpo.train.config import TrainConfig, check_trainer_mapping
 
 
 def _env_kind(value: Any) -> str | None:
@@ -92,7 +94,13 @@ class RunConfig(BaseModel):
         rollout: Limits of each rollout and the group size.
         workers: Env pool actors and retries.
         ray: Where Ray runs.
-        seed: Seed for task order and sampling.
+        seed: Seed for task order, sampling and training.
+        train: `raygrpo train` settings: sync or async mode, mixture weights, evaluation, the learner, warm-up.
+        trainer: Options of TRL's `GRPOConfig` for `raygrpo train` (learning rate, batch size, `max_steps`,
+            `beta`, `save_steps`, ...), validated by `GRPOConfig` itself. The fields raygrpo sets are refused here
+            by name (see `raygrpo.train.config.OWNED_TRAINER_FIELDS`).
+        eval_envs: Environments evaluated every `train.eval_every` steps (same schema as `envs`); names must
+            differ from those in `envs`.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -105,6 +113,9 @@ class RunConfig(BaseModel):
     workers: WorkersConfig = Field(default_factory=WorkersConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     seed: int = 0
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    trainer: dict[str, Any] = Field(default_factory=dict)
+    eval_envs: dict[str, EnvSpec] = Field(default_factory=dict)
 
     _base_dir: str = PrivateAttr(default_factory=os.getcwd)
 
@@ -114,6 +125,23 @@ class RunConfig(BaseModel):
         if not envs:
             raise ValueError("at least one environment is needed")
         return envs
+
+    @field_validator("trainer")
+    @classmethod
+    def _trainer_fields(cls, trainer: dict[str, Any]) -> dict[str, Any]:
+        return check_trainer_mapping(trainer)
+
+    @model_validator(mode="after")
+    def _train_names(self) -> RunConfig:
+        clash = sorted(set(self.envs) & set(self.eval_envs))
+        if clash:
+            raise ValueError(f"eval_envs: names {clash} are already used in envs; give eval environments own names")
+        unknown = sorted(set(self.train.mixture or {}) - set(self.envs))
+        if unknown:
+            raise ValueError(f"train.mixture: {unknown} are not environments in envs ({sorted(self.envs)})")
+        if self.train.eval_every and not self.eval_envs:
+            raise ValueError("train.eval_every is set but eval_envs is empty: nothing to evaluate")
+        return self
 
     @property
     def base_dir(self) -> str:
@@ -156,7 +184,7 @@ def format_validation_error(exc: ValidationError) -> str:
     lines = []
     for err in exc.errors():
         loc = list(err["loc"])
-        if len(loc) > 2 and loc[0] == "envs" and loc[2] in ("ors", "harbor"):
+        if len(loc) > 2 and loc[0] in ("envs", "eval_envs") and loc[2] in ("ors", "harbor"):
             del loc[2]  # the union member's tag: users write envs.<name>.<field>
         where = ".".join(str(p) for p in loc) or "(root)"
         lines.append(f"{where}: {err['msg']}")

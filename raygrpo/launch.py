@@ -27,17 +27,19 @@ class RolloutRuntime:
     Args:
         cfg: The validated run config.
         actor_prefix: Prefix of the env pool actors' names (they are named, so a cluster operator can find them).
+        include_eval: Also serve the config's `eval_envs` (for training); `tasks` then lists only `envs`' tasks.
     """
 
-    def __init__(self, cfg: RunConfig, actor_prefix: str = "raygrpo-envpool") -> None:
+    def __init__(self, cfg: RunConfig, actor_prefix: str = "raygrpo-envpool", include_eval: bool = False) -> None:
         self.cfg = cfg
         self.actor_prefix = actor_prefix
-        self.envs: dict[str, Any] = dict(cfg.envs)
+        self.envs: dict[str, Any] = {**cfg.envs, **(cfg.eval_envs if include_eval else {})}
         self.servers: dict[str, Any] = {}
         self.engines: list[Any] = []
         self.actors: list[tuple[str, Any]] = []
         self.model_path: str = ""
         self.tasks: list[TaskRef] = []
+        self.tasks_by_env: dict[str, list[TaskRef]] = {}
         self.final_stats: list[dict[str, Any]] = []
         self.server_live_sessions: dict[str, int] = {}
         # Sandboxes of this run (local backend) live under their own root: leak counts and the reaper see only them.
@@ -66,14 +68,15 @@ class RolloutRuntime:
         from raygrpo.specs.ors import ORSSpec
 
         cfg = self.cfg
-        for name, spec in cfg.envs.items():
+        for name, spec in self.envs.items():
             if isinstance(spec, ORSSpec) and spec.environment:
                 handle, url = start_embedded_server(spec, name, base_dir=cfg.base_dir)
                 self.servers[name] = handle
                 self.envs[name] = spec.served_at(url)
                 logger.info("serving environment %s at %s", name, url)
         # Listing the tasks first makes an unreachable server fail the run before any actor starts.
-        self.tasks = self.list_tasks()
+        self.tasks_by_env = {name: spec.list_tasks(name) for name, spec in self.envs.items()}
+        self.tasks = [t for name in cfg.envs for t in self.tasks_by_env[name]]
         for name, spec in self.envs.items():
             rate = getattr(spec, "create_rate_per_s", None)
             if rate:
@@ -109,13 +112,6 @@ class RolloutRuntime:
             )
             self.actors.append((name, handle))
         ray.get([h.ready.remote() for _, h in self.actors])
-
-    def list_tasks(self) -> list[TaskRef]:
-        """Every task of every environment, in config order (the rollout schedule)."""
-        tasks: list[TaskRef] = []
-        for name, spec in self.envs.items():
-            tasks.extend(spec.list_tasks(name))
-        return tasks
 
     def stop(self) -> None:
         """Shut down actors (closing every environment), then engines and embedded servers. Safe to call twice."""

@@ -85,6 +85,7 @@ class Orchestrator:
         self.on_failed_attempt = on_failed_attempt
         self.stats = DispatchStats()
         self._pending: dict[Any, tuple[_Slot, RolloutRequest]] = {}
+        self._queue: deque[RolloutRequest] = deque()
 
     @property
     def in_flight(self) -> int:
@@ -100,6 +101,47 @@ class Orchestrator:
         self._pending[ref] = (slot, request)
         self.stats.dispatched += 1
 
+    @property
+    def outstanding(self) -> int:
+        """Rollouts enqueued or in flight whose final trajectory has not been returned yet."""
+        return len(self._queue) + len(self._pending)
+
+    def enqueue(self, requests: Iterable[RolloutRequest]) -> None:
+        """Add rollouts to run; `poll` dispatches them as actors have room."""
+        self._queue.extend(requests)
+
+    def poll(self, timeout: float = 1.0) -> list[Trajectory]:
+        """Dispatch what fits, wait up to `timeout` seconds for results, and return the final trajectories that came
+        back (possibly none). Failed attempts with retries left go back to the front of the queue instead."""
+        while self._queue:
+            slot = self._free_slot()
+            if slot is None:
+                break
+            self._submit(slot, self._queue.popleft())
+        if not self._pending:
+            if self._queue:
+                raise RuntimeError("every env pool actor has died; cannot run the remaining rollouts")
+            return []
+        ready, _ = ray.wait(list(self._pending), num_returns=1, timeout=timeout)
+        if ready:  # collect everything else that is already done too
+            ready, _ = ray.wait(list(self._pending), num_returns=len(self._pending), timeout=0)
+        finals: list[Trajectory] = []
+        for ref in ready:
+            slot, request = self._pending.pop(ref)
+            slot.in_flight -= 1
+            traj = self._result(ref, slot, request)
+            if traj.status.is_infra_failure and request.attempt < self.max_retries:
+                self.stats.retried += 1
+                self.stats.failed_attempts.append(traj)
+                if self.on_failed_attempt is not None:
+                    self.on_failed_attempt(traj)
+                self._queue.appendleft(
+                    RolloutRequest(request.task, request.group_id, request.sample, request.attempt + 1)
+                )
+                continue
+            finals.append(traj)
+        return finals
+
     def run(self, requests: Iterable[RolloutRequest], stop: threading.Event | None = None) -> Iterator[Trajectory]:
         """Yield one final trajectory per request, in completion order.
 
@@ -107,31 +149,10 @@ class Orchestrator:
         exception such as KeyboardInterrupt while it waits cancels the rollouts still in flight; each closes its
         environment as it unwinds.
         """
-        queue: deque[RolloutRequest] = deque(requests)
+        self.enqueue(requests)
         try:
-            while (queue or self._pending) and not (stop is not None and stop.is_set()):
-                while queue:
-                    slot = self._free_slot()
-                    if slot is None:
-                        break
-                    self._submit(slot, queue.popleft())
-                if not self._pending:
-                    raise RuntimeError("every env pool actor has died; cannot run the remaining rollouts")
-                done, _ = ray.wait(list(self._pending), num_returns=1, timeout=1.0)
-                for ref in done:
-                    slot, request = self._pending.pop(ref)
-                    slot.in_flight -= 1
-                    traj = self._result(ref, slot, request)
-                    if traj.status.is_infra_failure and request.attempt < self.max_retries:
-                        self.stats.retried += 1
-                        self.stats.failed_attempts.append(traj)
-                        if self.on_failed_attempt is not None:
-                            self.on_failed_attempt(traj)
-                        queue.appendleft(
-                            RolloutRequest(request.task, request.group_id, request.sample, request.attempt + 1)
-                        )
-                        continue
-                    yield traj
+            while self.outstanding and not (stop is not None and stop.is_set()):
+                yield from self.poll(timeout=1.0)
         finally:
             self.cancel()
 
@@ -149,11 +170,12 @@ class Orchestrator:
             status, error = Status.ENV_ERROR, f"{type(exc).__name__}: {exc}"[:500]
         return Trajectory(
             task=request.task, status=status, error=error, group_id=request.group_id,
-            attempt=request.attempt, worker=slot.name,
+            sample=request.sample, attempt=request.attempt, worker=slot.name,
         )
 
     def cancel(self) -> None:
-        """Cancel every rollout still in flight."""
+        """Cancel every rollout still in flight and forget the queued ones."""
+        self._queue.clear()
         for ref in list(self._pending):
             try:
                 ray.cancel(ref)

@@ -128,6 +128,7 @@ class Trajectory:
         policy_versions: The policy version of each turn.
         attempt: 0 for a first try; n for the n-th retry after an infrastructure failure.
         group_id: The group (G rollouts of one task) this trajectory belongs to.
+        sample: Index of this rollout within its group (0..G-1).
         worker: Name of the env pool actor that ran it.
         env_span: Wall-clock times (`time.time()`) when its environment was opened and closed; the run summary
             derives the peak of environments alive at once from these.
@@ -148,6 +149,7 @@ class Trajectory:
     policy_versions: list[int] = field(default_factory=list)
     attempt: int = 0
     group_id: str = ""
+    sample: int = 0
     worker: str = ""
     env_span: tuple[float, float] | None = None
 
@@ -159,12 +161,3 @@ class Trajectory:
         out = dataclasses.asdict(self)
         out["status"] = self.status.value
         return out
-
-
-@dataclass
-class RolloutGroup:
-    """The G trajectories of one task: the unit a GRPO learner consumes."""
-
-    group_id: str
-    task: TaskRef
-    trajectories: list[Trajectory]

@@ -101,7 +101,7 @@ class RolloutWorker:
         finally:
             if current is not None:
                 self._tasks.discard(current)
-        traj.group_id, traj.attempt, traj.worker = group_id, attempt, self.name
+        traj.group_id, traj.sample, traj.attempt, traj.worker = group_id, sample, attempt, self.name
         traj.env_span = (span[0], span[1]) if span[0] else None
         if traj.status is Status.ENV_ERROR or traj.status is Status.POLICY_ERROR:
             logger.info("%s: %s/%s attempt %d failed: %s", self.name, task.env, task.index, attempt, traj.error)

@@ -1,0 +1,136 @@
+"""Training settings: raygrpo's own (`train:`) and the `trainer:` mapping handed to TRL's `GRPOConfig`.
+
+The `trainer:` mapping is validated by `GRPOConfig` itself (`build_grpo_config`), so every TRL option keeps its
+name, default and documentation. The fields raygrpo sets from the rest of the run config are refused there by name,
+with the run-config field that owns them: a run cannot silently train with a group size, temperature or vLLM mode
+that differs from what its rollouts used.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from raygrpo.train.warmup import WarmupConfig
+
+#: `GRPOConfig` fields raygrpo sets itself, and the run-config field (or option) that owns each.
+OWNED_TRAINER_FIELDS: dict[str, str] = {
+    "num_generations": "rollout.group_size",
+    "num_generations_eval": "rollout.group_size",
+    "temperature": "sampling.temperature (TRL rescales logits by it: it must be the sampling temperature)",
+    "use_vllm": "policy.kind",
+    "vllm_mode": "policy.kind (vLLM runs as a server)",
+    "vllm_server_base_url": "policy.url / policy.serve",
+    "vllm_server_host": "policy.url / policy.serve",
+    "vllm_server_port": "policy.url / policy.serve",
+    "output_dir": "the --out option (checkpoints go to OUT/checkpoints)",
+    "use_cpu": "train.learner.num_gpus",
+    "seed": "seed",
+    "logging_steps": "raygrpo (one metrics line per step)",
+    "resume_from_checkpoint": "the --resume option",
+    "eval_strategy": "train.eval_every",
+    "do_eval": "train.eval_every",
+}
+
+#: Defaults raygrpo gives `GRPOConfig` unless the `trainer:` mapping says otherwise.
+TRAINER_DEFAULTS: dict[str, Any] = {
+    "report_to": "none",
+    "save_strategy": "steps",
+    "save_steps": 10,
+    "max_steps": 20,
+    "per_device_train_batch_size": 8,
+    "gradient_accumulation_steps": 1,
+    "bf16": False,
+    "disable_tqdm": True,
+}
+
+
+class LearnerConfig(BaseModel):
+    """Where the learner actor runs.
+
+    Args:
+        num_gpus: GPUs of the learner actor: 0 trains on the CPU (`use_cpu=True`), 1 on one GPU.
+        num_cpus: CPUs Ray reserves for the learner; also its torch thread count (rounded, at least 1).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_gpus: int = Field(0, ge=0, le=1)
+    num_cpus: float = Field(1.0, gt=0)
+
+
+class TrainConfig(BaseModel):
+    """How `raygrpo train` feeds TRL's GRPOTrainer.
+
+    Args:
+        mode: `"sync"`: each step's rollouts are generated with the weights of that step (on-policy; the learner
+            waits for the slowest rollout). `"async"`: rollouts keep streaming while the learner trains; a group
+            is consumed if its staleness (current policy version minus the lowest version over all turns of its
+            rollouts) is at most `max_staleness`, else it is dropped and counted.
+        max_staleness: Async mode: the oldest policy lag a consumed group may have. The producer keeps at most
+            `max_staleness` steps' worth of groups ahead of the learner.
+        weight_sync_every: Push the learner's weights to the transformers engines every this many steps (1 = before
+            every generation batch, TRL's cadence). The engines report the version they generate with.
+        mixture: Sampling weight of each training environment (by name in `envs`); groups are drawn in these
+            proportions. Default: equal weights. Environments listed only in `eval_envs` are not trained on.
+        eval_every: Evaluate every this many steps (and before the first step); 0 turns evaluation off. Each task of
+            every `eval_envs` environment runs once with the current weights at the run's sampling settings.
+        learner: Resources of the learner actor.
+        warmup: Optional supervised warm-up run on the learner before GRPO (not on resume): teaches a fresh model
+            the tool-call format on tasks disjoint from the training tasks.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["sync", "async"] = "sync"
+    max_staleness: int = Field(1, ge=0)
+    weight_sync_every: int = Field(1, ge=1)
+    mixture: dict[str, float] | None = None
+    eval_every: int = Field(0, ge=0)
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)
+    warmup: WarmupConfig | None = None
+
+    @field_validator("mixture")
+    @classmethod
+    def _positive_weights(cls, mixture: dict[str, float] | None) -> dict[str, float] | None:
+        if mixture is None:
+            return None
+        if not mixture:
+            raise ValueError("give at least one environment weight, or leave mixture out for equal weights")
+        bad = {k: v for k, v in mixture.items() if not v >= 0}
+        if bad:
+            raise ValueError(f"weights must be >= 0, got {bad}")
+        if sum(mixture.values()) <= 0:
+            raise ValueError("at least one weight must be > 0")
+        return mixture
+
+
+def check_trainer_mapping(trainer: dict[str, Any]) -> dict[str, Any]:
+    """Refuse the `GRPOConfig` fields raygrpo owns, naming the run-config field that sets each."""
+    owned = [k for k in trainer if k in OWNED_TRAINER_FIELDS]
+    if owned:
+        lines = [f"{k} is set by raygrpo from {OWNED_TRAINER_FIELDS[k]}" for k in owned]
+        raise ValueError("; ".join(lines))
+    return trainer
+
+
+def build_grpo_config(trainer: dict[str, Any], **owned: Any):
+    """Validate the `trainer:` mapping with TRL's own `GRPOConfig`, adding raygrpo's defaults and owned fields.
+
+    Raises `ValueError` naming `trainer.<field>` for an unknown field or a value `GRPOConfig` rejects.
+    """
+    import dataclasses
+
+    from trl import GRPOConfig
+
+    check_trainer_mapping(trainer)
+    known = {f.name for f in dataclasses.fields(GRPOConfig)}
+    unknown = sorted(set(trainer) - known)
+    if unknown:
+        raise ValueError("; ".join(f"trainer.{k}: not a GRPOConfig field" for k in unknown))
+    kwargs = {**TRAINER_DEFAULTS, **trainer, **owned}
+    try:
+        return GRPOConfig(**kwargs)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"trainer: GRPOConfig rejected the settings: {exc}") from exc

@@ -1,0 +1,346 @@
+"""The learner: TRL's `GRPOTrainer` fed by raygrpo's env pool actors through a `rollout_func`.
+
+Plain Python (no Ray actor here: `raygrpo.actors.learner` wraps it). What happens at each step:
+
+1. TRL calls `rollout_func(prompts, trainer)` with its batch's placeholder prompts, already repeated G times.
+2. The learner pushes its weights to the transformers engines when due (`train.weight_sync_every`; with vLLM, TRL
+   syncs the server itself) and calls them policy version `global_step`.
+3. Every `train.eval_every` steps (and before the first) the eval environments run once with those weights.
+4. `RolloutSource.next_batch` returns `len(prompts) / G` complete groups (sync: generated now; async: streamed
+   ahead, stale groups dropped), which fill TRL's entries group by group (see `raygrpo.train.groups`).
+5. TRL scores them with `env_reward` (the environment's reward; None stays None, so TRL leaves unscored rollouts
+   out of the group baseline and gives them advantage 0), masks tool tokens with `env_mask`, and steps.
+
+Task schedule: raygrpo's `TaskSchedule` picks each group's task, not TRL's sampler; its position is saved with every
+checkpoint (`raygrpo_state.json`) so a resumed run continues with the next task.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from raygrpo.config import RunConfig
+from raygrpo.train.groups import to_rollout_output
+from raygrpo.train.metrics import MetricsLog, per_env_stats, reward_stats
+from raygrpo.types import TaskRef
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "raygrpo_state.json"
+
+
+def env_reward(prompts: list, completions: list, env_reward: list[float | None], **kwargs: Any) -> list[float | None]:
+    """The reward function TRL calls: the environment's own reward of each rollout (None = unscored)."""
+    return list(env_reward)
+
+
+def optimizer_fingerprint(state: dict[str, Any]) -> str:
+    """A hash of an optimizer `state_dict()["state"]` (per-parameter moments and step counts), to check a resume."""
+    import torch
+
+    digest = hashlib.sha256()
+    for key in sorted(state, key=str):
+        for name in sorted(state[key]):
+            value = state[key][name]
+            data = value.detach().cpu().contiguous().float().numpy().tobytes() if torch.is_tensor(value) else repr(value).encode()
+            digest.update(f"{key}/{name}".encode())
+            digest.update(data)
+    return digest.hexdigest()[:16]
+
+
+def latest_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> str | None:
+    """The `checkpoint-N` folder with the largest N under `checkpoint_dir`, or None."""
+    root = Path(checkpoint_dir)
+    if not root.is_dir():
+        return None
+    found = [(int(p.name.split("-")[1]), p) for p in root.glob("checkpoint-*") if p.name.split("-")[1].isdigit()]
+    return str(max(found)[1]) if found else None
+
+
+class Learner:
+    """Trains `cfg.model` with GRPO on rollouts from the env pool actors.
+
+    Args:
+        cfg: The validated run config.
+        out_dir: Run folder: `metrics.jsonl`, `checkpoints/`, `model/` (the final export) go here.
+        actors: Env pool actors `(name, handle)` running the training and eval environments.
+        engines: Transformers engine actors that receive the weights (empty for vLLM or scripted policies).
+        tasks_by_env: Training tasks per environment.
+        eval_tasks: Tasks evaluated every `cfg.train.eval_every` steps.
+        resume: Continue from the latest checkpoint in `out_dir/checkpoints` (if any).
+    """
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        out_dir: str,
+        actors: list[tuple[str, Any]],
+        engines: list[Any],
+        tasks_by_env: dict[str, list[TaskRef]],
+        eval_tasks: list[TaskRef],
+        resume: bool = False,
+    ) -> None:
+        self.cfg = cfg
+        self.out = Path(out_dir)
+        self.actors = actors
+        self.engines = engines
+        self.tasks_by_env = tasks_by_env
+        self.eval_tasks = eval_tasks
+        self.resume = resume
+        self.group_size = cfg.rollout.group_size
+        self._pushed_version: int | None = None
+        self._evaluated: set[int] = set()
+        self._step: dict[str, Any] = {}
+        self._lock = threading.Lock()
+        self.progress: dict[str, Any] = {"step": 0, "max_steps": None, "phase": "starting"}
+        self.resumed: dict[str, Any] | None = None
+        self.source = None
+        self.metrics: MetricsLog | None = None
+
+    # ------------------------------------------------------------------ set-up
+
+    def _grpo_args(self):
+        from raygrpo.train.config import build_grpo_config
+
+        owned: dict[str, Any] = {
+            "output_dir": str(self.out / "checkpoints"),
+            "num_generations": self.group_size,
+            "temperature": self.cfg.sampling.temperature or 1.0,
+            "use_cpu": self.cfg.train.learner.num_gpus == 0,
+            "seed": self.cfg.seed,
+            "logging_steps": 1,
+        }
+        if self.cfg.policy.kind == "vllm":
+            url = self.cfg.policy.url
+            owned.update({"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": url})
+        else:
+            owned["use_vllm"] = False
+        return build_grpo_config(self.cfg.trainer, **owned)
+
+    def _build(self, checkpoint: str | None):
+        import torch
+        from datasets import Dataset
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from trl import GRPOTrainer
+
+        from raygrpo.orchestrator import Orchestrator
+        from raygrpo.policy.tiny import resolve_model_path
+        from raygrpo.train.schedule import TaskSchedule
+        from raygrpo.train.source import RolloutSource
+
+        torch.set_num_threads(max(1, int(round(self.cfg.train.learner.num_cpus))))
+        args = self._grpo_args()
+        if args.generation_batch_size % self.group_size:
+            raise ValueError(
+                f"trainer: the generation batch ({args.generation_batch_size}) must be a multiple of "
+                f"rollout.group_size ({self.group_size})"
+            )
+        groups_per_step = args.generation_batch_size // self.group_size
+        model_path = resolve_model_path(self.cfg.model)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.warmup_stats: dict[str, Any] | None = None
+        if self.cfg.train.warmup is not None and checkpoint is None:
+            from raygrpo.train.warmup import run_warmup
+
+            self.progress["phase"] = "warm-up"
+            self.warmup_stats = run_warmup(model, self.tokenizer, self.cfg.train.warmup, base_dir=self.cfg.base_dir)
+            logger.info("warm-up done: %s", self.warmup_stats)
+
+        schedule = TaskSchedule(self.tasks_by_env, self.cfg.train.mixture, seed=self.cfg.seed)
+        saved = json.loads((Path(checkpoint) / STATE_FILE).read_text()) if checkpoint else {}
+        if saved:
+            schedule.load_state_dict(saved["schedule"])
+        workers = self.cfg.workers
+        self.source = RolloutSource(
+            Orchestrator(self.actors, workers.max_concurrent_per_actor, workers.max_retries),
+            schedule,
+            self.group_size,
+            self.cfg.train.mode,
+            self.cfg.train.max_staleness,
+            groups_per_step,
+        )
+        self.source.dropped_total = int(saved.get("dropped_groups_total", 0))
+        self._eval_orchestrator = Orchestrator(self.actors, workers.max_concurrent_per_actor, workers.max_retries)
+        # TRL's sampler only shapes the batches: one placeholder prompt per group slot (see raygrpo.train.groups).
+        dataset = Dataset.from_dict({"prompt": [f"raygrpo group slot {i}" for i in range(groups_per_step)]})
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=[env_reward],
+            args=args,
+            train_dataset=dataset,
+            processing_class=self.tokenizer,
+            rollout_func=self._rollout_func,
+            callbacks=[_StepCallback(self)],
+        )
+        self.progress["max_steps"] = args.max_steps
+        return trainer
+
+    # ------------------------------------------------------------------ the step
+
+    def _push_weights(self, trainer, version: int) -> None:
+        if not self.engines or self._pushed_version == version:
+            return
+        if self._pushed_version is not None and version % self.cfg.train.weight_sync_every:
+            return
+        import ray
+
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
+        versions = ray.get([e.set_weights.remote(state, version) for e in self.engines])
+        self._pushed_version = version
+        logger.info("engines now at policy version %s", versions)
+
+    def _rollout_func(self, prompts: list, trainer) -> dict[str, list]:
+        if len(prompts) % self.group_size:
+            raise ValueError(f"TRL passed {len(prompts)} prompts, not a multiple of the group size {self.group_size}")
+        version = trainer.state.global_step
+        self._push_weights(trainer, version)
+        every = self.cfg.train.eval_every
+        if every and version % every == 0 and version not in self._evaluated:
+            self.run_eval(version)
+        self.progress["phase"] = "waiting for rollouts"
+        batch = self.source.next_batch(len(prompts) // self.group_size, version)
+        self.progress["phase"] = "training"
+        trajs = [t for g in batch.groups for t in g.trajectories]
+        self._step.update(
+            generated_by_version=version,
+            wait_s=batch.wait_s,
+            dropped_groups=batch.dropped,
+            staleness_mean=sum(batch.staleness) / len(batch.staleness) if batch.staleness else 0.0,
+            staleness_max=max(batch.staleness, default=0),
+            groups=len(batch.groups),
+            **reward_stats(trajs),
+            envs={env: {**s, "groups": sum(1 for g in batch.groups if g.env == env)}
+                  for env, s in per_env_stats(trajs).items()},
+        )
+        return to_rollout_output(batch.groups, fallback_id=int(self.tokenizer.eos_token_id))
+
+    def run_eval(self, version: int) -> dict[str, Any]:
+        from raygrpo.train.evaluate import evaluate
+
+        self.progress["phase"] = "evaluating"
+        start = time.perf_counter()
+        result = evaluate(self._eval_orchestrator, self.eval_tasks)
+        record = {"step": version, "kind": "eval", "policy_version": version,
+                  "eval_s": time.perf_counter() - start, **result}
+        self._evaluated.add(version)
+        if self.metrics is not None:
+            self.metrics.write(record)
+        self.progress["eval_reward_mean"] = result["eval_reward_mean"]
+        logger.info("eval at version %d: reward %s", version, result["eval_reward_mean"])
+        return record
+
+    def _step_done(self, state, logs: dict[str, Any]) -> None:
+        step = self._step
+        self._step = {}
+        elapsed = time.perf_counter() - step.pop("started", time.perf_counter())
+        record = {
+            "step": state.global_step,
+            "kind": "train",
+            "policy_version": state.global_step,
+            **step,
+            "loss": logs.get("loss"),
+            "kl": logs.get("kl"),
+            "grad_norm": logs.get("grad_norm"),
+            "learning_rate": logs.get("learning_rate"),
+            "dropped_groups_total": self.source.dropped_total,
+            "task_position": self.source.schedule.position,
+            "step_s": elapsed,
+            "train_s": max(0.0, elapsed - step.get("wait_s", 0.0)),
+        }
+        assert self.metrics is not None
+        self.metrics.write(record)
+        self.progress.update(step=state.global_step, reward_mean=record.get("reward_mean"), phase="training")
+
+    # ------------------------------------------------------------------ run
+
+    def train(self) -> dict[str, Any]:
+        """Warm up (fresh runs only), train for `trainer.max_steps`, export the final model; return a summary."""
+        from raygrpo.train.metrics import plot_rewards
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        checkpoint = latest_checkpoint(self.out / "checkpoints") if self.resume else None
+        if self.resume and checkpoint is None:
+            logger.warning("--resume: no checkpoint under %s; starting from scratch", self.out / "checkpoints")
+        start = time.perf_counter()
+        trainer = self._build(checkpoint)
+        saved_step = int(checkpoint.rsplit("-", 1)[1]) if checkpoint else None
+        self.metrics = MetricsLog(self.out / "metrics.jsonl", keep_until_step=saved_step if checkpoint else None)
+        if checkpoint is None and (self.out / "metrics.jsonl").stat().st_size:
+            self.metrics.close()
+            self.metrics = MetricsLog(self.out / "metrics.jsonl", keep_until_step=-1)
+        try:
+            trainer.train(resume_from_checkpoint=checkpoint)
+            final_eval = None
+            every = self.cfg.train.eval_every
+            if every and trainer.state.global_step not in self._evaluated:
+                self._push_weights(trainer, trainer.state.global_step)
+                final_eval = self.run_eval(trainer.state.global_step)
+        finally:
+            self.source.close()
+            self._eval_orchestrator.cancel()
+            self.metrics.close()
+        self.progress["phase"] = "saving"
+        trainer.save_model(str(self.out / "model"))
+        self.tokenizer.save_pretrained(str(self.out / "model"))
+        plot_rewards(self.out / "metrics.jsonl", self.out / "reward_curve.png")
+        self.progress["phase"] = "done"
+        return {
+            "steps": trainer.state.global_step,
+            "policy_version": trainer.state.global_step,
+            "learner_seconds": time.perf_counter() - start,
+            "dropped_groups_total": self.source.dropped_total,
+            "task_position": self.source.schedule.position,
+            "warmup": self.warmup_stats,
+            "resumed": self.resumed,
+            "final_eval": final_eval,
+            "model_dir": str(self.out / "model"),
+            "checkpoint_dir": str(self.out / "checkpoints"),
+        }
+
+
+def _trainer_callback_base():
+    from transformers import TrainerCallback
+
+    return TrainerCallback
+
+
+class _StepCallback(_trainer_callback_base()):  # type: ignore[misc]
+    """Times each step, writes its metrics line when TRL logs it, saves raygrpo's state with each checkpoint."""
+
+    def __init__(self, learner: Learner) -> None:
+        self.learner = learner
+
+    def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
+        if state.global_step and optimizer is not None:
+            self.learner.resumed = {
+                "step": state.global_step,
+                "task_position": self.learner.source.schedule.position,
+                "optimizer_fingerprint": optimizer_fingerprint(optimizer.state_dict()["state"]),
+            }
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.learner._step = {"started": time.perf_counter()}
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.learner._step_done(state, logs)
+
+    def on_save(self, args, state, control, **kwargs):
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if folder.is_dir():
+            source = self.learner.source
+            (folder / STATE_FILE).write_text(json.dumps({
+                "step": state.global_step,
+                "policy_version": state.global_step,
+                "schedule": source.schedule.state_dict(),
+                "dropped_groups_total": source.dropped_total,
+            }))

@@ -1,0 +1,95 @@
+"""Training metrics: reward statistics of groups, `metrics.jsonl` (one JSON line per step) and the reward plot."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from raygrpo.types import Trajectory
+
+
+def reward_stats(trajectories: Iterable[Trajectory]) -> dict[str, Any]:
+    """Mean and std of the scored rewards, and the fraction of rollouts that were scored (None when empty)."""
+    trajs = list(trajectories)
+    rewards = [t.reward for t in trajs if t.reward is not None]
+    mean = sum(rewards) / len(rewards) if rewards else None
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) if rewards else None
+    return {
+        "reward_mean": mean,
+        "reward_std": std,
+        "scored_fraction": len(rewards) / len(trajs) if trajs else None,
+        "rollouts": len(trajs),
+    }
+
+
+def per_env_stats(trajectories: Iterable[Trajectory]) -> dict[str, dict[str, Any]]:
+    """`reward_stats` per environment name."""
+    by_env: dict[str, list[Trajectory]] = {}
+    for traj in trajectories:
+        by_env.setdefault(traj.task.env, []).append(traj)
+    return {env: reward_stats(trajs) for env, trajs in sorted(by_env.items())}
+
+
+class MetricsLog:
+    """Appends one JSON object per line to `path` (flushed at once, so a crash loses nothing written).
+
+    Args:
+        path: The `metrics.jsonl` file.
+        keep_until_step: When resuming: drop lines of steps after this one (written after the checkpoint that the
+            run resumes from), so the file has each step once.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], keep_until_step: int | None = None) -> None:
+        self.path = Path(path)
+        if keep_until_step is not None and self.path.exists():
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= keep_until_step]
+            self.path.write_text("".join(line + "\n" for line in kept))
+        self._file = self.path.open("a")
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def plot_rewards(metrics_path: str | os.PathLike[str], png_path: str | os.PathLike[str]) -> None:
+    """Plot the training reward mean per step (per environment too, for mixtures) and the eval reward, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(metrics_path)
+    steps = [r for r in records if "reward_mean" in r]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([r["step"] for r in steps], [_nan(r["reward_mean"]) for r in steps], label="train reward", lw=2)
+    envs = sorted({e for r in steps for e in (r.get("envs") or {})})
+    if len(envs) > 1:
+        for env in envs:
+            pts = [(r["step"], _nan(r["envs"][env]["reward_mean"])) for r in steps if env in (r.get("envs") or {})]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], label=f"train {env}", lw=1, alpha=0.7)
+    evals = [r for r in records if r.get("eval_reward_mean") is not None]
+    if evals:
+        ax.plot([r["step"] for r in evals], [r["eval_reward_mean"] for r in evals], "o--", label="eval reward")
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward (scored rollouts)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=100)
+    plt.close(fig)
+
+
+def _nan(value: float | None) -> float:
+    return float("nan") if value is None else value

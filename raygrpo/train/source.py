@@ -1,0 +1,178 @@
+"""Where the learner's groups come from: generated on demand (sync) or streamed ahead by a producer thread (async).
+
+Lives in the learner's process and drives the env pool actors through an `Orchestrator`.
+
+- `sync`: `next_batch(n)` schedules n groups, runs them, and returns them once all are complete. They were all
+  generated with the weights pushed just before (staleness 0); the learner waits for the slowest rollout.
+- `async`: a producer thread keeps up to `n * max(1, max_staleness)` groups outstanding (running or finished but not
+  yet consumed) while the learner trains, so the next batch is mostly ready when asked for. `next_batch` consumes
+  complete groups in completion order and drops any whose staleness exceeds `max_staleness` (counted).
+
+In both modes a batch holds only complete groups, in the order they are consumed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+from raygrpo.orchestrator import Orchestrator, make_groups
+from raygrpo.train.groups import Group, GroupAssembler
+from raygrpo.train.schedule import TaskSchedule
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Batch:
+    """The complete groups of one step and how getting them went.
+
+    Args:
+        groups: The groups, each with its G trajectories in sample order.
+        wait_s: Seconds the learner waited for them.
+        dropped: Groups dropped as too stale while gathering this batch.
+        staleness: Staleness of each consumed group.
+    """
+
+    groups: list[Group]
+    wait_s: float
+    dropped: int = 0
+    staleness: list[int] = field(default_factory=list)
+
+
+class RolloutSource:
+    """Supplies complete GRPO groups to the learner.
+
+    Args:
+        orchestrator: Dispatches rollouts to the env pool actors (used by this source only).
+        schedule: Picks the task of each new group.
+        group_size: G, rollouts per group.
+        mode: `"sync"` or `"async"`.
+        max_staleness: Async mode: groups staler than this are dropped.
+        groups_per_step: Groups one step consumes (sets the async look-ahead).
+    """
+
+    def __init__(
+        self,
+        orchestrator: Orchestrator,
+        schedule: TaskSchedule,
+        group_size: int,
+        mode: Literal["sync", "async"],
+        max_staleness: int,
+        groups_per_step: int,
+    ) -> None:
+        self.orchestrator = orchestrator
+        self.schedule = schedule
+        self.group_size = group_size
+        self.mode = mode
+        self.max_staleness = max_staleness
+        self.lookahead = groups_per_step * max(1, max_staleness)
+        self.dropped_total = 0
+        self._assembler = GroupAssembler(group_size)
+        self._ready: deque[Group] = deque()
+        self._outstanding = 0
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def _schedule_group(self) -> None:
+        self.orchestrator.enqueue(make_groups([self.schedule.next()], self.group_size))
+
+    # ------------------------------------------------------------------ sync
+
+    def _sync_batch(self, n_groups: int) -> list[Group]:
+        order = []
+        requests = []
+        for _ in range(n_groups):
+            group_requests = make_groups([self.schedule.next()], self.group_size)
+            order.append(group_requests[0].group_id)
+            requests.extend(group_requests)
+        done: dict[str, Group] = {}
+        for traj in self.orchestrator.run(requests, stop=self._stop):
+            group = self._assembler.add(traj)
+            if group is not None:
+                done[group.group_id] = group
+        if len(done) < n_groups:
+            raise RuntimeError("rollouts were stopped before the step's groups completed")
+        return [done[g] for g in order]
+
+    # ------------------------------------------------------------------ async
+
+    def _produce(self) -> None:
+        try:
+            while not self._stop.is_set():
+                with self._cond:
+                    room = self.lookahead - self._outstanding
+                    self._outstanding += max(0, room)
+                for _ in range(room):
+                    self._schedule_group()
+                for traj in self.orchestrator.poll(timeout=0.2):
+                    group = self._assembler.add(traj)
+                    if group is not None:
+                        with self._cond:
+                            self._ready.append(group)
+                            self._cond.notify_all()
+        except BaseException as exc:  # noqa: BLE001 - handed to the learner, which raises it
+            logger.exception("the async rollout producer failed")
+            with self._cond:
+                self._error = exc
+                self._cond.notify_all()
+        finally:
+            self.orchestrator.cancel()
+
+    def _async_batch(self, n_groups: int, current_version: int) -> tuple[list[Group], int, list[int]]:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._produce, name="raygrpo-rollout-producer", daemon=True)
+            self._thread.start()
+        groups: list[Group] = []
+        staleness: list[int] = []
+        dropped = 0
+        with self._cond:
+            while len(groups) < n_groups:
+                while not self._ready and self._error is None and not self._stop.is_set():
+                    self._cond.wait(timeout=1.0)
+                if self._error is not None:
+                    raise RuntimeError(f"the rollout producer failed: {self._error}") from self._error
+                if self._stop.is_set():
+                    raise RuntimeError("the rollout source was closed")
+                group = self._ready.popleft()
+                self._outstanding -= 1
+                lag = group.staleness(current_version)
+                if lag > self.max_staleness:
+                    dropped += 1
+                    continue
+                groups.append(group)
+                staleness.append(lag)
+        return groups, dropped, staleness
+
+    # ------------------------------------------------------------------ public
+
+    def next_batch(self, n_groups: int, current_version: int) -> Batch:
+        """Block until `n_groups` complete groups are available and return them.
+
+        Args:
+            n_groups: Groups the step needs.
+            current_version: The learner's policy version now (staleness is measured against it).
+        """
+        start = time.perf_counter()
+        if self.mode == "sync":
+            groups = self._sync_batch(n_groups)
+            dropped, staleness = 0, [g.staleness(current_version) for g in groups]
+        else:
+            groups, dropped, staleness = self._async_batch(n_groups, current_version)
+        self.dropped_total += dropped
+        return Batch(groups, time.perf_counter() - start, dropped, staleness)
+
+    def close(self) -> None:
+        """Stop producing and cancel the rollouts in flight (their environments close as they unwind)."""
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+        self.orchestrator.cancel()
