@@ -35,6 +35,9 @@ class RolloutRuntime:
         self.actor_prefix = actor_prefix
         self.envs: dict[str, Any] = {**cfg.envs, **(cfg.eval_envs if include_eval else {})}
         self.servers: dict[str, Any] = {}
+        #: The policy settings the actors use: `cfg.policy`, with the URL filled in when raygrpo serves vLLM.
+        self.policy = cfg.policy
+        self.vllm_server: Any = None
         self.engines: list[Any] = []
         self.actors: list[tuple[str, Any]] = []
         self.model_path: str = ""
@@ -86,7 +89,14 @@ class RolloutRuntime:
         # `cfg.model` again on their own nodes, where a driver-local cache path might not exist.
         resolve_model_path(cfg.model)
         self.model_path = cfg.model
-        self.engines = start_engines(cfg.policy, self.model_path)
+        if cfg.policy.kind == "vllm" and cfg.policy.serve is not None:
+            from raygrpo.actors.vllm_server import start_vllm_server
+
+            self.vllm_server, url = start_vllm_server(cfg.policy.serve, self.model_path)
+            name = cfg.policy.served_model_name or cfg.policy.serve.served_model_name or self.model_path
+            self.policy = cfg.policy.model_copy(update={"url": url, "serve": None, "served_model_name": name})
+            logger.info("vLLM server for %s at %s", self.model_path, url)
+        self.engines = start_engines(self.policy, self.model_path)
 
         self._reaper = _Reaper(self.sandbox_root)
         k = cfg.workers.max_concurrent_per_actor
@@ -101,7 +111,7 @@ class RolloutRuntime:
             ).remote(
                 name=name,
                 envs=self.envs,
-                policy=cfg.policy,
+                policy=self.policy,
                 model_path=self.model_path,
                 sampling=cfg.sampling,
                 rollout=cfg.rollout,
@@ -132,6 +142,11 @@ class RolloutRuntime:
         if self.engines:
             stop_engines(self.engines)
             self.engines = []
+        if self.vllm_server is not None:
+            from raygrpo.actors.vllm_server import stop_vllm_server
+
+            stop_vllm_server(self.vllm_server, timeout_s=60)
+            self.vllm_server = None
         for name, handle in self.servers.items():
             try:
                 self.server_live_sessions[name] = ray.get(handle.live_sessions.remote(), timeout=30)

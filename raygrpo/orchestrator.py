@@ -8,6 +8,7 @@ for an infrastructure reason (env or policy error, a dead actor) is run again, a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import uuid
@@ -26,12 +27,14 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class RolloutRequest:
-    """One rollout to run: a task, the group it belongs to, its index in the group, and which attempt this is."""
+    """One rollout to run: a task, the group it belongs to, its index in the group, which attempt this is, and the
+    lowest policy version it may generate with (`SamplingParams.min_version`)."""
 
     task: TaskRef
     group_id: str
     sample: int = 0
     attempt: int = 0
+    min_version: int = 0
 
 
 @dataclass
@@ -51,12 +54,14 @@ class DispatchStats:
     failed_attempts: list[Trajectory] = field(default_factory=list)
 
 
-def make_groups(tasks: Iterable[TaskRef], group_size: int) -> list[RolloutRequest]:
+def make_groups(tasks: Iterable[TaskRef], group_size: int, min_version: int = 0) -> list[RolloutRequest]:
     """Repeat each task `group_size` times as one group (adjacent, so the group finishes together)."""
     requests = []
     for task in tasks:
         group_id = f"{task.env}:{task.split}:{task.index}:{uuid.uuid4().hex[:8]}"
-        requests.extend(RolloutRequest(task, group_id, sample) for sample in range(group_size))
+        requests.extend(
+            RolloutRequest(task, group_id, sample, min_version=min_version) for sample in range(group_size)
+        )
     return requests
 
 
@@ -96,7 +101,9 @@ class Orchestrator:
         return min(live, key=lambda s: s.in_flight) if live else None
 
     def _submit(self, slot: _Slot, request: RolloutRequest) -> None:
-        ref = slot.handle.run.remote(request.task, request.group_id, request.attempt, request.sample)
+        ref = slot.handle.run.remote(
+            request.task, request.group_id, request.attempt, request.sample, request.min_version
+        )
         slot.in_flight += 1
         self._pending[ref] = (slot, request)
         self.stats.dispatched += 1
@@ -136,7 +143,7 @@ class Orchestrator:
                 if self.on_failed_attempt is not None:
                     self.on_failed_attempt(traj)
                 self._queue.appendleft(
-                    RolloutRequest(request.task, request.group_id, request.sample, request.attempt + 1)
+                    dataclasses.replace(request, attempt=request.attempt + 1)
                 )
                 continue
             finals.append(traj)

@@ -206,6 +206,7 @@ async def _episode(
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             seed=request_seed(sampling.seed, sample_key, turn_index),
+            min_version=sampling.min_version,
         )
         context = GenerationContext(task=traj.task, messages=list(messages), turn=turn_index)
         with phases.timed("generate"):

@@ -83,6 +83,12 @@ class ToolResult:
     error: bool = False
 
 
+#: The policy version of turns written by a policy without trainable weights (a script), or whose weights raygrpo does
+#: not track (a vLLM server that TRL syncs). Staleness then falls back to the learner's version when the rollout was
+#: dispatched.
+UNVERSIONED = -1
+
+
 @dataclass
 class Turn:
     """One generation by the policy.
@@ -91,7 +97,7 @@ class Turn:
         output_ids: Generated token ids, including the end-of-turn token when the model stopped by itself.
         logprobs: One log-probability per output id.
         finish_reason: `"stop"` (end-of-turn token) or `"length"` (token budget hit).
-        policy_version: Version of the weights that produced this turn.
+        policy_version: Version of the weights that produced this turn (`UNVERSIONED` if unknown).
     """
 
     output_ids: list[int]

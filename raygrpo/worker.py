@@ -8,6 +8,7 @@ alive, and on `aclose` cancels whatever still runs and closes every provider.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -65,8 +66,13 @@ class RolloutWorker:
     def _closed(self) -> None:
         self.live_envs -= 1
 
-    async def run(self, task: TaskRef, group_id: str = "", attempt: int = 0, sample: int = 0) -> Trajectory:
-        """Roll out `task` once (waiting for a free slot first) and return its trajectory."""
+    async def run(
+        self, task: TaskRef, group_id: str = "", attempt: int = 0, sample: int = 0, min_version: int = 0
+    ) -> Trajectory:
+        """Roll out `task` once (waiting for a free slot first) and return its trajectory.
+
+        `min_version`: generate with policy weights of at least this version (`SamplingParams.min_version`).
+        """
         if self.closed:
             raise RuntimeError(f"worker {self.name} is shut down")
         provider = self.providers.get(task.env)
@@ -92,7 +98,7 @@ class RolloutWorker:
                     provider.adapter(),
                     self.policy,
                     self.renderer,
-                    self.sampling,
+                    dataclasses.replace(self.sampling, min_version=min_version) if min_version else self.sampling,
                     self.rollout,
                     on_env_open=opened,
                     on_env_close=closed,

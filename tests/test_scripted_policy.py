@@ -120,7 +120,7 @@ def test_policy_config_validation():
 
     with pytest.raises(ValidationError, match="policy.script is required"):
         PolicyConfig(kind="scripted")
-    with pytest.raises(ValidationError, match="policy.url is required"):
+    with pytest.raises(ValidationError, match="policy.url .* or policy.serve .* is required"):
         PolicyConfig(kind="vllm")
     with pytest.raises(ValidationError, match="extra"):
         PolicyConfig(kind="transformers", bogus=1)

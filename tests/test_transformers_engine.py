@@ -244,3 +244,24 @@ async def test_engine_actor_and_client(ray_local, tiny_model_dir):
             await asyncio.wait_for(client.generate([1, 2], SamplingParams(max_tokens=2)), timeout=30)
     finally:
         stop_engines(handles)
+
+
+@pytest.mark.timeout(120)
+async def test_a_request_for_newer_weights_waits_for_them(tiny_model_dir):
+    import torch
+
+    from raygrpo.policy.transformers_engine import TransformersEngine
+
+    eng = TransformersEngine(tiny_model_dir)
+    try:
+        pending = asyncio.ensure_future(eng.generate([5, 6, 7], SamplingParams(max_tokens=2, min_version=1)))
+        await asyncio.sleep(0.3)
+        assert not pending.done()  # held: the engine still has version 0
+        now = await eng.generate([5, 6, 7], SamplingParams(max_tokens=2))
+        assert now.policy_version == 0
+        state = {k: v.clone() for k, v in eng.model.state_dict().items()}
+        await eng.set_weights({k: v + 0.01 * torch.randn_like(v) for k, v in state.items()}, version=1)
+        turn = await asyncio.wait_for(pending, 30)
+        assert turn.policy_version == 1
+    finally:
+        eng.close()

@@ -101,9 +101,11 @@ class EnvPool:
         await self._ready()
         return self._args["name"]
 
-    async def run(self, task: TaskRef, group_id: str = "", attempt: int = 0, sample: int = 0) -> Trajectory:
+    async def run(
+        self, task: TaskRef, group_id: str = "", attempt: int = 0, sample: int = 0, min_version: int = 0
+    ) -> Trajectory:
         worker = await self._ready()
-        return await worker.run(task, group_id=group_id, attempt=attempt, sample=sample)
+        return await worker.run(task, group_id=group_id, attempt=attempt, sample=sample, min_version=min_version)
 
     async def stats(self) -> dict[str, Any]:
         if self._worker is None:

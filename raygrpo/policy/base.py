@@ -21,12 +21,16 @@ class SamplingParams:
         temperature: Sampling temperature; 0 means greedy.
         top_p: Nucleus sampling mass.
         seed: Optional seed for reproducible sampling.
+        min_version: Generate with weights of at least this policy version. Engines that track versions (the
+            transformers engine) hold the request until they have them; in async training this lets a rollout start
+            its environment early (a sandbox boots) while its first turn waits for the learner's next weights.
     """
 
     max_tokens: int = 256
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
+    min_version: int = 0
 
 
 @dataclass

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from raygrpo.policy.base import SamplingParams
+from raygrpo.policy.vllm_serve import VLLMServeConfig
 
 
 class PolicyConfig(BaseModel):
@@ -24,7 +25,10 @@ class PolicyConfig(BaseModel):
         engine_num_cpus: For `kind="transformers"`: CPUs reserved per engine actor (also its torch thread count).
         max_batch_size: For `kind="transformers"`: most requests an engine generates together.
         device: For `kind="transformers"`: torch device of the engines (`"cpu"`, `"cuda"`).
-        url: For `kind="vllm"`: base URL of the vLLM server, e.g. `"http://10.0.0.5:8000"`.
+        url: For `kind="vllm"`: base URL of a running vLLM server, e.g. `"http://10.0.0.5:8000"`.
+        serve: For `kind="vllm"` instead of `url`: raygrpo starts `vllm serve` on a GPU in a Ray actor for the run
+            (with the weight-transfer endpoints TRL's server mode needs) and points the env pool actors and the
+            learner at it.
         served_model_name: For `kind="vllm"`: the model name the server serves (its `--served-model-name`); defaults
             to the run's `model`.
         request_timeout_s: For `kind="vllm"`: deadline of one generation request.
@@ -39,6 +43,7 @@ class PolicyConfig(BaseModel):
     max_batch_size: int = Field(16, ge=1)
     device: str = "cpu"
     url: str | None = None
+    serve: VLLMServeConfig | None = None
     served_model_name: str | None = None
     request_timeout_s: float = Field(120.0, gt=0)
 
@@ -49,8 +54,13 @@ class PolicyConfig(BaseModel):
                 "policy.script is required when policy.kind is 'scripted' "
                 "(e.g. 'my_pkg.scripts:answer' or 'scripts/answer.py:answer')"
             )
-        if self.kind == "vllm" and not self.url:
-            raise ValueError("policy.url is required when policy.kind is 'vllm' (e.g. 'http://127.0.0.1:8000')")
+        if self.kind == "vllm" and not (self.url or self.serve):
+            raise ValueError(
+                "policy.url (a running server, e.g. 'http://127.0.0.1:8000') or policy.serve (raygrpo starts one) "
+                "is required when policy.kind is 'vllm'"
+            )
+        if self.url and self.serve:
+            raise ValueError("give policy.url or policy.serve, not both")
         return self
 
 

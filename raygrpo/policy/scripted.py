@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from raygrpo.policy.base import GenerationContext, PolicyError, SamplingParams
-from raygrpo.types import TaskRef, Turn
+from raygrpo.types import UNVERSIONED, TaskRef, Turn
 
 logger = logging.getLogger(__name__)
 
@@ -33,10 +33,10 @@ class ScriptedPolicy:
     Args:
         tokenizer: The run's tokenizer (a `transformers` tokenizer with an eos token).
         script: `fn(context) -> str | None` (or an async function): the assistant's text for this turn.
-        policy_version: The version reported on every turn.
+        policy_version: The version reported on every turn (default `UNVERSIONED`: a script has no weights).
     """
 
-    def __init__(self, tokenizer: Any, script: Script, policy_version: int = 0):
+    def __init__(self, tokenizer: Any, script: Script, policy_version: int = UNVERSIONED):
         if tokenizer.eos_token_id is None:
             raise ValueError("ScriptedPolicy needs a tokenizer with an eos token to end its turns")
         if not callable(script):

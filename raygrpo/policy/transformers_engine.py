@@ -151,6 +151,8 @@ class TransformersEngine:
             raise PolicyError("the transformers engine is closed")
         if not prompt_ids:
             raise ValueError("prompt_ids is empty")
+        while self._policy_version < sampling.min_version and not self._closed:
+            await asyncio.sleep(0.01)  # held until the learner's next weights arrive (see SamplingParams.min_version)
         if sampling.max_tokens <= 0:
             return Turn(output_ids=[], logprobs=[], finish_reason="length", policy_version=self._policy_version)
         loop = asyncio.get_running_loop()

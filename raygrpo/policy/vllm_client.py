@@ -36,7 +36,7 @@ import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from raygrpo.policy.base import GenerationContext, PolicyError, SamplingParams
-from raygrpo.types import Turn
+from raygrpo.types import UNVERSIONED, Turn
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class VLLMClient:
         self.api_key = api_key
         self.backoff_s = backoff_s
         #: Version of the weights the server holds; the learner sets it after each weight sync.
-        self.policy_version = 0
+        self.policy_version = UNVERSIONED  # TRL syncs the server's weights; the client cannot tell which it has
         self._client: httpx.AsyncClient | None = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
 

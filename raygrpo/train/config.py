@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from raygrpo.train.warmup import WarmupConfig
 
@@ -68,8 +68,9 @@ class TrainConfig(BaseModel):
             waits for the slowest rollout). `"async"`: rollouts keep streaming while the learner trains; a group
             is consumed if its staleness (current policy version minus the lowest version over all turns of its
             rollouts) is at most `max_staleness`, else it is dropped and counted.
-        max_staleness: Async mode: the oldest policy lag a consumed group may have. The producer keeps at most
-            `max_staleness` steps' worth of groups ahead of the learner.
+        max_staleness: Async mode: the oldest policy lag a consumed group may have. The producer keeps
+            `max_staleness + 1` steps' worth of groups outstanding; groups beyond what may generate now start their
+            environments at once and wait for newer weights to generate (see `raygrpo.train.source`).
         weight_sync_every: Push the learner's weights to the transformers engines every this many steps (1 = before
             every generation batch, TRL's cadence). The engines report the version they generate with.
         mixture: Sampling weight of each training environment (by name in `envs`); groups are drawn in these
@@ -79,6 +80,12 @@ class TrainConfig(BaseModel):
         learner: Resources of the learner actor.
         warmup: Optional supervised warm-up run on the learner before GRPO (not on resume): teaches a fresh model
             the tool-call format on tasks disjoint from the training tasks.
+        save_rollouts: Write every consumed trajectory (tokens, masks, messages, reward) to `OUT/rollouts.jsonl`.
+        unanswered_reward: Reward of a rollout the model itself ended unscored (status `ok` or `truncated`: it
+            stopped, or ran out of turns or tokens, before the environment gave a reward, e.g. it never called the
+            scoring tool). None (the default) leaves it unscored: advantage 0, so GRPO neither rewards nor punishes
+            it. 0.0 treats it as a failed attempt, which keeps a small model from drifting out of the tool-call
+            format. Infrastructure failures, timeouts and `no_reward` rollouts always stay unscored.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -90,6 +97,17 @@ class TrainConfig(BaseModel):
     eval_every: int = Field(0, ge=0)
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     warmup: WarmupConfig | None = None
+    save_rollouts: bool = True
+    unanswered_reward: float | None = None
+
+    @model_validator(mode="after")
+    def _staleness_covers_sync_interval(self) -> TrainConfig:
+        if self.mode == "async" and self.max_staleness < self.weight_sync_every - 1:
+            raise ValueError(
+                f"train.max_staleness ({self.max_staleness}) must be at least train.weight_sync_every - 1 "
+                f"({self.weight_sync_every - 1}) in async mode: between weight pushes no group could be fresh enough"
+            )
+        return self
 
     @field_validator("mixture")
     @classmethod

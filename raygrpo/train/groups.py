@@ -23,6 +23,7 @@ class Group:
     group_id: str
     size: int
     trajectories: list[Trajectory] = field(default_factory=list)
+    dispatched_version: int = 0
 
     @property
     def complete(self) -> bool:
@@ -33,8 +34,9 @@ class Group:
         return self.trajectories[0].task.env if self.trajectories else ""
 
     def min_version(self) -> int | None:
-        """The lowest policy version over all turns of all trajectories (None if no turn was generated)."""
-        versions = [v for t in self.trajectories for v in t.policy_versions]
+        """The lowest policy version over all turns of all trajectories (None if no turn was generated). Turns of
+        policies whose versions are unknown (`UNVERSIONED`) count as the learner's version at dispatch."""
+        versions = [v if v >= 0 else self.dispatched_version for t in self.trajectories for v in t.policy_versions]
         return min(versions) if versions else None
 
     def staleness(self, current_version: int) -> int:
@@ -52,9 +54,17 @@ class GroupAssembler:
     def __init__(self, group_size: int) -> None:
         self.group_size = group_size
         self._open: dict[str, Group] = {}
+        self._dispatched: dict[str, int] = {}
+
+    def dispatched(self, group_id: str, version: int) -> None:
+        """Record the learner's policy version when the group was dispatched."""
+        self._dispatched[group_id] = version
 
     def add(self, traj: Trajectory) -> Group | None:
-        group = self._open.setdefault(traj.group_id, Group(traj.group_id, self.group_size))
+        if traj.group_id not in self._open:
+            version = self._dispatched.pop(traj.group_id, 0)
+            self._open[traj.group_id] = Group(traj.group_id, self.group_size, dispatched_version=version)
+        group = self._open[traj.group_id]
         group.trajectories.append(traj)
         if not group.complete:
             return None

@@ -28,8 +28,8 @@ from typing import Any
 
 from raygrpo.config import RunConfig
 from raygrpo.train.groups import to_rollout_output
-from raygrpo.train.metrics import MetricsLog, per_env_stats, reward_stats
-from raygrpo.types import TaskRef
+from raygrpo.train.metrics import MetricsLog, RolloutLog, per_env_stats, reward_stats
+from raygrpo.types import Status, TaskRef
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +103,7 @@ class Learner:
         self.resumed: dict[str, Any] | None = None
         self.source = None
         self.metrics: MetricsLog | None = None
+        self.rollouts: RolloutLog | None = None
 
     # ------------------------------------------------------------------ set-up
 
@@ -118,8 +119,11 @@ class Learner:
             "logging_steps": 1,
         }
         if self.cfg.policy.kind == "vllm":
-            url = self.cfg.policy.url
-            owned.update({"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": url})
+            from raygrpo.policy.vllm_serve import trl_server_kwargs
+
+            # TRL's server mode: it pushes the weights to the server before each rollout_func call.
+            server = trl_server_kwargs(self.cfg.policy.url)
+            owned.update({k: v for k, v in server.items() if k not in self.cfg.trainer})  # group port, timeout
         else:
             owned["use_vllm"] = False
         return build_grpo_config(self.cfg.trainer, **owned)
@@ -136,6 +140,8 @@ class Learner:
         from raygrpo.train.source import RolloutSource
 
         torch.set_num_threads(max(1, int(round(self.cfg.train.learner.num_cpus))))
+        # Unscored rollouts are expected (a model that never calls the scoring tool) and counted in the metrics.
+        logging.getLogger("trl.trainer.grpo_trainer").addFilter(_NoUnscoredWarning())
         args = self._grpo_args()
         if args.generation_batch_size % self.group_size:
             raise ValueError(
@@ -166,6 +172,7 @@ class Learner:
             self.cfg.train.mode,
             self.cfg.train.max_staleness,
             groups_per_step,
+            self.cfg.train.weight_sync_every,
         )
         self.source.dropped_total = int(saved.get("dropped_groups_total", 0))
         self._eval_orchestrator = Orchestrator(self.actors, workers.max_concurrent_per_actor, workers.max_retries)
@@ -190,11 +197,9 @@ class Learner:
             return
         if self._pushed_version is not None and version % self.cfg.train.weight_sync_every:
             return
-        import ray
+        from raygrpo.train.weights import push_weights
 
-        model = trainer.accelerator.unwrap_model(trainer.model)
-        state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
-        versions = ray.get([e.set_weights.remote(state, version) for e in self.engines])
+        versions = push_weights(trainer.accelerator.unwrap_model(trainer.model), self.engines, version)
         self._pushed_version = version
         logger.info("engines now at policy version %s", versions)
 
@@ -210,6 +215,14 @@ class Learner:
         batch = self.source.next_batch(len(prompts) // self.group_size, version)
         self.progress["phase"] = "training"
         trajs = [t for g in batch.groups for t in g.trajectories]
+        unanswered = self.cfg.train.unanswered_reward
+        if unanswered is not None:
+            for traj in trajs:
+                if traj.reward is None and traj.status in (Status.OK, Status.TRUNCATED):
+                    traj.reward = unanswered
+        if self.rollouts is not None:
+            for traj in trajs:
+                self.rollouts.write(traj, step=version + 1)
         self._step.update(
             generated_by_version=version,
             wait_s=batch.wait_s,
@@ -247,6 +260,7 @@ class Learner:
             "kind": "train",
             "policy_version": state.global_step,
             **step,
+            "trl_reward": logs.get("reward"),
             "loss": logs.get("loss"),
             "kl": logs.get("kl"),
             "grad_norm": logs.get("grad_norm"),
@@ -273,10 +287,11 @@ class Learner:
         start = time.perf_counter()
         trainer = self._build(checkpoint)
         saved_step = int(checkpoint.rsplit("-", 1)[1]) if checkpoint else None
-        self.metrics = MetricsLog(self.out / "metrics.jsonl", keep_until_step=saved_step if checkpoint else None)
-        if checkpoint is None and (self.out / "metrics.jsonl").stat().st_size:
-            self.metrics.close()
-            self.metrics = MetricsLog(self.out / "metrics.jsonl", keep_until_step=-1)
+        # A fresh run starts the files anew; a resumed one drops lines written after its checkpoint.
+        keep = saved_step if checkpoint else -1
+        self.metrics = MetricsLog(self.out / "metrics.jsonl", keep_until_step=keep)
+        if self.cfg.train.save_rollouts:
+            self.rollouts = RolloutLog(self.out / "rollouts.jsonl", keep_until_step=saved_step if checkpoint else -1)
         try:
             trainer.train(resume_from_checkpoint=checkpoint)
             final_eval = None
@@ -288,6 +303,8 @@ class Learner:
             self.source.close()
             self._eval_orchestrator.cancel()
             self.metrics.close()
+            if self.rollouts is not None:
+                self.rollouts.close()
         self.progress["phase"] = "saving"
         trainer.save_model(str(self.out / "model"))
         self.tokenizer.save_pretrained(str(self.out / "model"))
@@ -305,6 +322,11 @@ class Learner:
             "model_dir": str(self.out / "model"),
             "checkpoint_dir": str(self.out / "checkpoints"),
         }
+
+
+class _NoUnscoredWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "All reward functions returned None" not in str(record.msg)
 
 
 def _trainer_callback_base():

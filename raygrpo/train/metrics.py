@@ -59,6 +59,13 @@ class MetricsLog:
         self._file.close()
 
 
+class RolloutLog(MetricsLog):
+    """`rollouts.jsonl`: every trajectory a step consumed (tokens, masks, messages, reward), tagged with the step."""
+
+    def write(self, traj: Trajectory, step: int) -> None:  # type: ignore[override]
+        super().write({"step": step, **traj.to_dict()})
+
+
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 

@@ -4,9 +4,17 @@ Lives in the learner's process and drives the env pool actors through an `Orches
 
 - `sync`: `next_batch(n)` schedules n groups, runs them, and returns them once all are complete. They were all
   generated with the weights pushed just before (staleness 0); the learner waits for the slowest rollout.
-- `async`: a producer thread keeps up to `n * max(1, max_staleness)` groups outstanding (running or finished but not
+- `async`: a producer thread keeps up to `n * (max_staleness + 1)` groups outstanding (running or finished but not
   yet consumed) while the learner trains, so the next batch is mostly ready when asked for. `next_batch` consumes
   complete groups in completion order and drops any whose staleness exceeds `max_staleness` (counted).
+
+  Each new group is destined for a step d (the next step to consume plus its place in the queue, n groups a step)
+  and may generate with weights no older than `d - max_staleness` (clamped to the last version pushed by then,
+  given `weight_sync_every`). It is dispatched at once with that `min_version`: its environment starts now (a
+  sandbox boots, a session opens) while the engine holds its first turn until those weights arrive. So a group
+  can start a step earlier than its staleness budget would allow it to generate, which is where the learner stops
+  waiting on slow environments; and the groups consumed stay within `max_staleness` unless a rollout runs so long
+  that it is consumed after its destined step (then it is dropped).
 
 In both modes a batch holds only complete groups, in the order they are consumed.
 """
@@ -54,6 +62,7 @@ class RolloutSource:
         mode: `"sync"` or `"async"`.
         max_staleness: Async mode: groups staler than this are dropped.
         groups_per_step: Groups one step consumes (sets the async look-ahead).
+        weight_sync_every: Steps between weight pushes to the engines (the versions a rollout can wait for).
     """
 
     def __init__(
@@ -64,13 +73,18 @@ class RolloutSource:
         mode: Literal["sync", "async"],
         max_staleness: int,
         groups_per_step: int,
+        weight_sync_every: int = 1,
     ) -> None:
         self.orchestrator = orchestrator
         self.schedule = schedule
         self.group_size = group_size
         self.mode = mode
         self.max_staleness = max_staleness
-        self.lookahead = groups_per_step * max(1, max_staleness)
+        self.groups_per_step = groups_per_step
+        self.weight_sync_every = weight_sync_every
+        self.lookahead = groups_per_step * (max_staleness + 1)
+        self._version = 0  # the learner's version at the last next_batch
+        self._next_version = 0  # the version at which the next batch will be consumed
         self.dropped_total = 0
         self._assembler = GroupAssembler(group_size)
         self._ready: deque[Group] = deque()
@@ -80,8 +94,16 @@ class RolloutSource:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
-    def _schedule_group(self) -> None:
-        self.orchestrator.enqueue(make_groups([self.schedule.next()], self.group_size))
+    def _schedule_group(self, min_version: int = 0) -> None:
+        requests = make_groups([self.schedule.next()], self.group_size, min_version=min_version)
+        self._assembler.dispatched(requests[0].group_id, self._version)
+        self.orchestrator.enqueue(requests)
+
+    def _min_version(self, place: int) -> int:
+        """The oldest weights a group at `place` in the queue (0 = consumed next) may generate with."""
+        step = self._next_version + place // self.groups_per_step
+        pushed = step - step % self.weight_sync_every
+        return max(0, min(step - self.max_staleness, pushed))
 
     # ------------------------------------------------------------------ sync
 
@@ -91,6 +113,7 @@ class RolloutSource:
         for _ in range(n_groups):
             group_requests = make_groups([self.schedule.next()], self.group_size)
             order.append(group_requests[0].group_id)
+            self._assembler.dispatched(group_requests[0].group_id, self._version)
             requests.extend(group_requests)
         done: dict[str, Group] = {}
         for traj in self.orchestrator.run(requests, stop=self._stop):
@@ -107,10 +130,16 @@ class RolloutSource:
         try:
             while not self._stop.is_set():
                 with self._cond:
-                    room = self.lookahead - self._outstanding
-                    self._outstanding += max(0, room)
-                for _ in range(room):
-                    self._schedule_group()
+                    places = list(range(self._outstanding, self.lookahead))
+                    self._outstanding += len(places)
+                    versions = [self._min_version(place) for place in places]
+                for version in versions:
+                    self._schedule_group(version)
+                if not self.orchestrator.outstanding:
+                    # Everything is finished and waiting for the learner: sleep until it consumes (or stops us).
+                    with self._cond:
+                        self._cond.wait(timeout=0.2)
+                    continue
                 for traj in self.orchestrator.poll(timeout=0.2):
                     group = self._assembler.add(traj)
                     if group is not None:
@@ -142,6 +171,7 @@ class RolloutSource:
                     raise RuntimeError("the rollout source was closed")
                 group = self._ready.popleft()
                 self._outstanding -= 1
+                self._cond.notify_all()  # room for the producer
                 lag = group.staleness(current_version)
                 if lag > self.max_staleness:
                     dropped += 1
@@ -160,12 +190,16 @@ class RolloutSource:
             current_version: The learner's policy version now (staleness is measured against it).
         """
         start = time.perf_counter()
+        with self._cond:
+            self._version = self._next_version = current_version
         if self.mode == "sync":
             groups = self._sync_batch(n_groups)
             dropped, staleness = 0, [g.staleness(current_version) for g in groups]
         else:
             groups, dropped, staleness = self._async_batch(n_groups, current_version)
         self.dropped_total += dropped
+        with self._cond:
+            self._next_version = current_version + 1
         return Batch(groups, time.perf_counter() - start, dropped, staleness)
 
     def close(self) -> None:

@@ -1,0 +1,208 @@
+"""Training pieces without Ray: task schedule and mixtures, groups and TRL's batch, the async source, configs."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from raygrpo.config import ConfigError, load_config
+from raygrpo.train.groups import GroupAssembler, to_rollout_output
+from raygrpo.train.metrics import MetricsLog, RolloutLog, plot_rewards, read_metrics
+from raygrpo.train.schedule import TaskSchedule
+from raygrpo.train.source import RolloutSource
+from raygrpo.types import Status, TaskRef, Trajectory
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _tasks(env: str, n: int) -> list[TaskRef]:
+    return [TaskRef(env=env, index=i) for i in range(n)]
+
+
+def test_mixture_shares_follow_weights_and_each_env_cycles_its_tasks():
+    schedule = TaskSchedule({"a": _tasks("a", 5), "b": _tasks("b", 3)}, {"a": 0.75, "b": 0.25}, seed=1)
+    picks = [schedule.next() for _ in range(40)]
+    share_a = sum(t.env == "a" for t in picks) / len(picks)
+    assert abs(share_a - 0.75) <= 0.10
+    assert all(abs(sum(t.env == "a" for t in picks[:k]) / k - 0.75) <= 0.25 for k in range(4, 41, 4))
+    first_pass = [t.index for t in picks if t.env == "a"][:5]
+    assert sorted(first_pass) == list(range(5))  # every task once per pass, in a shuffled order
+
+
+def test_schedule_resumes_at_its_position_and_default_weights_are_equal():
+    tasks = {"a": _tasks("a", 4), "b": _tasks("b", 4)}
+    full = TaskSchedule(tasks, None, seed=3)
+    sequence = [full.next() for _ in range(12)]
+    assert sum(t.env == "a" for t in sequence) == 6
+    resumed = TaskSchedule(tasks, None, seed=3)
+    resumed.load_state_dict({"position": 7})
+    assert resumed.position == 7
+    assert [resumed.next() for _ in range(5)] == sequence[7:]
+
+
+def test_schedule_errors_name_the_problem():
+    with pytest.raises(ValueError, match="no training tasks"):
+        TaskSchedule({"a": []}, None, seed=0)
+    with pytest.raises(ValueError, match="weight 0"):
+        TaskSchedule({"a": _tasks("a", 1)}, {"a": 0.0}, seed=0)
+
+
+def _traj(group: str, sample: int, reward, versions=(0,), completion=(5, 6, 7), mask=(1, 0, 1), env="e"):
+    return Trajectory(
+        task=TaskRef(env=env, index=0), prompt_ids=[1, 2] if completion else [], completion_ids=list(completion),
+        logprobs=[-0.5] * len(completion), env_mask=list(mask), reward=reward,
+        status=Status.OK if completion else Status.ENV_ERROR, policy_versions=list(versions),
+        group_id=group, sample=sample,
+    )
+
+
+def test_groups_complete_in_sample_order_and_map_onto_trl_entries():
+    assembler = GroupAssembler(group_size=3)
+    assert assembler.add(_traj("g", 2, 1.0)) is None
+    assert assembler.add(_traj("g", 0, None)) is None
+    group = assembler.add(_traj("g", 1, 0.0, completion=(), mask=()))
+    assert group is not None and assembler.incomplete == 0
+    assert [t.sample for t in group.trajectories] == [0, 1, 2]
+    out = to_rollout_output([group], fallback_id=99)
+    assert out["env_reward"] == [None, 0.0, 1.0]  # None stays None, 0.0 stays 0.0
+    assert out["env_mask"][0] == [1, 0, 1]  # tool tokens stay masked
+    # A rollout that failed before generating gets its group's prompt and one masked token.
+    assert out["prompt_ids"][1] == [1, 2] and out["completion_ids"][1] == [99] and out["env_mask"][1] == [0]
+    assert out["status"] == ["ok", "env_error", "ok"]
+    assert {len(v) for v in out.values()} == {3}
+
+
+def test_staleness_is_measured_from_the_oldest_turn_of_the_group():
+    assembler = GroupAssembler(group_size=2)
+    assembler.add(_traj("g", 0, 1.0, versions=(3, 4)))
+    group = assembler.add(_traj("g", 1, 1.0, versions=(2, 4)))
+    assert group.min_version() == 2 and group.staleness(5) == 3 and group.staleness(1) == 0
+
+
+class _ScriptedOrchestrator:
+    """Stands in for the Ray orchestrator in these unit tests: finishes each enqueued rollout on the next poll with
+    the policy version `version(n)` returns for the n-th rollout produced, so the test controls staleness exactly."""
+
+    def __init__(self, version):
+        self.version = version
+        self.queue = []
+        self.enqueued = 0
+        self.produced = 0
+        self.min_versions = []
+
+    @property
+    def outstanding(self):
+        return len(self.queue)
+
+    def enqueue(self, requests):
+        self.min_versions.append(requests[0].min_version)
+        self.queue.extend(requests)
+        self.enqueued += len(requests)
+
+    def poll(self, timeout=1.0):
+        time.sleep(0.01)
+        done, self.queue = self.queue, []
+        out = []
+        for r in done:
+            out.append(Trajectory(task=r.task, completion_ids=[1], logprobs=[0.0], env_mask=[1], reward=1.0,
+                                  policy_versions=[self.version(self.produced)], group_id=r.group_id,
+                                  sample=r.sample))
+            self.produced += 1
+        return out
+
+    def run(self, requests, stop=None):
+        self.enqueue(requests)
+        yield from self.poll()
+
+    def cancel(self):
+        self.queue = []
+
+
+def test_async_source_drops_stale_groups_and_counts_them():
+    # The first 4 groups (8 rollouts: the first batch and the look-ahead, n * (max_staleness + 1) groups) are
+    # generated by version 0; later ones by version 2.
+    orchestrator = _ScriptedOrchestrator(lambda n: 0 if n < 8 else 2)
+    schedule = TaskSchedule({"e": _tasks("e", 4)}, None, seed=0)
+    source = RolloutSource(orchestrator, schedule, group_size=2, mode="async", max_staleness=1, groups_per_step=2)
+    try:
+        batch = source.next_batch(2, current_version=0)
+        assert len(batch.groups) == 2 and batch.dropped == 0 and batch.staleness == [0, 0]
+        time.sleep(0.2)  # the producer refills 2 groups, destined for step 2: they may generate with version 1
+        assert orchestrator.min_versions == [0, 0, 0, 0, 1, 1]
+        batch = source.next_batch(2, current_version=2)
+        assert batch.dropped == 2 and source.dropped_total == 2  # staleness 2 > max_staleness 1
+        assert batch.staleness == [0, 0] and len(batch.groups) == 2
+        assert orchestrator.enqueued == 2 * schedule.position
+    finally:
+        source.close()
+
+
+def test_sync_source_returns_groups_in_schedule_order():
+    orchestrator = _ScriptedOrchestrator(lambda n: 4)
+    schedule = TaskSchedule({"e": _tasks("e", 8)}, None, seed=0)
+    expected = TaskSchedule({"e": _tasks("e", 8)}, None, seed=0)
+    source = RolloutSource(orchestrator, schedule, group_size=2, mode="sync", max_staleness=0, groups_per_step=3)
+    batch = source.next_batch(3, current_version=4)
+    assert [g.trajectories[0].task for g in batch.groups] == [expected.next() for _ in range(3)]
+    assert batch.staleness == [0, 0, 0] and batch.dropped == 0
+
+
+def test_trainer_mapping_refuses_fields_raygrpo_owns():
+    base = {"envs": {"e": {"kind": "ors", "url": "http://127.0.0.1:1"}}}
+    with pytest.raises(ConfigError, match="trainer.*num_generations is set by raygrpo from rollout.group_size"):
+        load_config(data={**base, "trainer": {"num_generations": 4}})
+    with pytest.raises(ConfigError, match="train.mixture"):
+        load_config(data={**base, "train": {"mixture": {"nope": 1.0}}})
+    with pytest.raises(ConfigError, match="eval_every is set but eval_envs is empty"):
+        load_config(data={**base, "train": {"eval_every": 2}})
+    with pytest.raises(ConfigError, match="train.mode"):
+        load_config(data={**base, "train": {"mode": "sometimes"}})
+
+
+def test_grpo_config_validates_the_trainer_mapping(tmp_path):
+    from raygrpo.train.config import build_grpo_config
+
+    args = build_grpo_config({"learning_rate": 0.01, "max_steps": 3}, output_dir=str(tmp_path), use_cpu=True,
+                             num_generations=2)
+    assert args.learning_rate == 0.01 and args.max_steps == 3 and args.report_to == []
+    with pytest.raises(ValueError, match="trainer.learning_rat: not a GRPOConfig field"):
+        build_grpo_config({"learning_rat": 0.01}, output_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="trainer: GRPOConfig rejected"):
+        build_grpo_config({"per_device_train_batch_size": 3}, output_dir=str(tmp_path), use_cpu=True,
+                          num_generations=2)
+
+
+def test_metrics_log_drops_lines_after_the_resumed_checkpoint_and_plots(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    log = MetricsLog(path, keep_until_step=-1)
+    for step in range(1, 5):
+        log.write({"step": step, "kind": "train", "reward_mean": step / 10, "envs": {"a": {"reward_mean": 0.1},
+                                                                                     "b": {"reward_mean": None}}})
+    log.write({"step": 4, "kind": "eval", "eval_reward_mean": 0.5})
+    log.close()
+    MetricsLog(path, keep_until_step=2).close()
+    assert [r["step"] for r in read_metrics(path)] == [1, 2]
+    plot_rewards(path, tmp_path / "curve.png")
+    assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
+    rollouts = RolloutLog(tmp_path / "rollouts.jsonl", keep_until_step=-1)
+    rollouts.write(_traj("g", 0, None), step=3)
+    rollouts.close()
+    line = json.loads((tmp_path / "rollouts.jsonl").read_text())
+    assert line["step"] == 3 and line["reward"] is None and line["status"] == "ok"
+
+
+def test_env_reward_passes_rewards_through_unchanged():
+    from raygrpo.train.learner import env_reward
+
+    assert env_reward(["p"] * 3, ["c"] * 3, env_reward=[1.0, None, 0.0], status=["ok"] * 3) == [1.0, None, 0.0]
+
+
+def test_threads_are_not_left_behind_by_a_closed_source():
+    orchestrator = _ScriptedOrchestrator(lambda n: 0)
+    source = RolloutSource(orchestrator, TaskSchedule({"e": _tasks("e", 2)}, None, seed=0), 2, "async", 1, 1)
+    source.next_batch(1, current_version=0)
+    source.close()
+    assert not any(t.name == "raygrpo-rollout-producer" for t in threading.enumerate())

@@ -1,0 +1,33 @@
+"""Scripted policies for the training tests, loaded by file path inside the env pool actors.
+
+`mixed` plays the echo environment right, wrong or not at all (at random: rewards 1.0, 0.0 and None in one batch)
+and the arith environment right (several tool calls per episode, so its completions hold tool-result tokens).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+from pathlib import Path
+
+from raygrpo.policy.base import GenerationContext
+
+_EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"_train_policies_{name}", _EXAMPLES / name / "policies.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_echo = _load("echo")
+_arith = _load("arith")
+
+
+def mixed(ctx: GenerationContext) -> str | None:
+    if ctx.task.env.startswith("arith"):
+        return _arith.right(ctx)
+    # The first echo call ends the episode, so the first turn's choice decides the reward.
+    return getattr(_echo, random.choice(["right", "right", "wrong", "silent"]))(ctx)
