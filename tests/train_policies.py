@@ -31,3 +31,12 @@ def mixed(ctx: GenerationContext) -> str | None:
         return _arith.right(ctx)
     # The first echo call ends the episode, so the first turn's choice decides the reward.
     return getattr(_echo, random.choice(["right", "right", "wrong", "silent"]))(ctx)
+
+
+def nap_task0(ctx: GenerationContext) -> str:
+    """For `tests/e2e_support.py:NapEnvironment`: task 0 naps 3 s on the server, every other task not at all."""
+    from raygrpo.toolcalls import format_tool_call
+
+    if any(m.get("role") == "tool" for m in ctx.messages):
+        return "Done."
+    return format_tool_call("nap", {"seconds": 3.0 if ctx.task.index == 0 else 0.0})
