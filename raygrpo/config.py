@@ -160,7 +160,17 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
-    return parts, value
+    return parts, _number(value)
+
+
+def _number(value: Any) -> Any:
+    """YAML 1.1 reads `1e-3` (no dot) as a string; take it as the number it means."""
+    if isinstance(value, str):
+        try:
+            return float(value) if any(c in value for c in ".eE") else value
+        except ValueError:
+            return value
+    return value
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:

@@ -158,6 +158,9 @@ def test_trainer_mapping_refuses_fields_raygrpo_owns():
         load_config(data={**base, "train": {"mixture": {"nope": 1.0}}})
     with pytest.raises(ConfigError, match="eval_every is set but eval_envs is empty"):
         load_config(data={**base, "train": {"eval_every": 2}})
+    with pytest.raises(ConfigError, match="max_staleness .* must be at least train.weight_sync_every - 1"):
+        load_config(data={**base, "train": {"mode": "async", "max_staleness": 0, "weight_sync_every": 2}})
+    assert load_config(data=base, overrides=["trainer.learning_rate=1e-3"]).trainer == {"learning_rate": 0.001}
     with pytest.raises(ConfigError, match="train.mode"):
         load_config(data={**base, "train": {"mode": "sometimes"}})
 
@@ -170,6 +173,12 @@ def test_grpo_config_validates_the_trainer_mapping(tmp_path):
     assert args.learning_rate == 0.01 and args.max_steps == 3 and args.report_to == []
     with pytest.raises(ValueError, match="trainer.learning_rat: not a GRPOConfig field"):
         build_grpo_config({"learning_rat": 0.01}, output_dir=str(tmp_path))
+    # YAML 1.1 reads 1e-3 as a string: numeric fields take it as the number; other strings fail by name.
+    coerced = build_grpo_config({"learning_rate": "1e-3", "max_steps": "4"}, output_dir=str(tmp_path),
+                                use_cpu=True, num_generations=2)
+    assert coerced.learning_rate == 0.001 and coerced.max_steps == 4
+    with pytest.raises(ValueError, match="trainer.learning_rate: expected a number"):
+        build_grpo_config({"learning_rate": "fast"}, output_dir=str(tmp_path))
     with pytest.raises(ValueError, match="trainer: GRPOConfig rejected"):
         build_grpo_config({"per_device_train_batch_size": 3}, output_dir=str(tmp_path), use_cpu=True,
                           num_generations=2)

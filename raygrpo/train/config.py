@@ -133,6 +133,18 @@ def check_trainer_mapping(trainer: dict[str, Any]) -> dict[str, Any]:
     return trainer
 
 
+def _coerce(name: str, value: Any, annotation: str) -> Any:
+    """GRPOConfig does not check types: turn numeric strings (YAML 1.1 reads `1e-3` as one) into numbers, and refuse
+    other strings for numeric fields by name, before they fail deep inside the optimizer."""
+    if not isinstance(value, str) or "str" in annotation or not ("float" in annotation or "int" in annotation):
+        return value
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError(f"trainer.{name}: expected a number, got {value!r}") from None
+    return int(number) if "float" not in annotation and number.is_integer() else number
+
+
 def build_grpo_config(trainer: dict[str, Any], **owned: Any):
     """Validate the `trainer:` mapping with TRL's own `GRPOConfig`, adding raygrpo's defaults and owned fields.
 
@@ -143,10 +155,11 @@ def build_grpo_config(trainer: dict[str, Any], **owned: Any):
     from trl import GRPOConfig
 
     check_trainer_mapping(trainer)
-    known = {f.name for f in dataclasses.fields(GRPOConfig)}
-    unknown = sorted(set(trainer) - known)
+    fields = {f.name: str(f.type) for f in dataclasses.fields(GRPOConfig)}
+    unknown = sorted(set(trainer) - set(fields))
     if unknown:
         raise ValueError("; ".join(f"trainer.{k}: not a GRPOConfig field" for k in unknown))
+    trainer = {k: _coerce(k, v, fields[k]) for k, v in trainer.items()}
     kwargs = {**TRAINER_DEFAULTS, **trainer, **owned}
     try:
         return GRPOConfig(**kwargs)
