@@ -1,10 +1,11 @@
-# Two entry points (see README): `make rollout` and `make test`. Both create .venv on first use.
+# Entry points (see README): `make train`, `make test`, `make rollout`. Each creates .venv on first use.
 PYTHON ?= $(shell command -v python3.12 2>/dev/null || echo python3)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 OUT ?= runs/echo
+TRAIN_OUT ?= runs/echo-train
 
-.PHONY: install rollout test bench
+.PHONY: install train rollout test bench
 
 install: $(VENV)/.installed
 
@@ -17,7 +18,12 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e .
 	touch $@
 
-# The embedded default: local Ray, the echo ORS environment served on 127.0.0.1, a tiny local model on the CPU.
+# The embedded default: local Ray, the echo ORS environment served on 127.0.0.1, the tiny local model trained with
+# GRPO on the CPU (after a short format warm-up).
+train: install
+	$(VENV)/bin/raygrpo train examples/echo/train.yaml --out $(TRAIN_OUT)
+
+# Rollouts only (no training) with the tiny random model.
 rollout: install
 	$(VENV)/bin/raygrpo rollout examples/echo/rollout.yaml --out $(OUT) --set policy.kind=transformers
 

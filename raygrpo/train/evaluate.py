@@ -5,17 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 from raygrpo.orchestrator import Orchestrator, make_groups
-from raygrpo.train.metrics import per_env_stats, reward_stats
+from raygrpo.train.metrics import per_env_stats, reward_stats, score_unanswered
 from raygrpo.types import TaskRef
 
 
-def evaluate(orchestrator: Orchestrator, tasks: list[TaskRef]) -> dict[str, Any]:
+def evaluate(orchestrator: Orchestrator, tasks: list[TaskRef], unanswered_reward: float | None = None) -> dict[str, Any]:
     """Run each task once (a group of 1) and return `eval_reward_mean`, `eval_scored_fraction`, `eval_rollouts`
     and per-environment figures under `eval_envs`.
 
     Uses its own orchestrator so it can run while an async producer keeps the training rollouts going.
     """
     trajectories = list(orchestrator.run(make_groups(tasks, 1)))
+    score_unanswered(trajectories, unanswered_reward)
     stats = reward_stats(trajectories)
     return {
         "eval_reward_mean": stats["reward_mean"],

@@ -28,8 +28,8 @@ from typing import Any
 
 from raygrpo.config import RunConfig
 from raygrpo.train.groups import to_rollout_output
-from raygrpo.train.metrics import MetricsLog, RolloutLog, per_env_stats, reward_stats
-from raygrpo.types import Status, TaskRef
+from raygrpo.train.metrics import MetricsLog, RolloutLog, per_env_stats, reward_stats, score_unanswered
+from raygrpo.types import TaskRef
 
 logger = logging.getLogger(__name__)
 
@@ -215,11 +215,7 @@ class Learner:
         batch = self.source.next_batch(len(prompts) // self.group_size, version)
         self.progress["phase"] = "training"
         trajs = [t for g in batch.groups for t in g.trajectories]
-        unanswered = self.cfg.train.unanswered_reward
-        if unanswered is not None:
-            for traj in trajs:
-                if traj.reward is None and traj.status in (Status.OK, Status.TRUNCATED):
-                    traj.reward = unanswered
+        score_unanswered(trajs, self.cfg.train.unanswered_reward)
         if self.rollouts is not None:
             for traj in trajs:
                 self.rollouts.write(traj, step=version + 1)
@@ -241,7 +237,7 @@ class Learner:
 
         self.progress["phase"] = "evaluating"
         start = time.perf_counter()
-        result = evaluate(self._eval_orchestrator, self.eval_tasks)
+        result = evaluate(self._eval_orchestrator, self.eval_tasks, self.cfg.train.unanswered_reward)
         record = {"step": version, "kind": "eval", "policy_version": version,
                   "eval_s": time.perf_counter() - start, **result}
         self._evaluated.add(version)
