@@ -168,3 +168,13 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def have_vllm_and_gpu() -> bool:
+    """Whether a real vLLM server could run here (vLLM importable and a CUDA GPU present)."""
+    try:
+        import torch
+        import vllm  # noqa: F401
+    except Exception:
+        return False
+    return torch.cuda.is_available()

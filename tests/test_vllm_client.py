@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from fake_vllm import FakeVLLM, ServerThread, free_port
+from fake_vllm import FakeVLLM, ServerThread, free_port, have_vllm_and_gpu
 from raygrpo.policy.base import PolicyClient, PolicyError, SamplingParams
 from raygrpo.policy.vllm_client import VLLMClient
 
@@ -175,18 +175,9 @@ def test_factory_builds_a_vllm_client():
     assert client.model == "qwen" and client.timeout_s == 30
 
 
-def _have_vllm_and_gpu() -> bool:
-    try:
-        import torch
-        import vllm  # noqa: F401
-    except Exception:
-        return False
-    return torch.cuda.is_available()
-
-
 @pytest.mark.vllm
 @pytest.mark.timeout(900)
-@pytest.mark.skipif(not _have_vllm_and_gpu(), reason="needs vLLM and a CUDA GPU")
+@pytest.mark.skipif(not have_vllm_and_gpu(), reason="needs vLLM and a CUDA GPU")
 async def test_real_vllm_server(tiny_model_dir, tmp_path):
     """Serve the tiny model (or $RAYGRPO_VLLM_TEST_MODEL) with `vllm serve` the way TRL starts it; compare logprobs."""
     model = os.environ.get("RAYGRPO_VLLM_TEST_MODEL", tiny_model_dir)

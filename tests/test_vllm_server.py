@@ -17,6 +17,8 @@ import httpx
 import psutil
 import pytest
 
+from fake_vllm import have_vllm_and_gpu
+
 from raygrpo.actors.vllm_server import _WATCHER_TAG, start_vllm_server, stop_vllm_server
 from raygrpo.policy.base import SamplingParams
 from raygrpo.policy.vllm_client import VLLMClient
@@ -184,19 +186,10 @@ def test_a_server_that_never_answers_times_out_and_is_ended(ray_local, tmp_path)
         time.sleep(0.2)
 
 
-def _have_vllm_and_gpu() -> bool:
-    try:
-        import torch
-        import vllm  # noqa: F401
-    except Exception:
-        return False
-    return torch.cuda.is_available()
-
-
 @pytest.mark.vllm
 @pytest.mark.gpu
 @pytest.mark.timeout(1200)
-@pytest.mark.skipif(not _have_vllm_and_gpu(), reason="needs vLLM installed and a CUDA GPU")
+@pytest.mark.skipif(not have_vllm_and_gpu(), reason="needs vLLM installed and a CUDA GPU")
 def test_real_vllm_server(ray_local, tiny_model_dir, tmp_path):
     """Launch real `vllm serve` (the tiny model, or $RAYGRPO_VLLM_TEST_MODEL) through the actor; generate; check the
     dev-mode endpoints TRL's server mode needs. The NCCL weight push itself needs a second GPU for the trainer."""
