@@ -133,6 +133,10 @@ def nap_half_second(ctx: GenerationContext) -> str:
     return "Done." if _called(ctx) else format_tool_call("nap", {"seconds": 0.5})
 
 
+def nap_one_and_a_half_seconds(ctx: GenerationContext) -> str:
+    return "Done." if _called(ctx) else format_tool_call("nap", {"seconds": 1.5})
+
+
 def nap_long(ctx: GenerationContext) -> str:
     return "Done." if _called(ctx) else format_tool_call("nap", {"seconds": 30})
 
