@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from transformers import TrainerCallback
+
 from raygrpo.config import RunConfig
 from raygrpo.train.groups import to_rollout_output
 from raygrpo.train.metrics import MetricsLog, RolloutLog, per_env_stats, reward_stats, score_unanswered
@@ -325,13 +327,7 @@ class _NoUnscoredWarning(logging.Filter):
         return "All reward functions returned None" not in str(record.msg)
 
 
-def _trainer_callback_base():
-    from transformers import TrainerCallback
-
-    return TrainerCallback
-
-
-class _StepCallback(_trainer_callback_base()):  # type: ignore[misc]
+class _StepCallback(TrainerCallback):
     """Times each step, writes its metrics line when TRL logs it, saves raygrpo's state with each checkpoint."""
 
     def __init__(self, learner: Learner) -> None:
