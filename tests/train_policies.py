@@ -6,31 +6,22 @@ and the arith environment right (several tool calls per episode, so its completi
 
 from __future__ import annotations
 
-import importlib.util
 import random
 from pathlib import Path
 
+from raygrpo.imports import load_object
 from raygrpo.policy.base import GenerationContext
 
 _EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"_train_policies_{name}", _EXAMPLES / name / "policies.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_echo = _load("echo")
-_arith = _load("arith")
+_ECHO = {name: load_object(f"{_EXAMPLES / 'echo' / 'policies.py'}:{name}") for name in ("right", "wrong", "silent")}
+_ARITH_RIGHT = load_object(f"{_EXAMPLES / 'arith' / 'policies.py'}:right")
 
 
 def mixed(ctx: GenerationContext) -> str | None:
     if ctx.task.env.startswith("arith"):
-        return _arith.right(ctx)
+        return _ARITH_RIGHT(ctx)
     # The first echo call ends the episode, so the first turn's choice decides the reward.
-    return getattr(_echo, random.choice(["right", "right", "wrong", "silent"]))(ctx)
+    return _ECHO[random.choice(["right", "right", "wrong", "silent"])](ctx)
 
 
 def nap_task0(ctx: GenerationContext) -> str:

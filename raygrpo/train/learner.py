@@ -20,13 +20,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
+from transformers.trainer_utils import get_last_checkpoint
 
 from raygrpo.config import RunConfig
 from raygrpo.train.groups import to_rollout_output
@@ -55,15 +54,6 @@ def optimizer_fingerprint(state: dict[str, Any]) -> str:
             digest.update(f"{key}/{name}".encode())
             digest.update(data)
     return digest.hexdigest()[:16]
-
-
-def latest_checkpoint(checkpoint_dir: str | os.PathLike[str]) -> str | None:
-    """The `checkpoint-N` folder with the largest N under `checkpoint_dir`, or None."""
-    root = Path(checkpoint_dir)
-    if not root.is_dir():
-        return None
-    found = [(int(p.name.split("-")[1]), p) for p in root.glob("checkpoint-*") if p.name.split("-")[1].isdigit()]
-    return str(max(found)[1]) if found else None
 
 
 class Learner:
@@ -100,7 +90,6 @@ class Learner:
         self._pushed_version: int | None = None
         self._evaluated: set[int] = set()
         self._step: dict[str, Any] = {}
-        self._lock = threading.Lock()
         self.progress: dict[str, Any] = {"step": 0, "max_steps": None, "phase": "starting"}
         self.resumed: dict[str, Any] | None = None
         self.source = None
@@ -279,9 +268,10 @@ class Learner:
         from raygrpo.train.metrics import plot_rewards
 
         self.out.mkdir(parents=True, exist_ok=True)
-        checkpoint = latest_checkpoint(self.out / "checkpoints") if self.resume else None
+        checkpoints = self.out / "checkpoints"
+        checkpoint = get_last_checkpoint(str(checkpoints)) if self.resume and checkpoints.is_dir() else None
         if self.resume and checkpoint is None:
-            logger.warning("--resume: no checkpoint under %s; starting from scratch", self.out / "checkpoints")
+            logger.warning("--resume: no checkpoint under %s; starting from scratch", checkpoints)
         start = time.perf_counter()
         trainer = self._build(checkpoint)
         saved_step = int(checkpoint.rsplit("-", 1)[1]) if checkpoint else None

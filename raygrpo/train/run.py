@@ -32,10 +32,11 @@ def reward_change(metrics_path: Path, window: int = 5) -> dict[str, Any]:
     """Mean training reward of the first and last `window` steps, and their difference."""
     from raygrpo.train.metrics import read_metrics
 
-    steps = [r for r in read_metrics(metrics_path) if r.get("kind") == "train"] if metrics_path.exists() else []
+    records = read_metrics(metrics_path) if metrics_path.exists() else []
+    steps = [r for r in records if r.get("kind") == "train"]
+    evals = [r for r in records if r.get("kind") == "eval"]
     first = _window_mean([r.get("reward_mean") for r in steps[:window]])
     last = _window_mean([r.get("reward_mean") for r in steps[-window:]])
-    evals = [r for r in read_metrics(metrics_path) if r.get("kind") == "eval"] if metrics_path.exists() else []
     return {
         f"reward_first{window}_mean": first,
         f"reward_last{window}_mean": last,

@@ -94,10 +94,11 @@ class RolloutSource:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
-    def _schedule_group(self, min_version: int = 0) -> None:
+    def _new_group(self, min_version: int = 0) -> list:
+        """The requests of the next scheduled group, its dispatch version recorded."""
         requests = make_groups([self.schedule.next()], self.group_size, min_version=min_version)
         self._assembler.dispatched(requests[0].group_id, self._version)
-        self.orchestrator.enqueue(requests)
+        return requests
 
     def _min_version(self, place: int) -> int:
         """The oldest weights a group at `place` in the queue (0 = consumed next) may generate with."""
@@ -111,9 +112,8 @@ class RolloutSource:
         order = []
         requests = []
         for _ in range(n_groups):
-            group_requests = make_groups([self.schedule.next()], self.group_size)
+            group_requests = self._new_group()
             order.append(group_requests[0].group_id)
-            self._assembler.dispatched(group_requests[0].group_id, self._version)
             requests.extend(group_requests)
         done: dict[str, Group] = {}
         for traj in self.orchestrator.run(requests, stop=self._stop):
@@ -134,7 +134,7 @@ class RolloutSource:
                     self._outstanding += len(places)
                     versions = [self._min_version(place) for place in places]
                 for version in versions:
-                    self._schedule_group(version)
+                    self.orchestrator.enqueue(self._new_group(version))
                 if not self.orchestrator.outstanding:
                     # Everything is finished and waiting for the learner: sleep until it consumes (or stops us).
                     with self._cond:
