@@ -8,7 +8,8 @@ its rollouts then end unscored after one turn, which costs the learner the same 
 How the latency reaches the server: raygrpo serves this class itself, in a Ray actor (`raygrpo.actors.ors_server`)
 whose process the benchmark cannot configure, so the latency travels in the split name, which the run config already
 sends: `split: latency-1.25` means 1.25 s per rollout. `list_splits` offers a grid of such names (0.00 to
-`MAX_LATENCY_S` s in 10 ms steps: an ORS server only accepts splits it lists), `list_tasks` parses the name and puts
+`MAX_LATENCY_S` s in 10 ms steps: an ORS server only accepts splits it lists, and checks the name against
+all of them at every session it opens, so the grid stays short), `list_tasks` parses the name and puts
 the latency into every task spec, and each session reads it back from its own task. Use `split_for(latency_s)` to
 build the name (rounded to the grid).
 
@@ -26,7 +27,7 @@ from openreward.environments import Environment, JSONObject, Server, TextBlock, 
 from pydantic import BaseModel, Field
 
 #: Largest latency the split grid offers, in seconds.
-MAX_LATENCY_S = 30.0
+MAX_LATENCY_S = 5.0
 #: Grid step of the latency splits, in seconds.
 LATENCY_STEP_S = 0.01
 #: Tasks per split (their words only vary the prompts).

@@ -140,6 +140,37 @@ def test_async_source_drops_stale_groups_and_counts_them():
         source.close()
 
 
+class _OneGroupPerPoll(_ScriptedOrchestrator):
+    """Finishes one group per poll, so the learner waits in the middle of a batch."""
+
+    def __init__(self, version, group_size):
+        super().__init__(version)
+        self.group_size = group_size
+
+    def poll(self, timeout=1.0):
+        time.sleep(0.05)
+        head, rest = self.queue[: self.group_size], self.queue[self.group_size :]
+        self.queue = head
+        out = super().poll(timeout)
+        self.queue = rest
+        return out
+
+
+def test_async_groups_dispatched_mid_batch_are_destined_past_the_batch_in_progress():
+    # Batch 0 takes the first two groups, batch 1 the next two. A group dispatched after the learner took one group
+    # of batch 0 sits behind batch 1 in the queue, so it is consumed at version 2 and may generate with version 1.
+    orchestrator = _OneGroupPerPoll(lambda n: 0, group_size=2)
+    schedule = TaskSchedule({"e": _tasks("e", 4)}, None, seed=0)
+    source = RolloutSource(orchestrator, schedule, group_size=2, mode="async", max_staleness=1, groups_per_step=2)
+    try:
+        batch = source.next_batch(2, current_version=0)
+        assert len(batch.groups) == 2 and batch.dropped == 0
+        time.sleep(0.2)
+        assert orchestrator.min_versions == [0, 0, 0, 0, 1, 1]
+    finally:
+        source.close()
+
+
 def test_sync_source_returns_groups_in_schedule_order():
     orchestrator = _ScriptedOrchestrator(lambda n: 4)
     schedule = TaskSchedule({"e": _tasks("e", 8)}, None, seed=0)

@@ -84,7 +84,10 @@ class RolloutSource:
         self.weight_sync_every = weight_sync_every
         self.lookahead = groups_per_step * (max_staleness + 1)
         self._version = 0  # the learner's version at the last next_batch
-        self._next_version = 0  # the version at which the next batch will be consumed
+        # Where the queue's head goes: the batch consumed at version `_head_version`, which already holds
+        # `_head_taken` groups (a batch in progress) or none (between batches). Both change under `_cond` only.
+        self._head_version = 0
+        self._head_taken = 0
         self.dropped_total = 0
         self._assembler = GroupAssembler(group_size)
         self._ready: deque[Group] = deque()
@@ -101,8 +104,12 @@ class RolloutSource:
         return requests
 
     def _min_version(self, place: int) -> int:
-        """The oldest weights a group at `place` in the queue (0 = consumed next) may generate with."""
-        step = self._next_version + place // self.groups_per_step
+        """The oldest weights a group at `place` in the queue (0 = consumed next) may generate with.
+
+        The queue's first `groups_per_step - _head_taken` groups complete the batch consumed at `_head_version`, the
+        next `groups_per_step` the one after, and so on: the group's step is the version it will be consumed at.
+        """
+        step = self._head_version + (place + self._head_taken) // self.groups_per_step
         pushed = step - step % self.weight_sync_every
         return max(0, min(step - self.max_staleness, pushed))
 
@@ -171,13 +178,16 @@ class RolloutSource:
                     raise RuntimeError("the rollout source was closed")
                 group = self._ready.popleft()
                 self._outstanding -= 1
-                self._cond.notify_all()  # room for the producer
                 lag = group.staleness(current_version)
                 if lag > self.max_staleness:
                     dropped += 1
-                    continue
-                groups.append(group)
-                staleness.append(lag)
+                else:
+                    groups.append(group)
+                    staleness.append(lag)
+                    self._head_taken += 1
+                    if len(groups) == n_groups:  # the queue's head now belongs to the next batch
+                        self._head_version, self._head_taken = current_version + 1, 0
+                self._cond.notify_all()  # room for the producer
         return groups, dropped, staleness
 
     # ------------------------------------------------------------------ public
@@ -191,15 +201,14 @@ class RolloutSource:
         """
         start = time.perf_counter()
         with self._cond:
-            self._version = self._next_version = current_version
+            self._version = self._head_version = current_version
+            self._head_taken = 0
         if self.mode == "sync":
             groups = self._sync_batch(n_groups)
             dropped, staleness = 0, [g.staleness(current_version) for g in groups]
         else:
             groups, dropped, staleness = self._async_batch(n_groups, current_version)
         self.dropped_total += dropped
-        with self._cond:
-            self._next_version = current_version + 1
         return Batch(groups, time.perf_counter() - start, dropped, staleness)
 
     def close(self) -> None:
