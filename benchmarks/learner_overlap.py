@@ -18,9 +18,10 @@ the first step's metrics line and the last one (the driver watches the file). Fr
 `dropped_groups` (whole run) and `mean_staleness` (measured steps). Medians over the repeats are reported. Target:
 `async_idle_fraction <= 0.25 * sync_idle_fraction`.
 
-With a rollout latency L equal to the training time T and a rollout's own work W (`calibration_wait_s`), sync waits
-L + W per step and async about L + W - T = W, so the target needs W below ~15% of T (W/T <= 0.155); the latency
-itself async hides entirely.
+With a rollout latency L equal to the training time T and a rollout batch's own work W (`calibration_wait_s`), sync
+waits about L + W per step. Async dispatches each group as soon as there is room, destined for the step that will
+consume it: it pays L while the learner trains, and generates (W) as soon as the weights that step allows are pushed,
+beside the next training step; the learner waits only for what of W does not fit beside training on the cores.
 
 Prints progress to stderr and one JSON object last on stdout. Run: `python benchmarks/learner_overlap.py` (about
 four minutes on 2 cores; `--steps`, `--repeats`, `--latency`, `--out` to change it; `--out` keeps the run folders).
