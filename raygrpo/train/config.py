@@ -81,6 +81,11 @@ class TrainConfig(BaseModel):
         warmup: Optional supervised warm-up run on the learner before GRPO (not on resume): teaches a fresh model
             the tool-call format on tasks disjoint from the training tasks.
         save_rollouts: Write every consumed trajectory (tokens, masks, messages, reward) to `OUT/rollouts.jsonl`.
+        behaviour_ratio: Take PPO's ratio against the log-probs the engine sampled with (the behaviour policy)
+            instead of assuming the batch is on-policy, so TRL's clipping (`trainer.epsilon`) bounds the update a
+            stale group makes (async mode, `weight_sync_every > 1`); a fresh group's ratio stays 1. Transformers
+            engines only: with vLLM, TRL's own importance-sampling correction applies. See
+            `raygrpo.train.trainer`.
         unanswered_reward: Reward of a rollout the model itself ended unscored (status `ok` or `truncated`: it
             stopped, or ran out of turns or tokens, before the environment gave a reward, e.g. it never called the
             scoring tool). None (the default) leaves it unscored: advantage 0, so GRPO neither rewards nor punishes
@@ -98,6 +103,7 @@ class TrainConfig(BaseModel):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     warmup: WarmupConfig | None = None
     save_rollouts: bool = True
+    behaviour_ratio: bool = True
     unanswered_reward: float | None = None
 
     @model_validator(mode="after")

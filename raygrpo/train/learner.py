@@ -169,7 +169,10 @@ class Learner:
         self._eval_orchestrator = Orchestrator(self.actors, workers.max_concurrent_per_actor, workers.max_retries)
         # TRL's sampler only shapes the batches: one placeholder prompt per group slot (see raygrpo.train.groups).
         dataset = Dataset.from_dict({"prompt": [f"raygrpo group slot {i}" for i in range(groups_per_step)]})
-        trainer = GRPOTrainer(
+        trainer_cls = GRPOTrainer
+        if self.cfg.train.behaviour_ratio and self.cfg.policy.kind != "vllm":
+            from raygrpo.train.trainer import BehaviourGRPOTrainer as trainer_cls
+        trainer = trainer_cls(
             model=model,
             reward_funcs=[env_reward],
             args=args,
