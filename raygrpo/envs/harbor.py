@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from raygrpo.envs.base import EnvError, RewardMissingError
 from raygrpo.envs.harbor_files import upload_copied_files
 from raygrpo.envs.harness import load_harness
-from raygrpo.envs.live import LiveAdapters
+from raygrpo.envs.live import LiveAdapter, LiveAdapters
 from raygrpo.envs.rewards import reduce_rewards
 from raygrpo.types import Observation, TaskRef, ToolResult
 
@@ -186,7 +186,7 @@ class HarborProvider:
         self._live.add(adapter)
 
 
-class HarborAdapter:
+class HarborAdapter(LiveAdapter):
     """One episode of one Harbor task: a sandbox started in `start`, driven through the harness, graded by the
     task's verifier in `score`, stopped in `close`.
 
@@ -198,6 +198,7 @@ class HarborAdapter:
     """
 
     def __init__(self, provider: HarborProvider) -> None:
+        super().__init__(provider._live)
         spec = provider.spec
         self.provider = provider
         self.spec = spec
@@ -211,21 +212,10 @@ class HarborAdapter:
         self._trial_dir: str | None = None
         self._trial_paths: TrialPaths | None = None
         self._tool_names: set[str] = set()
-        self._started = False
         self._start_called = False
-        self._closed = False
         self._dead: str | None = None
-        self._close_task: asyncio.Task | None = None
 
     # ── state ─────────────────────────────────────────────────────────────────────────────────────────────────────
-
-    @property
-    def started(self) -> bool:
-        return self._started
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     @property
     def label(self) -> str:
@@ -390,23 +380,12 @@ class HarborAdapter:
         with self.env.with_default_user(task.config.verifier.user):
             return await verifier.verify()
 
-    async def close(self) -> None:
-        """Stop the sandbox and remove this episode's host files. Never raises; idempotent.
+    def _holds_resources(self) -> bool:
+        return self.env is not None or self._trial_dir is not None
 
-        Safe after a failed or cancelled `start`. If the caller is cancelled while closing, the stop goes on in the
-        background (bounded by `stop_timeout_s`; the provider's `aclose` waits for it) and the cancellation
-        propagates.
-        """
-        if self._close_task is None:
-            self._closed = True
-            if self.env is None and self._trial_dir is None:
-                self.provider._live.discard(self)
-                return
-            self._close_task = asyncio.get_running_loop().create_task(self._stop())
-            self.provider._live.track_close(self._close_task)
-        await asyncio.shield(self._close_task)
-
-    async def _stop(self) -> None:
+    async def _release(self) -> None:
+        """Stop the sandbox (bounded by `stop_timeout_s`; the reaper gets what is left) and remove this episode's
+        host files."""
         began = time.perf_counter()
         try:
             if self.env is not None and self._start_called:
@@ -421,7 +400,6 @@ class HarborAdapter:
             self.timings["stop"] = time.perf_counter() - began
             if self._trial_dir is not None:
                 shutil.rmtree(self._trial_dir, ignore_errors=True)
-            self.provider._live.discard(self)
 
 
 def _harbor_import_path(spec: str | None) -> str | None:

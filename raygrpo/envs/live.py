@@ -50,3 +50,55 @@ class LiveAdapters:
             await asyncio.gather(*(a.close() for a in open_adapters), return_exceptions=True)
         if self._closing:
             await asyncio.wait(list(self._closing), timeout=timeout_s)
+
+
+class LiveAdapter:
+    """The start-once, close-once state of one episode's adapter, and a close that outlives its caller.
+
+    Subclasses implement `_holds_resources` (is there anything to release: a session, a sandbox, host files) and
+    `_release` (release it; never raises, bounded by the adapter's own deadline).
+
+    Args:
+        live: The provider's `LiveAdapters`, which tracks this adapter until its release is done.
+    """
+
+    def __init__(self, live: LiveAdapters) -> None:
+        self._live = live
+        self._started = False
+        self._closed = False
+        self._close_task: asyncio.Task | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def close(self) -> None:
+        """Release what the episode holds. Never raises; idempotent; safe after a failed or cancelled `start`.
+
+        If the caller is cancelled while closing, the release goes on in the background (the provider's `aclose`
+        waits for it) and the cancellation propagates.
+        """
+        if self._close_task is None:
+            self._closed = True
+            if not self._holds_resources():
+                self._live.discard(self)
+                return
+            self._close_task = asyncio.get_running_loop().create_task(self._release_then_forget())
+            self._live.track_close(self._close_task)
+        await asyncio.shield(self._close_task)
+
+    async def _release_then_forget(self) -> None:
+        try:
+            await self._release()
+        finally:
+            self._live.discard(self)
+
+    def _holds_resources(self) -> bool:
+        raise NotImplementedError
+
+    async def _release(self) -> None:
+        raise NotImplementedError

@@ -20,7 +20,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from raygrpo.envs.base import EnvError
-from raygrpo.envs.live import LiveAdapters
+from raygrpo.envs.live import LiveAdapter, LiveAdapters
 from raygrpo.types import Observation, TaskRef, ToolResult
 
 if TYPE_CHECKING:
@@ -215,7 +215,7 @@ def _blocks_text(blocks: Any) -> str:
     return "\n".join(parts)
 
 
-class ORSAdapter:
+class ORSAdapter(LiveAdapter):
     """One episode of one ORS task: an SDK session opened in `start` and deleted in `close`.
 
     Outcome convention (as TRL's): `score()` is the last non-None reward any tool returned, None when nothing was
@@ -237,6 +237,7 @@ class ORSAdapter:
         start_timeout_s: float | None = 600.0,
         close_timeout_s: float = 30.0,
     ) -> None:
+        super().__init__(provider._live)
         self.provider = provider
         self.call_timeout_s = call_timeout_s
         self.start_timeout_s = start_timeout_s
@@ -248,20 +249,9 @@ class ORSAdapter:
         self.finished = False
         self._session: Any = None
         self._reward: float | None = None
-        self._started = False
-        self._closed = False
         self._dead: str | None = None
-        self._close_task: asyncio.Task | None = None
 
     # ── state ─────────────────────────────────────────────────────────────────────────────────────────────────────
-
-    @property
-    def started(self) -> bool:
-        return self._started
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     @property
     def sid(self) -> str | None:
@@ -360,24 +350,11 @@ class ORSAdapter:
         """The last non-None reward of the episode, or None when no tool call was scored."""
         return self._reward
 
-    async def close(self) -> None:
-        """Leave the session context so the server deletes the session. Never raises; idempotent.
+    def _holds_resources(self) -> bool:
+        return self._session is not None
 
-        Safe after a failed or cancelled `start`. If the caller is cancelled while closing, the deletion goes on in
-        the background (bounded by `close_timeout_s`) and the cancellation propagates.
-        """
-        if self._close_task is None:
-            self._closed = True
-            self.provider._live.discard(self)
-            if self._session is None:
-                return
-            self._close_task = asyncio.get_running_loop().create_task(self._close_session())
-            self.provider._live.track_close(self._close_task)
-        await asyncio.shield(self._close_task)
-
-    # ── internals ─────────────────────────────────────────────────────────────────────────────────────────────────
-
-    async def _close_session(self) -> None:
+    async def _release(self) -> None:
+        """Leave the session context so the server deletes the session (bounded by `close_timeout_s`)."""
         session = self._session
         try:
             await asyncio.wait_for(session.__aexit__(None, None, None), self.close_timeout_s)
