@@ -6,6 +6,8 @@ import asyncio
 import os
 import logging
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -365,3 +367,33 @@ async def test_cancelled_start_leaves_nothing(tmp_path: Path, sroot: Path):
             await env.stop(delete=True)
         assert_no_leaks(sroot)
         assert not sroot.exists() or list(sroot.iterdir()) == []
+
+
+@pytest.mark.timeout(180)
+def test_a_sandbox_used_before_ray_init_leaves_ray_working(tmp_path: Path):
+    """Starting a sandbox in a process that imported Ray but never initialised it (a script, or this test session
+    before a Ray test) must not touch Ray's global state: a later ray.init in that process has to work."""
+    script = f"""
+import asyncio, sys
+from pathlib import Path
+import ray
+from tests.sandbox_utils import make_env, make_task
+from raygrpo.runtime import init_ray, shutdown_ray
+
+async def use_a_sandbox():
+    tmp = Path({str(tmp_path)!r})
+    (tmp / "sb").mkdir()
+    env, _, _ = make_env(make_task(tmp), tmp / "trials", tmp / "sb")
+    await env.start(force_build=False)
+    await env.stop(delete=True)
+
+asyncio.run(use_a_sandbox())
+init_ray(num_cpus=1)
+try:
+    print("remote says", ray.get(ray.remote(lambda: 42).remote(), timeout=60))
+finally:
+    shutdown_ray()
+"""
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0 and "remote says 42" in done.stdout, done.stderr[-2000:]

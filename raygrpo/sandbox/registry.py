@@ -94,7 +94,9 @@ _BOOT = _boot_id()
 def _default_owner_id() -> str | None:
     """The Ray actor name (or id) of this process when it is an actor; never imports Ray itself."""
     ray = sys.modules.get("ray")
-    if ray is None:
+    # Only inside a connected worker: asking a process that never called ray.init for its runtime context sets up
+    # a half-connected global worker, and a later ray.init in that process then fails to reach its GCS and exits.
+    if ray is None or not ray.is_initialized():
         return None
     try:
         ctx = ray.get_runtime_context()
