@@ -25,32 +25,32 @@ import logging
 import os
 import re
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+
+from raygrpo.sandbox.dockerfile_syntax import (
+    HEREDOC_RE,
+    NAME_RE,
+    DockerfileError,
+    Instruction,
+    LexError,
+    lex,
+    lex_heredoc,
+    lex_one,
+    read_instructions,
+)
+
+__all__ = ["CopyStep", "DockerfileError", "DockerfilePlan", "SkippedStep", "load_plan", "parse_dockerfile",
+           "report_skipped"]
 
 logger = logging.getLogger(__name__)
 
 #: The PATH a stock Linux image (e.g. `python:3.12-slim`) starts with; `$PATH` in `ENV` expands against it.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-_KNOWN = {
-    "FROM", "RUN", "CMD", "LABEL", "MAINTAINER", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT", "VOLUME", "USER",
-    "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL",
-}
 _ARCHIVE_SUFFIXES = (
     ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst", ".gz", ".bz2", ".xz",
 )
-_HEREDOC_RE = re.compile(r"<<(-?)([\"']?)([A-Za-z_][A-Za-z0-9_]*)\2")
-_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-class DockerfileError(ValueError):
-    """A Dockerfile the local sandbox cannot read; the message starts with `path:line:`."""
-
-    def __init__(self, path: Path | str, line: int, message: str):
-        self.path = Path(path)
-        self.line = line
-        super().__init__(f"{path}:{line}: {message}")
 
 
 @dataclass(frozen=True)
@@ -122,181 +122,6 @@ class DockerfilePlan:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Lexing: quote removal and $VAR expansion, as Docker's shell-word processing does them
-# --------------------------------------------------------------------------------------------------------------
-
-
-class _LexError(ValueError):
-    pass
-
-
-def _expand_var(text: str, i: int, env: dict[str, str]) -> tuple[str, int]:
-    """Expand the `$...` starting at `text[i] == '$'`; return (value, index after it)."""
-    if i + 1 >= len(text):
-        return "$", i + 1
-    nxt = text[i + 1]
-    if nxt == "{":
-        end = text.find("}", i + 2)
-        if end < 0:
-            raise _LexError(f"unterminated ${{...}} in {text!r}")
-        body = text[i + 2 : end]
-        m = _NAME_RE.match(body)
-        if not m:
-            raise _LexError(f"bad variable reference ${{{body}}}")
-        name, rest = m.group(0), body[m.end() :]
-        value = env.get(name)
-        if rest == "":
-            return value or "", end + 1
-        if rest.startswith(":-"):
-            return (value if value else _lex_one(rest[2:], env)), end + 1
-        if rest.startswith(":+"):
-            return (_lex_one(rest[2:], env) if value else ""), end + 1
-        if rest.startswith("-"):
-            return (value if value is not None else _lex_one(rest[1:], env)), end + 1
-        if rest.startswith("+"):
-            return (_lex_one(rest[1:], env) if value is not None else ""), end + 1
-        raise _LexError(f"unsupported modifier in ${{{body}}}")
-    m = _NAME_RE.match(text, i + 1)
-    if not m:
-        return "$", i + 1
-    return env.get(m.group(0), ""), m.end()
-
-
-def _lex(text: str, env: dict[str, str], *, split: bool, escape: str = "\\") -> list[str]:
-    """Split `text` into words (or keep it as one when `split` is False), removing quotes and expanding `$VAR`."""
-    words: list[str] = []
-    cur: list[str] = []
-    in_word = False
-    i, n = 0, len(text)
-    while i < n:
-        c = text[i]
-        if split and c.isspace():
-            if in_word:
-                words.append("".join(cur))
-                cur, in_word = [], False
-            i += 1
-            continue
-        in_word = True
-        if c == "'":
-            end = text.find("'", i + 1)
-            if end < 0:
-                raise _LexError(f"unterminated single quote in {text!r}")
-            cur.append(text[i + 1 : end])
-            i = end + 1
-        elif c == '"':
-            i += 1
-            while True:
-                if i >= n:
-                    raise _LexError(f"unterminated double quote in {text!r}")
-                c = text[i]
-                if c == '"':
-                    i += 1
-                    break
-                if c == escape and i + 1 < n and text[i + 1] in ('"', "$", escape):
-                    cur.append(text[i + 1])
-                    i += 2
-                elif c == "$":
-                    value, i = _expand_var(text, i, env)
-                    cur.append(value)
-                else:
-                    cur.append(c)
-                    i += 1
-        elif c == escape and i + 1 < n:
-            cur.append(text[i + 1])
-            i += 2
-        elif c == "$":
-            value, i = _expand_var(text, i, env)
-            cur.append(value)
-        else:
-            cur.append(c)
-            i += 1
-    if in_word or not split:
-        words.append("".join(cur))
-    return words
-
-
-def _lex_one(text: str, env: dict[str, str], escape: str = "\\") -> str:
-    return _lex(text, env, split=False, escape=escape)[0]
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Reading instructions: continuations, comments, parser directives, heredocs
-# --------------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Instruction:
-    line: int
-    keyword: str
-    args: str
-    heredocs: list[tuple[str, str, bool]] = field(default_factory=list)  # (name, body, expand)
-
-
-def _read_instructions(path: Path, text: str) -> tuple[list[_Instruction], str]:
-    lines = text.splitlines()
-    escape = "\\"
-    # Parser directives: `# key=value` lines at the very top, before anything else.
-    for raw in lines:
-        m = re.match(r"^\s*#\s*([A-Za-z]+)\s*=\s*(\S+)\s*$", raw)
-        if not m:
-            break
-        if m.group(1).lower() == "escape":
-            if m.group(2) not in ("\\", "`"):
-                raise DockerfileError(path, lines.index(raw) + 1, f"invalid escape directive {m.group(2)!r}")
-            escape = m.group(2)
-    out: list[_Instruction] = []
-    i = 0
-    while i < len(lines):
-        raw = lines[i]
-        stripped = raw.strip()
-        if not stripped or stripped.startswith("#"):
-            i += 1
-            continue
-        start = i + 1
-        parts: list[str] = []
-        line = raw
-        while True:
-            body = line.rstrip()
-            if body.endswith(escape):
-                parts.append(body[:-1])
-                i += 1
-                # Comment and empty lines inside a continuation are skipped, as Docker does.
-                while i < len(lines) and (not lines[i].strip() or lines[i].lstrip().startswith("#")):
-                    i += 1
-                if i >= len(lines):
-                    break
-                line = lines[i]
-                continue
-            parts.append(line)
-            i += 1
-            break
-        joined = " ".join(p.strip() for p in parts).strip()
-        m = re.match(r"^([A-Za-z]+)(?:\s+(.*))?$", joined, re.S)
-        if not m:
-            raise DockerfileError(path, start, f"cannot parse instruction {joined[:60]!r}")
-        keyword, args = m.group(1).upper(), (m.group(2) or "").strip()
-        if keyword not in _KNOWN:
-            raise DockerfileError(path, start, f"unknown instruction {m.group(1)!r}")
-        instr = _Instruction(start, keyword, args)
-        if keyword in ("RUN", "COPY", "ADD"):
-            for hm in _HEREDOC_RE.finditer(args):
-                strip_tabs, quote, name = hm.group(1) == "-", hm.group(2), hm.group(3)
-                body_lines: list[str] = []
-                while True:
-                    if i >= len(lines):
-                        raise DockerfileError(path, start, f"unterminated heredoc <<{name}")
-                    cur = lines[i]
-                    i += 1
-                    check = cur.lstrip("\t") if strip_tabs else cur
-                    if check == name:
-                        break
-                    body_lines.append(check if strip_tabs else cur)
-                body = "\n".join(body_lines) + ("\n" if body_lines else "")
-                instr.heredocs.append((name, body, not quote))
-        out.append(instr)
-    return out, escape
-
-
 # --------------------------------------------------------------------------------------------------------------
 # Parsing
 # --------------------------------------------------------------------------------------------------------------
@@ -344,7 +169,7 @@ def parse_dockerfile(path: Path | str, context_dir: Path | str | None = None) ->
         text = path.read_text()
     except OSError as e:
         raise DockerfileError(path, 0, f"cannot read: {e}") from e
-    instructions, escape = _read_instructions(path, text)
+    instructions, escape = read_instructions(path, text)
     context_real = os.path.realpath(context)
 
     global_args: dict[str, str] = {}
@@ -365,38 +190,38 @@ def parse_dockerfile(path: Path | str, context_dir: Path | str | None = None) ->
                 args, env, workdir, user, copies, skipped = {}, {}, None, None, [], []
                 skipped.append(SkippedStep(ins.line, "FROM", "no image is pulled: the sandbox sees the host's files"))
             elif ins.keyword == "ARG":
-                for word in _lex(ins.args, subst, split=True, escape=escape):
+                for word in lex(ins.args, subst, split=True, escape=escape):
                     name, eq, default = word.partition("=")
-                    if not _NAME_RE.fullmatch(name):
-                        raise _LexError(f"bad ARG name {name!r}")
+                    if not NAME_RE.fullmatch(name):
+                        raise LexError(f"bad ARG name {name!r}")
                     if eq:
                         (args if seen_from else global_args)[name] = default
                     elif name in global_args:
                         args[name] = global_args[name]
             elif ins.keyword == "ENV":
                 if not ins.args:
-                    raise _LexError("ENV needs at least one variable")
+                    raise LexError("ENV needs at least one variable")
                 first = ins.args.split(None, 1)[0]
                 if "=" not in first:
                     # Legacy form: `ENV KEY value with spaces`.
                     key, _, value = ins.args.partition(" ")
                     if not value.strip():
-                        raise _LexError(f"ENV {key} has no value")
-                    env[key] = _lex_one(value.strip(), subst, escape)
+                        raise LexError(f"ENV {key} has no value")
+                    env[key] = lex_one(value.strip(), subst, escape)
                 else:
                     # Every pair sees the values before this instruction, as in Docker.
-                    for word in _lex(ins.args, subst, split=True, escape=escape):
+                    for word in lex(ins.args, subst, split=True, escape=escape):
                         key, eq, value = word.partition("=")
                         if not eq or not key:
-                            raise _LexError(f"ENV expects KEY=VALUE pairs, got {word!r}")
+                            raise LexError(f"ENV expects KEY=VALUE pairs, got {word!r}")
                         env[key] = value
             elif ins.keyword == "WORKDIR":
-                value = _lex_one(ins.args, subst, escape).strip()
+                value = lex_one(ins.args, subst, escape).strip()
                 if not value:
-                    raise _LexError("WORKDIR needs a path")
+                    raise LexError("WORKDIR needs a path")
                 workdir = str(_abs(value, workdir))
             elif ins.keyword == "USER":
-                user = _lex_one(ins.args, subst, escape).strip() or None
+                user = lex_one(ins.args, subst, escape).strip() or None
                 skipped.append(SkippedStep(ins.line, "USER", "execs run as root unless a user is requested"))
             elif ins.keyword in ("COPY", "ADD"):
                 step = _parse_copy(path, ins, subst, escape, workdir, context, context_real, skipped)
@@ -408,7 +233,7 @@ def parse_dockerfile(path: Path | str, context_dir: Path | str | None = None) ->
                 # CMD, ENTRYPOINT, EXPOSE, LABEL, VOLUME, HEALTHCHECK, SHELL, STOPSIGNAL, ONBUILD, MAINTAINER:
                 # image metadata with no effect on execs.
                 skipped.append(SkippedStep(ins.line, ins.keyword, "image metadata"))
-        except _LexError as e:
+        except LexError as e:
             raise DockerfileError(path, ins.line, str(e)) from None
     return DockerfilePlan(
         path=path,
@@ -423,7 +248,7 @@ def parse_dockerfile(path: Path | str, context_dir: Path | str | None = None) ->
 
 def _parse_copy(
     path: Path,
-    ins: _Instruction,
+    ins: Instruction,
     subst: dict[str, str],
     escape: str,
     workdir: str | None,
@@ -433,42 +258,42 @@ def _parse_copy(
 ) -> CopyStep | None:
     m = re.match(r"^((?:--\S+\s+)*)(.*)$", ins.args, re.S)
     assert m is not None
-    flags, _ = _split_flags(_lex(m.group(1), subst, split=True, escape=escape))
+    flags, _ = _split_flags(lex(m.group(1), subst, split=True, escape=escape))
     body = m.group(2).strip()
     if body.startswith("["):
         try:
             array = json.loads(body)
         except json.JSONDecodeError as e:
-            raise _LexError(f"bad JSON array in {ins.keyword}: {e.msg}") from None
+            raise LexError(f"bad JSON array in {ins.keyword}: {e.msg}") from None
         if not isinstance(array, list) or not all(isinstance(a, str) for a in array):
-            raise _LexError(f"{ins.keyword} JSON form must be an array of strings")
-        rest = [_lex_one(a, subst, escape) for a in array]
+            raise LexError(f"{ins.keyword} JSON form must be an array of strings")
+        rest = [lex_one(a, subst, escape) for a in array]
     else:
-        rest = _lex(body, subst, split=True, escape=escape)
+        rest = lex(body, subst, split=True, escape=escape)
     if len(rest) < 2:
-        raise _LexError(f"{ins.keyword} needs at least one source and a destination")
+        raise LexError(f"{ins.keyword} needs at least one source and a destination")
     *srcs, dest = rest
     if "from" in flags:
         skipped.append(SkippedStep(ins.line, ins.keyword, f"--from={flags['from']}: files of another image/stage"))
         return None
     unknown = set(flags) - {"chown", "chmod", "link", "checksum", "keep-git-dir", "exclude", "parents"}
     if unknown:
-        raise _LexError(f"unsupported {ins.keyword} flag(s): {', '.join('--' + f for f in sorted(unknown))}")
+        raise LexError(f"unsupported {ins.keyword} flag(s): {', '.join('--' + f for f in sorted(unknown))}")
     chmod = None
     if flags.get("chmod"):
         try:
             chmod = int(flags["chmod"], 8)
         except ValueError:
-            raise _LexError(f"--chmod={flags['chmod']} is not an octal mode") from None
+            raise LexError(f"--chmod={flags['chmod']} is not an octal mode") from None
 
     heredocs = {name: (body, expand) for name, body, expand in ins.heredocs}
     sources: list[Path] = []
     inline: list[tuple[str, str]] = []
     for src in srcs:
-        hm = _HEREDOC_RE.fullmatch(src) if src.startswith("<<") else None
+        hm = HEREDOC_RE.fullmatch(src) if src.startswith("<<") else None
         if hm and hm.group(3) in heredocs:
             body, expand = heredocs[hm.group(3)]
-            inline.append((hm.group(3), _lex_one_heredoc(body, subst) if expand else body))
+            inline.append((hm.group(3), lex_heredoc(body, subst) if expand else body))
             continue
         if ins.keyword == "ADD" and re.match(r"^[a-z][a-z0-9+.-]*://", src, re.I) or src.startswith("git@"):
             skipped.append(SkippedStep(ins.line, "ADD", f"{src}: remote sources are not fetched"))
@@ -478,7 +303,7 @@ def _parse_copy(
             continue
         lexical = os.path.normpath(os.path.join(context, src.lstrip("/")))
         if lexical != os.path.normpath(context) and not lexical.startswith(os.path.normpath(context) + os.sep):
-            raise _LexError(f"{ins.keyword} source {src!r} is outside the build context {context}")
+            raise LexError(f"{ins.keyword} source {src!r} is outside the build context {context}")
         matches = sorted(glob.glob(glob.escape(str(context)) + "/" + src.lstrip("/"))) if any(
             ch in src for ch in "*?["
         ) else [str(context / src.lstrip("/"))]
@@ -488,11 +313,11 @@ def _parse_copy(
                 continue
             real = os.path.realpath(match)
             if real != context_real and not real.startswith(context_real + os.sep):
-                raise _LexError(f"{ins.keyword} source {src!r} is outside the build context {context}")
+                raise LexError(f"{ins.keyword} source {src!r} is outside the build context {context}")
             sources.append(Path(match))
             found = True
         if not found:
-            raise _LexError(f"{ins.keyword} source {src!r} not found in the build context {context}")
+            raise LexError(f"{ins.keyword} source {src!r} not found in the build context {context}")
     if not sources and not inline:
         return None
     dest_is_dir = dest.endswith("/") or len(srcs) > 1
@@ -504,23 +329,6 @@ def _parse_copy(
         inline=tuple(inline),
         chmod=chmod,
     )
-
-
-def _lex_one_heredoc(body: str, env: dict[str, str]) -> str:
-    out: list[str] = []
-    i = 0
-    while i < len(body):
-        c = body[i]
-        if c == "\\" and i + 1 < len(body) and body[i + 1] in "$\\":
-            out.append(body[i + 1])
-            i += 2
-        elif c == "$":
-            value, i = _expand_var(body, i, env)
-            out.append(value)
-        else:
-            out.append(c)
-            i += 1
-    return "".join(out)
 
 
 # --------------------------------------------------------------------------------------------------------------
