@@ -252,11 +252,14 @@ async def test_stop_kills_background_and_detached_processes(tmp_path: Path, sroo
     env, _, _ = make_env(make_task(tmp_path), tmp_path / "trials", sroot)
     await env.start(force_build=False)
     ns = pid_namespace(env.init_pid)
-    await env.exec("sleep 1000 & setsid sleep 1001 & nohup sleep 1002 >/dev/null 2>&1 &")
-    assert len([p for p in pids_in_namespace(ns) if "sleep 100" in _cmdline(p)]) == 3
-    assert processes_mentioning(str(sroot))
-    assert [s.sandbox_id for s in live_sandboxes(sroot)] == [env.sandbox_id]
-    await env.stop(delete=True)
+    try:
+        await env.exec("sleep 1000 & setsid sleep 1001 & nohup sleep 1002 >/dev/null 2>&1 &")
+        # The exec returns when its shell exits; a background child may not have exec'd `sleep` yet.
+        assert wait_until(lambda: len([p for p in pids_in_namespace(ns) if "sleep 100" in _cmdline(p)]) == 3, 5.0)
+        assert processes_mentioning(str(sroot))
+        assert [s.sandbox_id for s in live_sandboxes(sroot)] == [env.sandbox_id]
+    finally:
+        await env.stop(delete=True)
     assert pids_in_namespace(ns) == []
     assert live_sandboxes(sroot) == []
     assert list(sroot.iterdir()) == []
