@@ -123,6 +123,7 @@ class TransformersEngine:
         self._busy_s = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: list[_Request] = []
+        self._held: list[tuple[int, asyncio.Future]] = []  # generate() calls waiting for newer weights
         self._wakeup: asyncio.Event | None = None
         self._batcher: asyncio.Task | None = None
         self._closed = False
@@ -151,8 +152,8 @@ class TransformersEngine:
             raise PolicyError("the transformers engine is closed")
         if not prompt_ids:
             raise ValueError("prompt_ids is empty")
-        while self._policy_version < sampling.min_version and not self._closed:
-            await asyncio.sleep(0.01)  # held until the learner's next weights arrive (see SamplingParams.min_version)
+        if self._policy_version < sampling.min_version:
+            await self._hold_until(sampling.min_version)
         if sampling.max_tokens <= 0:
             return Turn(output_ids=[], logprobs=[], finish_reason="length", policy_version=self._policy_version)
         loop = asyncio.get_running_loop()
@@ -177,6 +178,7 @@ class TransformersEngine:
         """
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self._load_weights, state_dict, int(version))
+        self._release_held()
 
     async def logprobs_of(self, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0) -> list[float]:
         """Log-probabilities of `completion_ids` after `prompt_ids` under the current weights, one forward pass.
@@ -212,7 +214,30 @@ class TransformersEngine:
             if not request.future.done():
                 request.future.set_exception(PolicyError("the transformers engine was closed"))
         self._pending.clear()
+        self._release_held()
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ requests held for newer weights
+
+    async def _hold_until(self, version: int) -> None:
+        """Wait until the engine has weights of at least `version` (see `SamplingParams.min_version`)."""
+        held = asyncio.get_running_loop().create_future()
+        self._held.append((version, held))
+        await held
+
+    def _release_held(self) -> None:
+        """Let go the held requests the current weights satisfy; fail them all once the engine is closed."""
+        still = []
+        for version, held in self._held:
+            if held.done():
+                continue
+            if self._closed:
+                held.set_exception(PolicyError("the transformers engine was closed"))
+            elif self._policy_version >= version:
+                held.set_result(None)
+            else:
+                still.append((version, held))
+        self._held = still
 
     # ------------------------------------------------------------------ batching (event loop side)
 
