@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from abc import ABC, abstractmethod
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ class LiveAdapters:
             await asyncio.wait(list(self._closing), timeout=timeout_s)
 
 
-class LiveAdapter:
+class LiveAdapter(ABC):
     """The start-once, close-once state of one episode's adapter, and a close that outlives its caller.
 
     Subclasses implement `_holds_resources` (is there anything to release: a session, a sandbox, host files) and
@@ -97,8 +98,10 @@ class LiveAdapter:
         finally:
             self._live.discard(self)
 
+    @abstractmethod
     def _holds_resources(self) -> bool:
-        raise NotImplementedError
+        """Whether there is anything to release (a session, a sandbox, host files)."""
 
+    @abstractmethod
     async def _release(self) -> None:
-        raise NotImplementedError
+        """Release it; never raises, bounded by the adapter's own deadline."""

@@ -282,7 +282,7 @@ class Learner:
         keep = saved_step if checkpoint else -1
         self.metrics = MetricsLog(self.out / "metrics.jsonl", keep_until_step=keep)
         if self.cfg.train.save_rollouts:
-            self.rollouts = RolloutLog(self.out / "rollouts.jsonl", keep_until_step=saved_step if checkpoint else -1)
+            self.rollouts = RolloutLog(self.out / "rollouts.jsonl", keep_until_step=keep)
         try:
             trainer.train(resume_from_checkpoint=checkpoint)
             final_eval = None

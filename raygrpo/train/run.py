@@ -75,7 +75,8 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
             job_env = dict((ray.get_runtime_context().runtime_env or {}).get("env_vars") or {})
             learner = start_learner(
                 learner_cfg.num_cpus, learner_cfg.num_gpus, env_vars=job_env,
-                cfg=cfg.model_copy(update={"policy": runtime.policy}), out_dir=str(out), actors=runtime.actors, engines=runtime.engines,
+                cfg=cfg.model_copy(update={"policy": runtime.policy}),  # with the URL of a vLLM raygrpo serves
+                out_dir=str(out), actors=runtime.actors, engines=runtime.engines,
                 tasks_by_env={name: runtime.tasks_by_env[name] for name in cfg.envs},
                 eval_tasks=[t for name in cfg.eval_envs for t in runtime.tasks_by_env[name]],
                 resume=resume,

@@ -34,6 +34,6 @@ class BehaviourGRPOTrainer(GRPOTrainer):
         output = super()._generate_and_score_completions(inputs)
         behaviour = output.get("sampling_per_token_logps")
         if output.get("old_per_token_logps") is None and behaviour is not None:
-            # Padding and tool-result positions hold 0.0; the loss masks them out.
-            output["old_per_token_logps"] = behaviour.nan_to_num(0.0)
+            # Padding and tool-result positions hold 0.0 (see raygrpo.train.groups); the loss masks them out.
+            output["old_per_token_logps"] = behaviour
         return output
