@@ -5,9 +5,10 @@ PY := $(VENV)/bin/python
 OUT ?= runs/echo
 TRAIN_OUT ?= runs/echo-train
 
-.PHONY: install train rollout test bench
+.PHONY: install install-test train rollout test bench
 
 install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
 
 $(VENV)/.installed: pyproject.toml
 	@# The local Harbor sandbox backend runs each sandbox in bubblewrap namespaces (Debian's bubblewrap package).
@@ -16,6 +17,11 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e .
+	touch $@
+
+# The test runner and its plugins (the `test` extra), on top of the package.
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
 # The embedded default: local Ray, the echo ORS environment served on 127.0.0.1, the tiny local model trained with
@@ -27,7 +33,7 @@ train: install
 rollout: install
 	$(VENV)/bin/raygrpo rollout examples/echo/rollout.yaml --out $(OUT) --set policy.kind=transformers
 
-test: install
+test: install-test
 	$(PY) -m pytest
 
 bench: install

@@ -184,6 +184,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from raygrpo.launch import RolloutRuntime
+    from raygrpo.resolve import resolve_run
     from raygrpo.runtime import init_ray, shutdown_ray
 
     server, url = start_server()
@@ -193,7 +194,7 @@ def main() -> None:
         cfg = raygrpo_config(url, args.episodes, args.actors)
         samples: dict[str, list[float]] = {"raygrpo": [], "ceiling": [], "trl": []}
         checks = {}
-        with RolloutRuntime(cfg) as runtime:
+        with RolloutRuntime(cfg, resolve_run(cfg).tasks_by_env) as runtime:
             for r in range(args.repeats):
                 # Side by side in the same run, arms interleaved so drift hits them alike.
                 rate, checks = run_raygrpo(runtime, args.episodes)

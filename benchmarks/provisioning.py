@@ -110,6 +110,14 @@ def raygrpo_config(indices: list[int], latency_s: float, actors: int, per_actor:
     })
 
 
+def _runtime(cfg):
+    """The run's actors on Ray, for a config resolved here."""
+    from raygrpo.launch import RolloutRuntime
+    from raygrpo.resolve import resolve_run
+
+    return RolloutRuntime(cfg, resolve_run(cfg).tasks_by_env)
+
+
 def run_batch(runtime, requests) -> tuple[float, list]:
     from raygrpo.orchestrator import Orchestrator
 
@@ -128,7 +136,6 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="raygrpo batches; the median is reported")
     args = parser.parse_args()
 
-    from raygrpo.launch import RolloutRuntime
     from raygrpo.orchestrator import make_groups
     from raygrpo.runtime import init_ray, shutdown_ray
 
@@ -138,7 +145,7 @@ def main() -> None:
     init_ray(num_cpus=8)
     try:
         # Each task alone, no injected latency: the longest one bounds any batch.
-        with RolloutRuntime(raygrpo_config(list(range(len(dirs))), 0.0, 1, 1)) as runtime:
+        with _runtime(raygrpo_config(list(range(len(dirs))), 0.0, 1, 1)) as runtime:
             alone = []
             for task in runtime.tasks:
                 wall, trajs = run_batch(runtime, make_groups([task], 1))
@@ -147,7 +154,7 @@ def main() -> None:
         ideal = START_LATENCY_S + max(alone)
         log(f"each task alone: longest {max(alone):.3f} s -> ideal {ideal:.3f} s")
 
-        with RolloutRuntime(raygrpo_config(list(range(len(dirs))), START_LATENCY_S, args.actors, per_actor)) as rt:
+        with _runtime(raygrpo_config(list(range(len(dirs))), START_LATENCY_S, args.actors, per_actor)) as rt:
             batches = []
             for r in range(args.repeats):
                 wall, trajs = run_batch(rt, make_groups(rt.tasks, args.group_size))

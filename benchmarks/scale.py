@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import threading
 import time
@@ -75,8 +74,7 @@ def scale_config(rollouts: int, actors: int, start_latency_s: float, exec_latenc
         "policy": {"kind": "scripted", "script": f"{HERE / 'scale.py'}:policy"},
         "sampling": {"max_tokens": 256},
         # Every deadline well above what a loaded 2-core machine needs for 2,000 rollouts at once.
-        "rollout": {"group_size": 1, "max_turns": 3, "max_total_tokens": 4096, "start_timeout_s": 300,
-                    "tool_timeout_s": 300, "score_timeout_s": 300, "rollout_timeout_s": 900},
+        "rollout": {"group_size": 1, "max_turns": 3, "max_total_tokens": 4096, "rollout_timeout_s": 900},
         "workers": {"num_env_actors": actors, "max_concurrent_per_actor": per_actor, "max_retries": 0},
     })
 
@@ -128,13 +126,14 @@ def main() -> None:
 
     from raygrpo.launch import RolloutRuntime
     from raygrpo.orchestrator import Orchestrator, RolloutRequest
+    from raygrpo.resolve import resolve_run
     from raygrpo.runtime import init_ray, shutdown_ray
     from raygrpo.summary import peak_concurrency
 
     cfg = scale_config(args.rollouts, args.actors, args.start_latency, args.exec_latency, args.tasks)
     init_ray(num_cpus=max(4, args.actors))
     try:
-        with RolloutRuntime(cfg) as runtime:
+        with RolloutRuntime(cfg, resolve_run(cfg).tasks_by_env) as runtime:
             import ray
 
             pids = ray.get([h.pid.remote() for _, h in runtime.actors])

@@ -8,12 +8,18 @@ import logging
 import signal
 import sys
 import time
+import traceback
 from pathlib import Path
+
+from raygrpo.config import ConfigError, load_config
+from raygrpo.environ import apply_process_env
+from raygrpo.errors import ResolveError, describe
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="raygrpo", description="Ray-distributed rollouts and GRPO for LLM agents.")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log at INFO level, and print the traceback of a failed run")
     sub = parser.add_subparsers(dest="command", required=True)
     rollout = sub.add_parser("rollout", help="collect trajectories for every task of a run config")
     train = sub.add_parser("train", help="train the run config's model with GRPO on its environments")
@@ -39,9 +45,6 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from raygrpo.config import ConfigError, load_config
-    from raygrpo.runtime import apply_process_env
-
     apply_process_env()
     try:
         cfg = load_config(args.config, args.overrides)
@@ -64,12 +67,18 @@ def main(argv: list[str] | None = None) -> int:
             from raygrpo.collect import collect
 
             summary = collect(cfg, out, progress=progress)
+    except ResolveError as exc:
+        # Something the config names cannot be used: found before Ray started.
+        print(f"raygrpo: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"raygrpo: interrupted; partial results in {out}", file=sys.stderr)
         return 130
-    except Exception as exc:  # noqa: BLE001 - one clear line for the user, the traceback in the log
-        logging.getLogger("raygrpo").debug("run failed", exc_info=True)
-        print(f"raygrpo: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - one clear line for the user; the traceback with -v
+        if args.verbose:
+            traceback.print_exc()
+        print(f"raygrpo: {describe(exc, limit=2000)}" + ("" if args.verbose else " (run with -v for the traceback)"),
+              file=sys.stderr)
         return 1
     if args.command == "train":
         keys = ("steps", "reward_first5_mean", "reward_last5_mean", "reward_gain", "eval_reward_first",

@@ -14,6 +14,8 @@ import sys
 from types import ModuleType
 from typing import Any
 
+from raygrpo.errors import ResolveError
+
 
 class ImportSpecError(ImportError):
     """A `"module:Attr"` or `"file.py:Attr"` spec could not be loaded."""
@@ -116,4 +118,19 @@ def load_object(spec: str, base_dir: str | None = None) -> Any:
         except AttributeError:
             where = getattr(module, "__file__", None) or target
             raise ImportSpecError(f"cannot load {spec!r}: {where} has no attribute {attr!r}") from None
+    return obj
+
+
+def load_function(spec: str, field: str) -> Any:
+    """The callable a config field names (a scripted policy, the warm-up's example function).
+
+    Raises:
+        ResolveError: It does not load or is not callable; the message starts with `field`.
+    """
+    try:
+        obj = load_object(spec)
+    except ImportSpecError as exc:
+        raise ResolveError(f"{field}: {exc}") from None
+    if not callable(obj):
+        raise ResolveError(f"{field}: {spec!r} is a {type(obj).__name__}, not a function")
     return obj

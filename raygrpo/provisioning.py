@@ -8,9 +8,14 @@ that. Every env pool actor starts its sandboxes through a `ProvisioningGate`:
         await env.start(...)          # the backend's create is called here, right after the slot opens
 
 The gate bounds the starts in flight in this actor (a semaphore) and, when a rate is set, takes a reservation from
-the limiter of the provider key (a named Ray actor shared by every actor on every node, see
-`raygrpo.actors.rate_limiter`; an in-process `CreateRateLimiter` when Ray is not running) and sleeps until the
-reserved time. Everything here is plain asyncio; Ray is only imported when a rate is set and Ray is initialized.
+the limiter of the provider key and sleeps until the reserved time. The limiter client is passed in by whoever builds
+the gate: env pool actors pass a factory of clients of the named Ray actor that every actor on every node shares
+(`raygrpo.actors.rate_limiter`); without one, the gate uses this process's `CreateRateLimiter` of the key. Everything
+here is plain asyncio.
+
+Waiting for a slot is not start time: a start's own deadline (`HarborSpec.start_timeout_s`) counts from when the gate
+lets it in, and the wait itself is unbounded by default (the schedule always moves at the rate; a limiter that stays
+unreachable fails the start after `unavailable_after_s`).
 
 How the schedule keeps "never more than `rate` creates in any sliding 1 s window" although the create happens in
 another process, after a sleep that wakes late (a few ms to tens of ms on a loaded machine):
@@ -33,11 +38,10 @@ import contextlib
 import heapq
 import logging
 import math
-import sys
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -73,7 +77,11 @@ class RateLimiterClient(Protocol):
 
     async def reserve(self, request_id: str) -> Reservation: ...
 
-    def release(self, request_id: str) -> None: ...
+    def release(self, request_id: str) -> Any: ...
+
+
+#: Makes the limiter client of a provider key: `factory(key, rate_per_s, margin_s=...)`.
+LimiterFactory = Callable[..., RateLimiterClient]
 
 
 @dataclass
@@ -263,11 +271,12 @@ class ProvisioningGate:
         max_concurrent_starts: Starts in flight at once in this actor; None for no bound.
         rate_per_s: Most creates in any 1 s window for `key`, summed over every actor; None for no rate limit.
         key: Provider key naming the shared limiter (e.g. "e2b"); required with a rate.
-        limiter: The limiter to reserve from. Default: the named Ray actor of `key` when Ray is initialized in this
-            process, else this process's `CreateRateLimiter` of `key`.
+        limiter: The limiter to reserve from (required with a rate): a client of the cluster-wide limiter, or this
+            process's `local_limiter(key, rate_per_s)`.
         max_wait_s: Longest a start may wait for its create slot (from asking the limiter to the slot) before it
-            fails with `ProvisioningError`; None for no bound (each call to the limiter is still bounded).
-        margin_s: Schedule margin used when this gate creates the limiter (see the module docstring).
+            fails with `ProvisioningError`; None (the default) for no bound: the wait is not start time, and each
+            call to the limiter is bounded on its own.
+        margin_s: Schedule margin this gate expects of its limiter (see the module docstring).
         history: Grant timestamps kept for `grant_times()`.
     """
 
@@ -278,7 +287,7 @@ class ProvisioningGate:
         key: str | None = None,
         *,
         limiter: RateLimiterClient | None = None,
-        max_wait_s: float | None = 600.0,
+        max_wait_s: float | None = None,
         margin_s: float = DEFAULT_MARGIN_S,
         history: int = 10_000,
     ) -> None:
@@ -288,6 +297,8 @@ class ProvisioningGate:
             raise ValueError(f"rate_per_s must be > 0 or None, got {rate_per_s}")
         if rate_per_s is not None and not key:
             raise ValueError("a rate limit needs a provider key")
+        if rate_per_s is not None and limiter is None:
+            raise ValueError("a rate limit needs a limiter to reserve from")
         if not margin_s > 0:
             raise ValueError(f"margin_s must be > 0, got {margin_s}")
         self.key = key
@@ -306,19 +317,6 @@ class ProvisioningGate:
         self._late = 0
         self._cancelled = 0
         self._rate_warned = False
-
-    def _get_limiter(self) -> RateLimiterClient:
-        if self._limiter is None:
-            assert self.key is not None and self.rate_per_s is not None
-            ray = sys.modules.get("ray")
-            if ray is not None and ray.is_initialized():
-                from raygrpo.actors.rate_limiter import RayRateLimiterClient
-
-                self._limiter = RayRateLimiterClient(self.key, self.rate_per_s, margin_s=self._margin)
-            else:
-                logger.info("Ray is not running: create rate of %r limited within this process only", self.key)
-                self._limiter = local_limiter(self.key, self.rate_per_s, margin_s=self._margin)
-        return self._limiter
 
     @contextlib.asynccontextmanager
     async def start_slot(self) -> AsyncIterator[None]:
@@ -351,7 +349,8 @@ class ProvisioningGate:
                 self._waiting -= 1
 
     async def _await_create_slot(self) -> None:
-        limiter = self._get_limiter()
+        limiter = self._limiter
+        assert limiter is not None
         give_up = None if self._max_wait is None else time.time() + self._max_wait
         while True:
             rid = uuid.uuid4().hex
@@ -425,12 +424,22 @@ def gate_for(
     key: str | None,
     max_concurrent_starts: int | None = None,
     rate_per_s: float | None = None,
+    *,
+    limiters: LimiterFactory | None = None,
     **kwargs: Any,
 ) -> ProvisioningGate:
     """This actor's gate for provider `key`, made on first use; call it on the actor's event loop.
 
     Several suites on one provider share the gate, hence its limits: the first call's settings hold, and a later
     call asking for different ones is logged as a warning.
+
+    Args:
+        key: Provider key.
+        max_concurrent_starts: Starts in flight at once in this actor; None for no bound.
+        rate_per_s: Creates per second for `key`, cluster-wide; None for no rate limit.
+        limiters: Makes the limiter client of `key` when a rate is set (the env pool actor passes the cluster-wide
+            limiter's); None uses this process's `local_limiter`.
+        **kwargs: Further `ProvisioningGate` settings.
     """
     loop = asyncio.get_running_loop()
     for old in [lp for lp in _gates if lp.is_closed()]:
@@ -438,7 +447,11 @@ def gate_for(
     gates = _gates.setdefault(loop, {})
     gate = gates.get(key)
     if gate is None:
-        gate = gates[key] = ProvisioningGate(max_concurrent_starts, rate_per_s, key, **kwargs)
+        limiter = None
+        if rate_per_s is not None:
+            margin = kwargs.get("margin_s", DEFAULT_MARGIN_S)
+            limiter = (limiters or local_limiter)(key, rate_per_s, margin_s=margin)
+        gate = gates[key] = ProvisioningGate(max_concurrent_starts, rate_per_s, key, limiter=limiter, **kwargs)
     elif (gate.max_concurrent_starts, gate.rate_per_s) != (max_concurrent_starts, rate_per_s):
         logger.warning(
             "provisioning gate %r already set to max_concurrent_starts=%s, rate_per_s=%s; ignoring %s, %s",

@@ -5,6 +5,10 @@ The loop renders the chat with the tools, generates, parses tool calls, runs the
 tokens with env_mask 0, and repeats until the episode is finished, the model stops calling tools, or a limit is
 hit. Whatever the model writes, the loop does not crash: bad calls become error messages to the model. The
 environment is always closed.
+
+Deadlines: the loop owns the limits of the model's side (`RolloutConfig`: turns, tokens, `rollout_timeout_s` for the
+episode once its environment is up); the adapter owns the deadlines of the environment's operations (start, each
+tool call, scoring, close), set on the environment's spec. None is counted twice.
 """
 
 from __future__ import annotations
@@ -15,46 +19,16 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from raygrpo.aio import run_to_end
 from raygrpo.chat import ChatRenderer, assistant_message
-from raygrpo.envs.base import EnvAdapter, EnvError, RewardMissingError
-from raygrpo.policy.base import GenerationContext, PolicyClient, PolicyError, SamplingParams
-from raygrpo.policy.config import request_seed
+from raygrpo.config.rollout import RolloutConfig
+from raygrpo.envs.base import EnvAdapter, refuse_call
+from raygrpo.errors import EnvError, PolicyError, RewardMissingError, describe
+from raygrpo.policy.base import GenerationContext, PolicyClient, SamplingParams, request_seed
 from raygrpo.toolcalls import ToolCallProblem, parse_tool_calls
 from raygrpo.types import Status, TaskRef, ToolCall, ToolResult, Trajectory
 
 logger = logging.getLogger(__name__)
-
-
-class RolloutConfig(BaseModel):
-    """Limits and shape of one rollout.
-
-    Args:
-        group_size: Rollouts per task (GRPO's G); they form one group.
-        max_turns: Most model generations per rollout.
-        max_total_tokens: Most tokens per rollout, prompt and tool results included.
-        max_tool_calls_per_turn: Most tool calls run from one model turn; extra calls get an error message.
-        max_tool_output_chars: Tool results longer than this are cut, with a note saying so.
-        start_timeout_s: Deadline for starting the environment (opening a session, starting a sandbox).
-        tool_timeout_s: Deadline for one tool call; the model is told when a call times out.
-        score_timeout_s: Deadline for computing the reward (a verifier run).
-        rollout_timeout_s: Deadline for the whole rollout; past it the rollout ends unscored with status `timeout`.
-        system_prompt: Optional system message put before the environment's prompt.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    group_size: int = Field(4, ge=1)
-    max_turns: int = Field(8, ge=1)
-    max_total_tokens: int = Field(4096, ge=16)
-    max_tool_calls_per_turn: int = Field(8, ge=1)
-    max_tool_output_chars: int = Field(4000, ge=64)
-    start_timeout_s: float = Field(60.0, gt=0)
-    tool_timeout_s: float = Field(60.0, gt=0)
-    score_timeout_s: float = Field(120.0, gt=0)
-    rollout_timeout_s: float = Field(900.0, gt=0)
-    system_prompt: str | None = None
 
 
 class _Phases:
@@ -112,27 +86,32 @@ async def run_rollout(
     if on_env_open is not None:
         on_env_open()
     try:
+        with phases.timed("provision"):
+            try:
+                obs = await adapter.start(task)  # the adapter owns the start's deadline
+            except TimeoutError as exc:  # an adapter that reports its start deadline as a plain TimeoutError
+                raise EnvError(f"the environment did not start: {describe(exc)}") from exc
         await asyncio.wait_for(
-            _episode(traj, phases, adapter, policy, renderer, sampling, config, sample_key),
+            _episode(traj, obs, phases, adapter, policy, renderer, sampling, config, sample_key),
             timeout=config.rollout_timeout_s,
         )
     except TimeoutError:
         traj.status, traj.reward = Status.TIMEOUT, None
-        traj.error = f"rollout exceeded rollout_timeout_s={config.rollout_timeout_s}"
+        traj.error = f"rollout exceeded rollout_timeout_s={config.rollout_timeout_s:g}"
     except EnvError as exc:
-        traj.status, traj.reward, traj.error = Status.ENV_ERROR, None, _describe(exc)
+        traj.status, traj.reward, traj.error = Status.ENV_ERROR, None, describe(exc)
     except PolicyError as exc:
-        traj.status, traj.reward, traj.error = Status.POLICY_ERROR, None, _describe(exc)
+        traj.status, traj.reward, traj.error = Status.POLICY_ERROR, None, describe(exc)
     except asyncio.CancelledError:
         traj.status, traj.reward, traj.error = Status.CANCELLED, None, "cancelled"
         raise
     except Exception as exc:  # noqa: BLE001 - an adapter bug must not take the whole batch down
         logger.exception("rollout of %s/%s failed unexpectedly", task.env, task.index)
-        traj.status, traj.reward, traj.error = Status.ENV_ERROR, None, _describe(exc)
+        traj.status, traj.reward, traj.error = Status.ENV_ERROR, None, describe(exc)
     finally:
         try:
             with phases.timed("provision"):
-                await _close_quietly(adapter)
+                await _close(adapter)
         finally:
             if on_env_close is not None:
                 on_env_close()
@@ -140,40 +119,29 @@ async def run_rollout(
     return traj
 
 
-#: How long a cancelled rollout keeps waiting for its environment to close before giving up on it.
+#: How long a cancelled rollout keeps waiting for its environment to close (the adapter bounds the close itself).
 CLOSE_GRACE_S = 60.0
 
 
-async def _close_quietly(adapter: EnvAdapter) -> None:
+async def _close(adapter: EnvAdapter) -> None:
     """Close the environment; if the rollout is cancelled meanwhile, finish closing first, then re-raise.
 
     A cancelled rollout must still release its session or sandbox, and must not report it closed before it is.
     """
-    closing = asyncio.ensure_future(adapter.close())
-    cancelled = False
-    deadline = time.monotonic() + CLOSE_GRACE_S
-    while not closing.done() and time.monotonic() < deadline:
-        try:
-            await asyncio.wait_for(asyncio.shield(closing), timeout=max(0.0, deadline - time.monotonic()))
-        except asyncio.CancelledError:
-            cancelled = True
-        except Exception:  # noqa: BLE001 - reported below
-            break
-    if closing.done() and not closing.cancelled() and closing.exception() is not None:
-        logger.warning("closing an environment failed: %s", closing.exception())
-    elif not closing.done():
-        logger.warning("an environment did not close within %s s", CLOSE_GRACE_S)
-    if cancelled:
-        raise asyncio.CancelledError
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return f"{type(exc).__name__}: {text}"[:500]
+    cancelled = None
+    try:
+        cancelled = await run_to_end(adapter.close(), CLOSE_GRACE_S)
+    except TimeoutError:
+        logger.warning("an environment did not close within %g s", CLOSE_GRACE_S)
+    except Exception as exc:  # noqa: BLE001 - close never raises by contract; report a broken adapter
+        logger.warning("closing an environment failed: %s", describe(exc))
+    if cancelled is not None:
+        raise cancelled
 
 
 async def _episode(
     traj: Trajectory,
+    obs: Any,
     phases: _Phases,
     adapter: EnvAdapter,
     policy: PolicyClient,
@@ -182,12 +150,6 @@ async def _episode(
     config: RolloutConfig,
     sample_key: str,
 ) -> None:
-    with phases.timed("provision"):
-        try:
-            obs = await asyncio.wait_for(adapter.start(traj.task), timeout=config.start_timeout_s)
-        except TimeoutError as exc:
-            raise EnvError(f"environment did not start within start_timeout_s={config.start_timeout_s}") from exc
-
     messages: list[dict[str, Any]] = []
     if config.system_prompt:
         messages.append({"role": "system", "content": config.system_prompt})
@@ -240,13 +202,13 @@ async def _episode(
 
     with phases.timed("verify"):
         try:
-            reward = await asyncio.wait_for(adapter.score(), timeout=config.score_timeout_s)
+            reward = await adapter.score()  # the adapter owns scoring's deadline (a verifier's timeout)
         except TimeoutError as exc:
             traj.status, traj.reward = Status.TIMEOUT, None
-            traj.error = str(exc) or f"scoring exceeded score_timeout_s={config.score_timeout_s}"
+            traj.error = describe(exc)
             return
         except RewardMissingError as exc:
-            traj.status, traj.reward, traj.error = Status.NO_REWARD, None, _describe(exc)
+            traj.status, traj.reward, traj.error = Status.NO_REWARD, None, describe(exc)
             return
     traj.status = status
     traj.reward = None if reward is None else float(reward)
@@ -271,19 +233,12 @@ async def _run_calls(
             name = call.name if isinstance(call, ToolCall) else "invalid_tool_call"
         elif isinstance(call, ToolCallProblem):
             result, name = ToolResult(call.message, error=True), "invalid_tool_call"
-        elif call.name not in tool_names:
-            available = ", ".join(sorted(n for n in tool_names if n)) or "none"
-            result = ToolResult(f"Error: unknown tool {call.name!r}. Available tools: {available}.", error=True)
-            name = call.name
+        elif (refused := refuse_call(call.name, call.arguments, tool_names)) is not None:
+            result, name = refused, call.name
         else:
             name = call.name
             with phases.timed("tools"):
-                try:
-                    result = await asyncio.wait_for(adapter.call(call.name, call.arguments), config.tool_timeout_s)
-                except TimeoutError:
-                    result = ToolResult(
-                        f"Error: tool {call.name!r} did not answer within {config.tool_timeout_s} s.", error=True
-                    )
+                result = await adapter.call(call.name, call.arguments)  # the adapter owns the call's deadline
             traj.tool_calls += 1
         text = truncate_text(result.text, config.max_tool_output_chars)
         tool_messages.append({"role": "tool", "name": name, "content": text})

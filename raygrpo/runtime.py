@@ -11,21 +11,10 @@ import os
 import sys
 from typing import Any
 
+from raygrpo._compat import keep_ray_on_loopback
+from raygrpo.environ import PROCESS_ENV, apply_process_env
+
 logger = logging.getLogger(__name__)
-
-#: Variables every raygrpo process (driver and actors) should see.
-PROCESS_ENV: dict[str, str] = {
-    # The openreward SDK otherwise asks PyPI for a newer version on every client it builds.
-    "OPENREWARD_DISABLE_UPDATE_CHECK": "1",
-    "TRL_EXPERIMENTAL_SILENCE": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-}
-
-
-def apply_process_env() -> None:
-    """Set `PROCESS_ENV` in this process where the user has not set the variables already."""
-    for key, value in PROCESS_ENV.items():
-        os.environ.setdefault(key, value)
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None, **kwargs: Any) -> None:
@@ -44,12 +33,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, **kwargs: 
     env_vars = {key: os.environ[key] for key in PROCESS_ENV}
     runtime_env = dict(kwargs.pop("runtime_env", None) or {})
     if address is None:
-        # Keep all of Ray's traffic on loopback: without this Ray rewrites 127.0.0.1 to the eth0 address.
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        if os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0":
-            from ray._private import ray_constants
-
-            ray_constants.ENABLE_RAY_CLUSTER = False  # read at import time; `ray` may be imported already
+        keep_ray_on_loopback()
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         # Workers of a local runtime import the same code as the driver: examples, file-path environments.
         paths = [os.getcwd(), *[p for p in sys.path if p and os.path.isdir(p)]]

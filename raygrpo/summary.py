@@ -66,8 +66,8 @@ class RunSummary:
     def add_failed_attempt(self, traj: Trajectory) -> None:
         self.failed_attempts.append(traj)
 
-    def to_dict(self, wall_seconds: float, leaked_envs: int | None, interrupted: bool = False,
-                extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    def to_dict(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The run's figures (`RunSession` adds `wall_seconds`, `leaked_envs` and `interrupted`)."""
         trajs = self.trajectories
         rewards = [t.reward for t in trajs if t.reward is not None]
         status_counts = Counter(t.status.value for t in trajs)
@@ -95,12 +95,9 @@ class RunSummary:
             "reward_mean": statistics.fmean(rewards) if rewards else None,
             "status_counts": dict(sorted(status_counts.items())),
             "retried_attempts": len(self.failed_attempts),
-            "wall_seconds": wall_seconds,
             "phase_seconds": phases,
             "max_concurrent_envs": peak_concurrency(spans),
-            "leaked_envs": leaked_envs,
             "tool_calls": sum(t.tool_calls for t in trajs),
-            "interrupted": interrupted,
             "per_env": per_env,
             **(extra or {}),
         }

@@ -83,6 +83,27 @@ class ToolResult:
     error: bool = False
 
 
+@dataclass
+class SamplingParams:
+    """Sampling settings for one generation.
+
+    Args:
+        max_tokens: Most tokens to generate in this turn.
+        temperature: Sampling temperature; 0 means greedy.
+        top_p: Nucleus sampling mass.
+        seed: Optional seed for reproducible sampling.
+        min_version: Generate with weights of at least this policy version. Engines that track versions (the
+            transformers engine) hold the request until they have them; in async training this lets a rollout start
+            its environment early (a sandbox boots) while its first turn waits for the learner's next weights.
+    """
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    min_version: int = 0
+
+
 #: The policy version of turns written by a policy without trainable weights (a script), or whose weights raygrpo does
 #: not track (a vLLM server that TRL syncs). Staleness then falls back to the learner's version when the rollout was
 #: dispatched.

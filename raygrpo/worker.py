@@ -2,7 +2,8 @@
 
 Plain asyncio, no Ray, so it can be tested on its own. It owns one `EnvProvider` per environment (clients are
 bound to the loop that first uses them), runs up to `max_concurrent` rollouts at once, counts the environments
-alive, and on `aclose` cancels whatever still runs and closes every provider.
+alive, and on `aclose` cancels whatever still runs and closes every provider. `WorkerSettings` is everything the
+driver hands an env pool actor to build one (`RolloutWorker.build`).
 """
 
 from __future__ import annotations
@@ -11,15 +12,49 @@ import asyncio
 import dataclasses
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from raygrpo.chat import ChatRenderer
+from raygrpo.config.policy import PolicyConfig, SamplingConfig
+from raygrpo.config.rollout import RolloutConfig
 from raygrpo.envs.base import EnvProvider
+from raygrpo.envs.registry import kind_of
 from raygrpo.policy.base import PolicyClient, SamplingParams
-from raygrpo.rollout import RolloutConfig, run_rollout
-from raygrpo.types import Status, TaskRef, Trajectory
+from raygrpo.policy.factory import build_policy_client
+from raygrpo.policy.tiny import resolve_model_path
+from raygrpo.provisioning import LimiterFactory
+from raygrpo.rollout import run_rollout
+from raygrpo.types import TaskRef, Trajectory
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerSettings:
+    """Everything one env pool actor needs to run a run's rollouts: built by the driver, pickled to the actor.
+
+    Args:
+        name: The actor's name, recorded in trajectories and logs.
+        envs: Environment specs by name (an `environment` spec already replaced by its served copy).
+        policy: Who writes the assistant turns (with the URL filled in when raygrpo serves vLLM).
+        model: Model folder of the run's tokenizer, or `"tiny"` (built on the actor's node if missing).
+        sampling: Sampling settings.
+        rollout: Limits of each rollout.
+        max_concurrent: Rollouts (hence live environments) at once in this actor (K).
+        engines: Transformers engine actor handles (for `policy.kind: transformers`).
+        worker_index: This actor's index; actors are spread round-robin over the engines.
+    """
+
+    name: str
+    envs: dict[str, Any]
+    policy: PolicyConfig
+    model: str
+    sampling: SamplingConfig
+    rollout: RolloutConfig
+    max_concurrent: int
+    engines: list[Any] = field(default_factory=list)
+    worker_index: int = 0
 
 
 class RolloutWorker:
@@ -57,6 +92,33 @@ class RolloutWorker:
         self.peak_envs = 0
         self.envs_opened = 0
         self.closed = False
+
+    @classmethod
+    def build(cls, settings: WorkerSettings, *, limiters: LimiterFactory | None = None) -> RolloutWorker:
+        """A worker for `settings`: loads the tokenizer, builds the policy client and one provider per environment.
+
+        Blocking (the tokenizer loads from disk): actors call it in a thread. Providers make nothing loop-bound
+        until their first rollout.
+
+        Args:
+            settings: What the driver says this worker runs.
+            limiters: Makes the clients of the cluster-wide create-rate limiters (see `raygrpo.provisioning`).
+        """
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(settings.model))
+        policy = build_policy_client(settings.policy, tokenizer, engines=settings.engines,
+                                     worker_index=settings.worker_index, model_name=settings.model)
+        providers = {name: kind_of(spec).provider(spec, name, limiters=limiters) for name, spec in settings.envs.items()}
+        return cls(
+            name=settings.name,
+            providers=providers,
+            policy=policy,
+            renderer=ChatRenderer(tokenizer),
+            sampling=settings.sampling.to_params(),
+            rollout=settings.rollout,
+            max_concurrent=settings.max_concurrent,
+        )
 
     def _opened(self) -> None:
         self.live_envs += 1
@@ -109,7 +171,7 @@ class RolloutWorker:
                 self._tasks.discard(current)
         traj.group_id, traj.sample, traj.attempt, traj.worker = group_id, sample, attempt, self.name
         traj.env_span = (span[0], span[1]) if span[0] else None
-        if traj.status is Status.ENV_ERROR or traj.status is Status.POLICY_ERROR:
+        if traj.status.is_infra_failure:
             logger.info("%s: %s/%s attempt %d failed: %s", self.name, task.env, task.index, attempt, traj.error)
         return traj
 

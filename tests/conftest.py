@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from raygrpo.runtime import apply_process_env
+from raygrpo.environ import apply_process_env
 
 apply_process_env()
 

@@ -1,4 +1,5 @@
-"""A runnable stand-in for `vllm serve`: `python tests/fake_vllm_server_main.py MODEL --host H --port P [flags]`.
+"""A runnable stand-in for `vllm serve`: `python -m tests.fake_vllm_server_main MODEL --host H --port P [flags]`
+(from the repository root, or with it on PYTHONPATH).
 
 It serves `tests/fake_vllm.py`'s fake `/v1/completions` (and `/health`) with uvicorn, plus the read-only endpoints
 TRL 1.16's `VLLMClient` calls before any weight transfer, shaped from what TRL reads of them: `/v1/models`,
@@ -20,11 +21,9 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import uvicorn
 
-import uvicorn  # noqa: E402
-
-from fake_vllm import FakeVLLM  # noqa: E402
+from tests.fake_vllm import FakeVLLM
 
 
 def main(argv: list[str] | None = None) -> None:

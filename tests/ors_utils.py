@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from openreward.environments import Environment, JSONObject, TextBlock, ToolOutput, tool
@@ -22,8 +23,10 @@ from raygrpo.policy.base import GenerationContext
 from raygrpo.toolcalls import ToolCallProblem, parse_tool_calls
 from raygrpo.types import TaskRef, ToolResult
 
-ECHO = "examples/echo/env.py:EchoEnvironment"
-ARITH = "examples/arith/env.py:ArithEnvironment"
+#: The repository root; the example environments by absolute file path (as a loaded config holds them).
+REPO = Path(__file__).resolve().parent.parent
+ECHO = f"{REPO}/examples/echo/env.py:EchoEnvironment"
+ARITH = f"{REPO}/examples/arith/env.py:ArithEnvironment"
 
 #: Servers started by `ors_server`, so `KillableEnvironment` can find its own session in their registries.
 _SERVERS: list[RunningORSServer] = []

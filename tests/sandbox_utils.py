@@ -175,9 +175,11 @@ def assert_no_leaks(sandbox_root: Path, timeout: float = 5.0) -> None:
 
 # ---------------------------------------------------------------------------------------------- owner processes
 
+#: The repository root.
+REPO = str(Path(__file__).resolve().parent.parent)
+
 OWNER_SCRIPT = """
-import asyncio, json, sys
-sys.path.insert(0, {repo_dir!r})
+import asyncio, json
 from tests.sandbox_utils import make_env
 from pathlib import Path
 
@@ -203,14 +205,13 @@ def spawn_owner(task: Path, trials: Path, root: Path, count: int = 1) -> tuple[s
     import json
 
     script = OWNER_SCRIPT.format(
-        repo_dir=str(Path(__file__).resolve().parent.parent),
         task=str(task),
         trials=str(trials),
         root=str(root),
         count=count,
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    proc = subprocess.Popen(  # from the repository root, which `python -c` puts on sys.path (for `tests.`)
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO
     )
     line = proc.stdout.readline()
     if not line:

@@ -48,6 +48,43 @@ def test_bad_config_key_exits_2_naming_the_field(tmp_path):
     assert "rollout.max_turnz" in err and "Extra inputs are not permitted" in err
 
 
+def _ray_sessions() -> set[str]:
+    root = Path(tempfile.gettempdir()) / "ray"
+    return {p.name for p in root.glob("session_2*")} if root.is_dir() else set()
+
+
+@pytest.mark.parametrize("case, field, cause", [
+    ("missing file", "envs.echo.environment", "does not exist"),
+    ("missing class", "envs.echo.environment", "has no attribute 'Nope'"),
+    ("not an Environment", "envs.echo.environment", "is not an openreward.environments.Environment subclass"),
+    ("missing policy function", "policy.script", "has no attribute 'nope'"),
+    ("missing task folder", "envs.tasks.path", "does not exist"),
+])
+@pytest.mark.timeout(90)
+def test_what_a_config_names_is_resolved_before_ray_starts(tmp_path, case, field, cause):
+    """Exit 2 with one line that names the field, and no Ray session was started for it."""
+    echo = Path("examples/echo").resolve()
+    overrides = {
+        "missing file": ["envs.echo.environment=no_such_env.py:EchoEnvironment"],
+        "missing class": [f"envs.echo.environment={echo}/env.py:Nope"],
+        "not an Environment": [f"envs.echo.environment={echo}/env.py:TRAIN_TARGETS"],
+        "missing policy function": [f"policy.script={echo}/policies.py:nope"],
+        "missing task folder": ["envs.tasks.kind=harbor", f"envs.tasks.path={tmp_path}/no-such-suite"],
+    }[case]
+    before = _ray_sessions()
+    started = time.monotonic()
+    proc = _cli(["rollout", "examples/echo/rollout.yaml", "--out", str(tmp_path / "out"),
+                 *[a for o in overrides for a in ("--set", o)]])
+    out, err = proc.communicate(timeout=80)
+    elapsed = time.monotonic() - started
+    print(f"\n{case}: exit {proc.returncode} in {elapsed:.1f} s: {err.strip()}")
+    assert proc.returncode == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"raygrpo: {field}: ") and cause in lines[0], err
+    assert _ray_sessions() == before  # no Ray session directory was created
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.timeout(300)
 def test_ctrl_c_keeps_finished_trajectories_and_closes_every_session(tmp_path):
     NapEnvironment.reset_counters()

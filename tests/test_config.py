@@ -54,3 +54,36 @@ def test_missing_file_and_bad_override_syntax():
 def test_no_envs_is_an_error():
     with pytest.raises(ConfigError, match="envs"):
         load_config(data={"envs": {}})
+
+
+def test_weight_on_an_environment_fails_naming_train_mixture():
+    with pytest.raises(ConfigError) as info:
+        load_config(ECHO, ["envs.echo.weight=2"])
+    message = str(info.value)
+    assert "envs.echo" in message and "`weight`" in message and "train.mixture" in message
+
+
+@pytest.mark.parametrize("field, owner", [
+    ("start_timeout_s", "envs.<name>.start_timeout_s"),
+    ("tool_timeout_s", "envs.<name>.tool_timeout_s"),
+    ("score_timeout_s", "envs.<name>.verifier_timeout_s"),
+])
+def test_moved_rollout_deadlines_fail_naming_their_owner(field, owner):
+    with pytest.raises(ConfigError) as info:
+        load_config(ECHO, [f"rollout.{field}=30"])
+    assert f"`{field}` moved to {owner}" in str(info.value)
+
+
+def test_loading_reads_nothing_a_config_names(tmp_path):
+    """Loading validates fields only: missing task folders, files and classes are found by the resolve step."""
+    cfg = load_config(data={
+        "envs": {
+            "suite": {"kind": "harbor", "path": str(tmp_path / "no-such-suite"), "harness": "nowhere.py:H",
+                      "import_path": "no_such_module:Env"},
+            "ors": {"environment": "missing.py:Env"},
+        },
+        "policy": {"kind": "scripted", "script": "missing_policies.py:right"},
+        "model": str(tmp_path / "no-such-model"),
+    })
+    assert cfg.envs["ors"].environment.endswith("/missing.py:Env")  # made absolute, not opened
+    assert cfg.policy.script.endswith("/missing_policies.py:right")

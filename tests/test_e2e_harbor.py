@@ -18,7 +18,7 @@ import ray
 
 from raygrpo.collect import collect
 from raygrpo.config import load_config
-from raygrpo.sandbox.registry import _process_env_marks, sandbox_mounts
+from raygrpo.sandbox.registry import process_env_marks, sandbox_mounts
 from tests.ors_utils import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_local")]
@@ -38,7 +38,7 @@ def sandbox_base(tmp_path, monkeypatch) -> Path:
 def os_leaks(base: Path) -> tuple[list[int], list[str]]:
     """Sandbox processes and sandbox mounts under `base` still present on this machine."""
     prefix = str(base)
-    pids = [pid for pid, (root, _) in _process_env_marks().items() if root and root.startswith(prefix)]
+    pids = [pid for pid, (root, _) in process_env_marks().items() if root and root.startswith(prefix)]
     return pids, sandbox_mounts(base)
 
 
@@ -91,10 +91,11 @@ def test_failed_run_leaves_nothing(tmp_path, sandbox_base):
 
 def _busy_runtime(cfg_overrides):
     from raygrpo.launch import RolloutRuntime
+    from raygrpo.resolve import resolve_run
 
     cfg = load_config(HARBOR, [f"policy.script={SUPPORT}:bash_sleep", "envs.local.exec_timeout_s=600",
-                               "rollout.tool_timeout_s=600", *cfg_overrides])
-    return RolloutRuntime(cfg)
+                               *cfg_overrides])
+    return RolloutRuntime(cfg, resolve_run(cfg).tasks_by_env)
 
 
 @pytest.mark.timeout(240)
@@ -133,7 +134,7 @@ def test_sigkill_of_an_env_pool_actor_is_reaped(sandbox_base):
         assert wait_until(lambda: len(os_leaks(sandbox_base)[0]) >= 16, 60), os_leaks(sandbox_base)
         run_root = Path(runtime.sandbox_root)
         victim_ids = {d.name for d in run_root.iterdir() if _owner_pid(d) == victim_pid}
-        victim_procs = lambda: [p for p, (_, sid) in _process_env_marks().items() if sid in victim_ids]  # noqa: E731
+        victim_procs = lambda: [p for p, (_, sid) in process_env_marks().items() if sid in victim_ids]  # noqa: E731
         assert victim_ids and victim_procs()
         os.kill(victim_pid, signal.SIGKILL)
         killed_at = time.monotonic()

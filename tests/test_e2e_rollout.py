@@ -15,6 +15,7 @@ import pytest
 
 from raygrpo.collect import collect
 from raygrpo.config import load_config
+from raygrpo.errors import ResolveError
 from tests.e2e_support import NUM_TASKS, FlakyEnvironment, NapEnvironment
 from tests.ors_utils import closed_port, ors_server, wait_until
 
@@ -121,6 +122,7 @@ def test_failed_run_leaves_no_session(tmp_path):
 def test_cancelled_batch_leaves_no_session(tmp_path):
     from raygrpo.launch import RolloutRuntime
     from raygrpo.orchestrator import Orchestrator, make_groups
+    from raygrpo.resolve import resolve_run
 
     NapEnvironment.reset_counters()
     with ors_server(NapEnvironment) as server:
@@ -130,7 +132,7 @@ def test_cancelled_batch_leaves_no_session(tmp_path):
             "rollout": {"group_size": 1},
             "workers": {"num_env_actors": 2, "max_concurrent_per_actor": 8},
         })
-        with RolloutRuntime(cfg) as runtime:
+        with RolloutRuntime(cfg, resolve_run(cfg).tasks_by_env) as runtime:
             stop = threading.Event()
             stream = Orchestrator(runtime.actors, max_in_flight_per_actor=8).run(make_groups(runtime.tasks, 1), stop)
             finished: list = []
@@ -175,8 +177,9 @@ def test_unreachable_url_fails_fast_naming_url_and_field(tmp_path):
     cfg = load_config(data={"envs": {"echo": {"kind": "ors", "url": f"http://127.0.0.1:{port}"}},
                             "policy": {"kind": "scripted", "script": f"{SUPPORT}:call_answer"}})
     start = time.monotonic()
-    with pytest.raises(Exception) as info:
+    with pytest.raises(ResolveError) as info:
         collect(cfg, tmp_path / "out", progress=False)
     assert time.monotonic() - start < 30
-    assert f"127.0.0.1:{port}" in str(info.value) and "envs.echo.url" in str(info.value)
-    assert os.path.exists(tmp_path / "out" / "summary.json")
+    assert str(info.value).startswith(f"envs.echo.url: cannot reach the ORS server at http://127.0.0.1:{port}/")
+    # Found while resolving the config, before anything ran: there are no outputs to write.
+    assert not os.path.exists(tmp_path / "out")

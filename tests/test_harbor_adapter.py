@@ -14,20 +14,22 @@ import statistics
 import time
 
 import pytest
-from harbor_utils import EXAMPLE_DIR, EXAMPLE_TASKS, bash_script, example_task_names, make_task, tool_texts
 
 from raygrpo.chat import ChatRenderer
-from raygrpo.envs.base import EnvAdapter, EnvError, EnvProvider, RewardMissingError
-from raygrpo.envs.harbor import HarborAdapter, reduce_rewards
+from raygrpo.config.rollout import RolloutConfig
+from raygrpo.envs.base import EnvAdapter, EnvError, EnvProvider, RewardMissingError, refuse_call
+from raygrpo.envs.harbor import HarborAdapter, HarborProvider, reduce_rewards
+from raygrpo.envs.harbor_tasks import list_harbor_tasks
 from raygrpo.envs.harness import BashHarness, clip_output
 from raygrpo.imports import load_object
 from raygrpo.policy.base import SamplingParams
 from raygrpo.policy.scripted import ScriptedPolicy
 from raygrpo.provisioning import reset_gates
-from raygrpo.rollout import RolloutConfig, run_rollout
+from raygrpo.rollout import run_rollout
 from raygrpo.sandbox.registry import live_sandboxes, sandbox_mounts, sandbox_processes
 from raygrpo.specs.harbor import HarborSpec
 from raygrpo.types import Status
+from tests.harbor_utils import EXAMPLE_DIR, EXAMPLE_TASKS, bash_script, example_task_names, make_task, tool_texts
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -67,13 +69,13 @@ async def nothing_left(root: str, timeout_s: float = 10.0) -> None:
         await asyncio.sleep(0.1)
 
 
-CONFIG = dict(max_turns=4, max_total_tokens=4096, tool_timeout_s=30, score_timeout_s=30, max_tool_output_chars=8000)
+CONFIG = dict(max_turns=4, max_total_tokens=4096, max_tool_output_chars=8000)
 
 
 async def rollout(spec: HarborSpec, renderer, script, ref=None, adapter=None, **config):
     """One rollout through the real agent loop; the provider is closed afterwards."""
-    provider = spec.provider(name="suite")
-    ref = ref or spec.list_tasks("suite")[0]
+    provider = HarborProvider(spec, name="suite")
+    ref = ref or list_harbor_tasks(spec, "suite")[0]
     try:
         return await run_rollout(
             ref, adapter or provider.adapter(), ScriptedPolicy(renderer.tokenizer, script), renderer,
@@ -88,9 +90,9 @@ async def rollout(spec: HarborSpec, renderer, script, ref=None, adapter=None, **
 
 async def test_example_suite_right_scores_one_and_wrong_zero(renderer, root):
     spec = spec_for(EXAMPLE_TASKS, root, max_concurrent_starts=4)
-    provider = spec.provider(name="local")
+    provider = HarborProvider(spec, name="local")
     assert isinstance(provider, EnvProvider) and isinstance(provider.adapter(), EnvAdapter)
-    refs = spec.list_tasks("local")
+    refs = list_harbor_tasks(spec, "local")
     assert len(refs) == len(example_task_names()) >= 8
     policies = {name: load_object(f"{EXAMPLE_DIR}/policies.py:{name}") for name in ("right", "wrong", "silent")}
     config = RolloutConfig(**CONFIG)
@@ -152,10 +154,10 @@ async def test_exec_timeout_is_an_error_message_and_the_rollout_goes_on(renderer
 
 async def test_refused_calls_do_not_touch_the_sandbox(root, tmp_path):
     make_task(tmp_path / "suite", "t")
-    provider = spec_for(tmp_path / "suite", root).provider()
+    provider = HarborProvider(spec_for(tmp_path / "suite", root))
     adapter = provider.adapter()
     try:
-        await adapter.start(provider.spec.list_tasks("s")[0])
+        await adapter.start(list_harbor_tasks(provider.spec, "s")[0])
         unknown = await adapter.call("python", {"code": "1"})
         assert unknown.error and "unknown tool 'python'" in unknown.text and "bash" in unknown.text
         missing = await adapter.call("bash", {})
@@ -175,10 +177,10 @@ async def test_reuploaded_copies_land_where_copy_puts_them(renderer, root, tmp_p
               dockerfile="FROM python:3.12-slim\nWORKDIR /app\nCOPY data /app/data\nCOPY one.txt /opt/x/one.txt\n"
                          "COPY --chmod=755 <<EOF /app/run.sh\n#!/bin/sh\necho ran\nEOF\n")
     spec = spec_for(tmp_path / "suite", root, reupload_copied_files=True)
-    provider = spec.provider()
+    provider = HarborProvider(spec)
     adapter = provider.adapter()
     try:
-        await adapter.start(spec.list_tasks("s")[0])
+        await adapter.start(list_harbor_tasks(spec, "s")[0])
         listing = await adapter.call("bash", {"command": "ls /tmp | grep -c raygrpo-upload; "  # staging is gone
                                                          "cat data/a.txt data/sub/b.txt /opt/x/one.txt; ./run.sh"})
     finally:
@@ -203,10 +205,10 @@ async def test_verifier_timeout_is_status_timeout(renderer, root, tmp_path):
 
 async def test_task_verifier_timeout_applies_when_the_spec_sets_none(root, tmp_path):
     make_task(tmp_path / "suite", "t", verifier_timeout=1.0, test_sh="#!/bin/bash\nsleep 60\n")
-    provider = spec_for(tmp_path / "suite", root).provider()
+    provider = HarborProvider(spec_for(tmp_path / "suite", root))
     adapter = provider.adapter()
     try:
-        await adapter.start(provider.spec.list_tasks("s")[0])
+        await adapter.start(list_harbor_tasks(provider.spec, "s")[0])
         with pytest.raises(TimeoutError, match="within 1 s"):
             await adapter.score()
     finally:
@@ -313,7 +315,7 @@ async def test_failed_start_is_env_error_and_leaves_nothing(renderer, root, tmp_
 async def test_sandbox_death_mid_episode_is_env_error(renderer, root, tmp_path):
     make_task(tmp_path / "suite", "t")
     spec = spec_for(tmp_path / "suite", root)
-    provider = spec.provider(name="suite")
+    provider = HarborProvider(spec, name="suite")
     adapter: HarborAdapter = provider.adapter()
     inner = bash_script("echo alive", "echo ok > /app/out.txt")
 
@@ -333,13 +335,13 @@ async def test_sandbox_death_mid_episode_is_env_error(renderer, root, tmp_path):
 async def test_cancelled_rollout_and_forgotten_adapter_are_stopped_by_the_provider(renderer, root, tmp_path):
     make_task(tmp_path / "suite", "t")
     spec = spec_for(tmp_path / "suite", root, exec_timeout_s=60)
-    provider = spec.provider(name="suite")
-    ref = spec.list_tasks("suite")[0]
+    provider = HarborProvider(spec, name="suite")
+    ref = list_harbor_tasks(spec, "suite")[0]
     forgotten = provider.adapter()
     await forgotten.start(ref)  # started, never closed by its user
     running = asyncio.create_task(run_rollout(
         ref, provider.adapter(), ScriptedPolicy(renderer.tokenizer, bash_script("sleep 120")), renderer,
-        SamplingParams(max_tokens=1024), RolloutConfig(**{**CONFIG, "tool_timeout_s": 100}),
+        SamplingParams(max_tokens=1024), RolloutConfig(**CONFIG),
     ))
     deadline = time.monotonic() + 20
     while not any("sleep 120" in open(f"/proc/{p}/cmdline").read().replace("\0", " ")
@@ -357,12 +359,12 @@ async def test_cancelled_rollout_and_forgotten_adapter_are_stopped_by_the_provid
 
 async def test_close_is_idempotent_and_safe_before_start(root, tmp_path):
     make_task(tmp_path / "suite", "t")
-    provider = spec_for(tmp_path / "suite", root).provider()
+    provider = HarborProvider(spec_for(tmp_path / "suite", root))
     never_started = provider.adapter()
     await never_started.close()
     await never_started.close()
     adapter = provider.adapter()
-    await adapter.start(provider.spec.list_tasks("s")[0])
+    await adapter.start(list_harbor_tasks(provider.spec, "s")[0])
     host_dir = adapter._trial_dir
     await asyncio.gather(adapter.close(), adapter.close())
     await adapter.close()
@@ -390,5 +392,6 @@ async def test_bash_harness_refuses_bad_arguments_without_a_sandbox():
     harness = BashHarness(exec_timeout_s=1, max_output_chars=100)
     assert (await harness.call(None, "bash", {"command": "  "})).error
     assert (await harness.call(None, "bash", {"command": 3})).error
-    assert (await harness.call(None, "sh", {"command": "ls"})).error
+    # Unknown tools never reach a harness: the adapter refuses them with the shared check first.
+    assert refuse_call("sh", {"command": "ls"}, [t["function"]["name"] for t in harness.tools]).error
     assert [t["function"]["name"] for t in harness.tools] == ["bash"]

@@ -14,11 +14,13 @@ import re
 from pathlib import Path
 
 import pytest
-from harbor_utils import EXAMPLE_TASKS, RecordingMixin, make_task, recording_backend
 
 from raygrpo.envs.base import RewardMissingError
+from raygrpo.envs.harbor import HarborProvider
+from raygrpo.envs.harbor_tasks import list_harbor_tasks
 from raygrpo.provisioning import reset_gates
 from raygrpo.specs.harbor import HarborSpec
+from tests.harbor_utils import EXAMPLE_TASKS, RecordingMixin, make_task, recording_backend
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -50,11 +52,11 @@ def loaded(monkeypatch):
 
 
 def task_ref(spec: HarborSpec, name: str = TASK):
-    return next(t for t in spec.list_tasks("suite") if Path(t.metadata["task_dir"]).name == name)
+    return next(t for t in list_harbor_tasks(spec, "suite") if Path(t.metadata["task_dir"]).name == name)
 
 
 async def episode(spec: HarborSpec, ref, command: str = "wc -w poem.txt"):
-    provider = spec.provider(name="suite")
+    provider = HarborProvider(spec, name="suite")
     adapter = provider.adapter()
     try:
         obs = await adapter.start(ref)
@@ -153,7 +155,7 @@ async def test_users_and_verifier_env_follow_task_toml(loaded, tmp_path):
               toml='schema_version = "1.4"\n[agent]\nuser = "agent"\n[verifier]\nuser = "grader"\n'
                    '[verifier.env]\nEXPECTED = "42"\n')
     spec = HarborSpec(path=str(tmp_path), environment_type="e2b")
-    _, _, reward, env, _, _ = await episode(spec, spec.list_tasks("suite")[0], command="whoami")
+    _, _, reward, env, _, _ = await episode(spec, list_harbor_tasks(spec, "suite")[0], command="whoami")
     execs = [c[1] for c in env.calls if c[0] == "exec"]
     assert next(e for e in execs if e["command"] == "whoami")["user"] == "agent"
     run = next(e for e in execs if "/tests/test.sh" in e["command"] and not e["command"].startswith("chmod"))
@@ -171,7 +173,7 @@ async def test_missing_reward_on_a_remote_backend(loaded, monkeypatch):
 
 async def test_custom_import_path_backend(loaded, tmp_path):
     (tmp_path / "mybackend.py").write_text(
-        "from harbor_utils import RecordingMixin\n"
+        "from tests.harbor_utils import RecordingMixin\n"
         "from harbor.environments.base import BaseEnvironment\n"
         "class MyBackend(RecordingMixin, BaseEnvironment):\n"
         "    @staticmethod\n"

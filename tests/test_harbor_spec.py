@@ -1,16 +1,21 @@
-"""HarborSpec: loading the example suite, task selection, the dataset, relative paths, and load-time errors that
-name the field or the task dir (no sandbox is started here)."""
+"""HarborSpec and the Harbor kind's resolve step: loading the example suite, task selection, relative paths,
+load-time field errors, and resolve-time errors that name the field or the task dir (no sandbox is started here)."""
 
 from __future__ import annotations
 
 import os
 import pickle
+from pathlib import Path
 
 import pytest
-from harbor_utils import EXAMPLE_DIR, EXAMPLE_TASKS, example_task_names, make_task
 from pydantic import ValidationError
 
+from raygrpo.envs.harbor import HarborProvider
+from raygrpo.envs.harbor_tasks import discover_task_dirs, list_harbor_tasks
+from raygrpo.envs.registry import HarborKind
+from raygrpo.errors import ResolveError
 from raygrpo.specs.harbor import HarborSpec
+from tests.harbor_utils import EXAMPLE_DIR, EXAMPLE_TASKS, example_task_names, make_task
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -20,9 +25,22 @@ def load(data: dict, base_dir=None) -> HarborSpec:
 
 
 def error_of(data: dict, base_dir=None) -> str:
+    """The load-time (field validation) error."""
     with pytest.raises(ValidationError) as info:
         load(data, base_dir)
     return str(info.value)
+
+
+def resolve_error(data: dict, base_dir=None) -> str:
+    """The resolve-time error: the spec loads, what it names does not (the message starts with the field)."""
+    spec = load(data, base_dir)
+    with pytest.raises(ResolveError) as info:
+        HarborKind().resolve(spec, "local")
+    return str(info.value)
+
+
+def task_dirs(spec: HarborSpec) -> list[str]:
+    return [str(d) for d in discover_task_dirs(Path(spec.path))]
 
 
 # ── the example suite ──────────────────────────────────────────────────────────────────────────────────────────
@@ -33,14 +51,15 @@ def test_example_suite_loads_relative_to_base_dir():
     assert spec.path == str(EXAMPLE_TASKS)
     names = example_task_names()
     assert len(names) >= 8
-    assert [os.path.basename(d) for d in spec.task_dirs()] == names
+    assert [os.path.basename(d) for d in task_dirs(spec)] == names
     # The folder above `tasks/` works too.
-    assert load({"path": str(EXAMPLE_DIR)}).task_dirs() == spec.task_dirs()
+    assert task_dirs(load({"path": str(EXAMPLE_DIR)})) == task_dirs(spec)
+    assert HarborKind().resolve(spec, "local") == list_harbor_tasks(spec, "local")
 
 
 def test_list_tasks_carries_dir_instruction_and_metadata():
     spec = load({"path": "tasks"}, base_dir=EXAMPLE_DIR)
-    refs = spec.list_tasks("local")
+    refs = list_harbor_tasks(spec, "local")
     assert [r.index for r in refs] == list(range(len(example_task_names())))
     first = refs[0]
     assert first.env == "local" and first.split == "train"
@@ -51,24 +70,14 @@ def test_list_tasks_carries_dir_instruction_and_metadata():
     assert first.metadata["difficulty"] == "easy" and first.metadata["category"]  # task.toml [metadata]
 
 
-def test_dataset_columns():
-    spec = load({"path": "tasks", "indices": [2, 0]}, base_dir=EXAMPLE_DIR)
-    ds = spec.dataset("local")
-    assert len(ds) == 2
-    assert {"prompt", "task_index", "env", "task_dir", "task_name", "instruction", "difficulty"} <= set(ds.column_names)
-    assert ds["task_index"] == [2, 0]
-    assert ds["task_dir"] == [str(EXAMPLE_TASKS / example_task_names()[i]) for i in (2, 0)]
-    assert ds["prompt"][0] == [{"role": "user", "content": ""}]
-
-
 def test_selection(caplog):
     base = {"path": str(EXAMPLE_TASKS)}
-    assert [r.index for r in load({**base, "num_tasks": 3}).list_tasks("x")] == [0, 1, 2]
-    assert [r.index for r in load({**base, "indices": [4, 1]}).list_tasks("x")] == [4, 1]
+    assert [r.index for r in list_harbor_tasks(load({**base, "num_tasks": 3}), "x")] == [0, 1, 2]
+    assert [r.index for r in list_harbor_tasks(load({**base, "indices": [4, 1]}), "x")] == [4, 1]
     many = load({**base, "num_tasks": 1000})
-    assert len(many.list_tasks("x")) == len(example_task_names())
+    assert len(list_harbor_tasks(many, "x")) == len(example_task_names())
     assert "num_tasks=1000" in caplog.text
-    assert "index 99 is out of range" in error_of({**base, "indices": [0, 99]})
+    assert resolve_error({**base, "indices": [0, 99]}).startswith("envs.local.indices: `indices`: index 99 is out of")
     assert "`indices` must be >= 0" in error_of({**base, "indices": [-1]})
     assert "must not be empty" in error_of({**base, "indices": []})
 
@@ -92,8 +101,8 @@ def test_faults_are_validated():
 def test_spec_pickles_and_is_plain_data():
     spec = load({"path": "tasks", "environment_kwargs": {"a": 1}}, base_dir=EXAMPLE_DIR)
     copy = pickle.loads(pickle.dumps(spec))
-    assert copy == spec and copy.task_dirs() == spec.task_dirs()
-    provider = pickle.loads(pickle.dumps(spec.provider(name="local")))  # carries only its configuration
+    assert copy == spec
+    provider = pickle.loads(pickle.dumps(HarborProvider(spec, name="local")))  # carries only its configuration
     assert provider.spec == spec and provider.name == "local" and provider.live_sandboxes == 0
 
 
@@ -123,10 +132,11 @@ def test_import_path_file_resolves_against_base_dir(tmp_path):
     spec = load({"path": str(EXAMPLE_TASKS), "import_path": "backend.py:MyEnv"}, base_dir=tmp_path)
     assert spec.import_path == f"{tmp_path / 'backend.py'}:MyEnv"
     assert spec.backend == spec.import_path == spec.effective_rate_limit_key
-    message = error_of({"path": str(EXAMPLE_TASKS), "import_path": "backend.py:NotAnEnv"}, base_dir=tmp_path)
-    assert "import_path" in message and "BaseEnvironment subclass" in message
-    message = error_of({"path": str(EXAMPLE_TASKS), "import_path": "backend.py:Missing"}, base_dir=tmp_path)
-    assert "import_path" in message and "no attribute 'Missing'" in message
+    message = resolve_error({"path": str(EXAMPLE_TASKS), "import_path": "backend.py:NotAnEnv"}, base_dir=tmp_path)
+    assert message.startswith("envs.local.import_path:") and "BaseEnvironment subclass" in message
+    message = resolve_error({"path": str(EXAMPLE_TASKS), "import_path": "backend.py:Missing"}, base_dir=tmp_path)
+    assert message.startswith("envs.local.import_path:") and "no attribute 'Missing'" in message
+    assert "import_path" in error_of({"path": str(EXAMPLE_TASKS), "import_path": "no_colon"})
 
 
 def test_harness_selectors(tmp_path):
@@ -138,11 +148,11 @@ def test_harness_selectors(tmp_path):
     )
     spec = load({"path": str(EXAMPLE_TASKS), "harness": "my_harness.py:Shell"}, base_dir=tmp_path)
     assert spec.harness == f"{tmp_path / 'my_harness.py'}:Shell"
-    assert spec.provider().harness_cls.__name__ == "Shell"
-    assert "harness" in error_of({"path": str(EXAMPLE_TASKS), "harness": "zsh"})
-    message = error_of({"path": str(EXAMPLE_TASKS), "harness": "my_harness.py:Broken"}, base_dir=tmp_path)
-    assert "`tools` list" in message
-    assert "no module named" in error_of({"path": str(EXAMPLE_TASKS), "harness": "no_such_mod:Cls"})
+    assert HarborProvider(spec).harness_cls.__name__ == "Shell"
+    assert resolve_error({"path": str(EXAMPLE_TASKS), "harness": "zsh"}).startswith("envs.local.harness: unknown")
+    message = resolve_error({"path": str(EXAMPLE_TASKS), "harness": "my_harness.py:Broken"}, base_dir=tmp_path)
+    assert message.startswith("envs.local.harness:") and "`tools` list" in message
+    assert "no module named" in resolve_error({"path": str(EXAMPLE_TASKS), "harness": "no_such_mod:Cls"})
 
 
 # ── config errors ─────────────────────────────────────────────────────────────────────────────────────────────
@@ -166,15 +176,17 @@ def test_harness_selectors(tmp_path):
     ],
 )
 def test_field_errors(data, expected):
-    assert expected in error_of({"path": str(EXAMPLE_TASKS), **data})
+    # Field errors need no task folder: validating a spec reads nothing from disk.
+    assert expected in error_of({"path": "/no/such/folder", **data})
 
 
 def test_path_errors(tmp_path):
-    assert f"{tmp_path / 'nope'} does not exist" in error_of({"path": "nope"}, base_dir=tmp_path)
+    assert resolve_error({"path": "nope"}, base_dir=tmp_path) == f"envs.local.path: {tmp_path / 'nope'} does not exist"
     (tmp_path / "file.txt").write_text("x")
-    assert "is not a folder" in error_of({"path": "file.txt"}, base_dir=tmp_path)
+    assert "is not a folder" in resolve_error({"path": "file.txt"}, base_dir=tmp_path)
     (tmp_path / "empty").mkdir()
-    assert f"no Harbor task dirs under {tmp_path / 'empty'}" in error_of({"path": "empty"}, base_dir=tmp_path)
+    assert f"no Harbor task dirs under {tmp_path / 'empty'}" in resolve_error({"path": "empty"}, base_dir=tmp_path)
+    assert "path" in error_of({"path": " "})
 
 
 def test_relative_path_without_base_dir_uses_cwd(monkeypatch):
@@ -184,12 +196,12 @@ def test_relative_path_without_base_dir_uses_cwd(monkeypatch):
 
 def test_suite_forms(tmp_path):
     one = make_task(tmp_path / "single", "only")
-    assert load({"path": str(one)}).task_dirs() == [str(one)]  # a task dir itself
+    assert task_dirs(load({"path": str(one)})) == [str(one)]  # a task dir itself
     make_task(tmp_path / "nested" / "tasks", "b")
     make_task(tmp_path / "nested" / "tasks", "a")
     (tmp_path / "nested" / "tasks" / ".cache").mkdir()  # hidden folders are not tasks
     spec = load({"path": "nested"}, base_dir=tmp_path)
-    assert [os.path.basename(d) for d in spec.task_dirs()] == ["a", "b"]
+    assert [os.path.basename(d) for d in task_dirs(spec)] == ["a", "b"]
 
 
 def _break(task, how: str) -> None:
@@ -224,6 +236,6 @@ def test_bad_task_dir_fails_naming_it(tmp_path, how, expected):
     make_task(tmp_path / "suite", "good")
     bad = make_task(tmp_path / "suite", "broken")
     _break(bad, how)
-    message = error_of({"path": "suite"}, base_dir=tmp_path)
+    message = resolve_error({"path": "suite"}, base_dir=tmp_path)
     assert f"task dir {bad}" in message and expected in message
-    assert message.splitlines()[1].startswith("path")  # the error is located at the `path` field
+    assert message.startswith("envs.local.path: ")  # the error names the `path` field

@@ -1,6 +1,6 @@
 """Keepalive: an ORS session idle for ~30 s mid-episode survives because the SDK pings it, and dies without pings.
 
-Two servers with their idle timeout patched from 900 s down to 20 s (`patch_idle_timeout`: the server's reaper deletes
+Two servers with their idle timeout patched from 900 s down to 20 s (`patch_ors_idle_timeout`: the server's reaper deletes
 sessions with no ping/request for longer than that). Two arith rollouts run at once through `ORSAdapter`, each idle
 30 s after its first tool call. The SDK's ping loop (`openreward.api._session.ping.ping`, run on the SDK's ping
 thread every 10 s) is left alone for server A and suppressed for server B (negative control):
@@ -16,11 +16,13 @@ import asyncio
 import time
 
 import pytest
-from ors_utils import ARITH, ors_server, run_episode
 
 from raygrpo.envs.base import EnvError
+from raygrpo.envs.ors import ORSProvider
+from raygrpo.envs.ors_listing import list_ors_tasks
 from raygrpo.imports import load_object
 from raygrpo.specs.ors import ORSSpec
+from tests.ors_utils import ARITH, ors_server, run_episode
 
 IDLE_TIMEOUT_S = 20.0
 IDLE_GAP_S = 30.0
@@ -46,9 +48,9 @@ def test_pings_keep_an_idle_session_alive_and_their_absence_loses_it(monkeypatch
 
         async def rollout(server):
             spec = ORSSpec(url=server.url, indices=[3])
-            [task] = spec.list_tasks("arith")
-            provider = spec.provider(name="arith")
-            adapter = provider.adapter(call_timeout_s=30)
+            [task] = list_ors_tasks(spec, "arith")
+            provider = ORSProvider(spec, name="arith")
+            adapter = provider.adapter()
             observed = {}
 
             async def pause(turn: int) -> None:

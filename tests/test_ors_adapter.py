@@ -10,7 +10,14 @@ import pickle
 import time
 
 import pytest
-from ors_utils import (
+
+from raygrpo.envs.base import EnvAdapter, EnvError, EnvProvider
+from raygrpo.envs.ors import ORSAdapter, ORSProvider, ORSSessionError, ORSTimeoutError
+from raygrpo.envs.ors_listing import list_ors_tasks
+from raygrpo.imports import load_object
+from raygrpo.specs.ors import ORSSpec
+from raygrpo.types import TaskRef
+from tests.ors_utils import (
     ARITH,
     ECHO,
     KillableEnvironment,
@@ -21,12 +28,6 @@ from ors_utils import (
     run_episode,
     wait_until,
 )
-
-from raygrpo.envs.base import EnvAdapter, EnvError, EnvProvider
-from raygrpo.envs.ors import ORSAdapter, ORSProvider, ORSSessionError, ORSTimeoutError
-from raygrpo.imports import load_object
-from raygrpo.specs.ors import ORSSpec
-from raygrpo.types import TaskRef
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -47,16 +48,16 @@ def task(env: str, index: int = 0, **metadata) -> TaskRef:
 
 async def test_protocols_and_pickling(server):
     spec = spec_for(server, "echoenvironment")
-    provider = spec.provider(name="echo")
+    provider = ORSProvider(spec, name="echo")
     assert isinstance(provider, EnvProvider) and isinstance(provider.adapter(), EnvAdapter)
     # The spec (not the provider) is what travels to actors; a provider not yet used is picklable too.
     assert pickle.loads(pickle.dumps(spec)) == spec
-    pickle.loads(pickle.dumps(spec.provider(name="echo")))
+    pickle.loads(pickle.dumps(ORSProvider(spec, name="echo")))
     await provider.aclose()
 
 
 async def test_echo_episode(server):
-    provider = spec_for(server, "echoenvironment").provider(name="echo")
+    provider = ORSProvider(spec_for(server, "echoenvironment"), name="echo")
     adapter = provider.adapter()
     try:
         obs = await adapter.start(task("echo", 2))
@@ -80,8 +81,8 @@ async def test_echo_episode(server):
 
 
 async def test_arith_episode_with_task_tools(server):
-    provider = spec_for(server, "arithenvironment").provider(name="arith")
-    adapter = provider.adapter(call_timeout_s=10)
+    provider = ORSProvider(spec_for(server, "arithenvironment", tool_timeout_s=10), name="arith")
+    adapter = provider.adapter()
     try:
         obs = await adapter.start(task("arith", 3))
         names = [t["function"]["name"] for t in obs.tools]
@@ -102,7 +103,6 @@ async def test_arith_episode_with_task_tools(server):
         assert await adapter.score() is None
         done = await adapter.call("submit", {"answer": 35})
         assert (done.reward, done.finished) == (1.0, True)
-        assert adapter.rewards == [None, None, None, None, None, 1.0]
         # After the episode finished, the server refuses calls; the adapter reports that, the reward stays.
         again = await adapter.call("submit", {"answer": 0})
         assert again.error and "finished" in again.text
@@ -114,7 +114,7 @@ async def test_arith_episode_with_task_tools(server):
 
 
 async def test_refused_calls_keep_the_session(server):
-    provider = spec_for(server, "arithenvironment").provider(name="arith")
+    provider = ORSProvider(spec_for(server, "arithenvironment"), name="arith")
     adapter = provider.adapter()
     try:
         await adapter.start(task("arith", 0))
@@ -138,8 +138,8 @@ async def test_refused_calls_keep_the_session(server):
 
 
 async def test_session_deleted_mid_episode_raises_env_error(server):
-    provider = spec_for(server, "killableenvironment").provider(name="kill")
-    adapter = provider.adapter(call_timeout_s=20)
+    provider = ORSProvider(spec_for(server, "killableenvironment", tool_timeout_s=20), name="kill")
+    adapter = provider.adapter()
     try:
         await adapter.start(task("kill"))
         assert (await adapter.call("poke", {})).reward == 0.5
@@ -156,8 +156,8 @@ async def test_session_deleted_mid_episode_raises_env_error(server):
 
 
 async def test_tool_crash_raises_env_error_and_cleans_up(server):
-    provider = spec_for(server, "killableenvironment").provider(name="kill")
-    adapter = provider.adapter(call_timeout_s=20)
+    provider = ORSProvider(spec_for(server, "killableenvironment", tool_timeout_s=20), name="kill")
+    adapter = provider.adapter()
     try:
         await adapter.start(task("kill"))
         with pytest.raises(EnvError, match=r"call 'explode' failed on the server: .*boom"):
@@ -170,14 +170,14 @@ async def test_tool_crash_raises_env_error_and_cleans_up(server):
     await provider.aclose()
 
 
-async def test_call_deadline(server):
-    provider = spec_for(server, "sleepenvironment").provider(name="sleep")
-    adapter = provider.adapter(call_timeout_s=0.5)
+async def test_call_deadline_tells_the_model(server):
+    provider = ORSProvider(spec_for(server, "sleepenvironment", tool_timeout_s=0.5), name="sleep")
+    adapter = provider.adapter()
     try:
         await adapter.start(task("sleep"))
         start = time.monotonic()
-        with pytest.raises(ORSTimeoutError, match=r"no answer within 0\.5 s to call 'nap'"):
-            await adapter.call("nap", {"seconds": 5})
+        result = await adapter.call("nap", {"seconds": 5})
+        assert result.error and result.text == "Error: tool 'nap' did not answer within 0.5 s."
         assert time.monotonic() - start < 2
         assert isinstance(ORSTimeoutError("x"), EnvError)
     finally:
@@ -187,7 +187,7 @@ async def test_call_deadline(server):
 
 
 async def test_close_after_failed_start_and_bad_index(server):
-    provider = spec_for(server, "echoenvironment").provider(name="echo")
+    provider = ORSProvider(spec_for(server, "echoenvironment"), name="echo")
     adapter = provider.adapter()
     with pytest.raises(EnvError, match=r"envs\.echo\.url .*task train\[99\].*HTTP 400.*Invalid index"):
         await adapter.start(task("echo", 99))
@@ -203,7 +203,7 @@ async def test_close_after_failed_start_and_bad_index(server):
 
 async def test_unreachable_server_start_fails_within_deadline():
     url = f"http://127.0.0.1:{closed_port()}"
-    provider = ORSSpec(url=url).provider(name="gone", start_timeout_s=30)
+    provider = ORSProvider(ORSSpec(url=url, start_timeout_s=30), name="gone")
     adapter = provider.adapter()
     start = time.monotonic()
     with pytest.raises(EnvError) as info:
@@ -216,7 +216,7 @@ async def test_unreachable_server_start_fails_within_deadline():
 
 async def test_catalog_without_api_key_fails_at_start(monkeypatch):
     monkeypatch.delenv("RAYGRPO_NO_KEY", raising=False)
-    provider = ORSSpec(catalog="Owner/Env", api_key_env="RAYGRPO_NO_KEY").provider(name="cat")
+    provider = ORSProvider(ORSSpec(catalog="Owner/Env", api_key_env="RAYGRPO_NO_KEY"), name="cat")
     adapter = provider.adapter()
     with pytest.raises(EnvError, match=r"envs\.cat\.api_key_env: environment variable RAYGRPO_NO_KEY is not set"):
         await adapter.start(task("cat"))
@@ -225,7 +225,7 @@ async def test_catalog_without_api_key_fails_at_start(monkeypatch):
 
 
 async def test_provider_aclose_closes_open_sessions(server):
-    provider = spec_for(server, "echoenvironment").provider(name="echo")
+    provider = ORSProvider(spec_for(server, "echoenvironment"), name="echo")
     adapters = [provider.adapter() for _ in range(5)]
     await asyncio.gather(*(a.start(task("echo", i)) for i, a in enumerate(adapters)))
     assert server.live_sessions() == 5 and provider.open_sessions == 5
@@ -238,7 +238,7 @@ async def test_provider_aclose_closes_open_sessions(server):
 
 
 async def test_cancelled_rollout_still_deletes_its_session(server):
-    provider = spec_for(server, "sleepenvironment").provider(name="sleep")
+    provider = ORSProvider(spec_for(server, "sleepenvironment"), name="sleep")
 
     async def rollout():
         adapter = provider.adapter()
@@ -260,10 +260,10 @@ async def test_cancelled_rollout_still_deletes_its_session(server):
 async def test_64_concurrent_sessions(server):
     SleepEnvironment.live.reset()
     SleepEnvironment.napping.reset()
-    provider = spec_for(server, "sleepenvironment").provider(name="sleep")
+    provider = ORSProvider(spec_for(server, "sleepenvironment"), name="sleep")
 
     async def one(i: int) -> float | None:
-        adapter = provider.adapter(call_timeout_s=30)
+        adapter = provider.adapter()
         try:
             await adapter.start(task("sleep", i % 4))
             result = await adapter.call("nap", {"seconds": 0.5})
@@ -294,8 +294,8 @@ async def test_secret_reaches_the_environment_and_nothing_else(server, monkeypat
     caplog.set_level(logging.DEBUG)
     SecretEnvironment.received.clear()
     spec = spec_for(server, "secretenvironment", secrets={"probe_token": "RAYGRPO_TEST_SECRET"})
-    [ref] = spec.list_tasks("sec")
-    provider = spec.provider(name="sec")
+    [ref] = list_ors_tasks(spec, "sec")
+    provider = ORSProvider(spec, name="sec")
     adapter = provider.adapter()
     try:
         obs = await adapter.start(ref)
@@ -319,7 +319,7 @@ async def test_platform_key_goes_to_url_servers_only_when_asked(server, monkeypa
     for spec in (spec_for(server, "secretenvironment"),
                  spec_for(server, "secretenvironment", indices=[0]),
                  spec_for(server, "secretenvironment", api_key_env="RAYGRPO_TEST_KEY")):
-        provider = spec.provider(name="sec")
+        provider = ORSProvider(spec, name="sec")
         adapter = provider.adapter()
         try:
             await adapter.start(task("sec"))
@@ -337,8 +337,8 @@ async def test_platform_key_goes_to_url_servers_only_when_asked(server, monkeypa
 
 async def test_missing_secret_variable_is_named(server, monkeypatch):
     monkeypatch.delenv("RAYGRPO_UNSET_SECRET", raising=False)
-    provider = spec_for(server, "secretenvironment", secrets={"probe_token": "RAYGRPO_UNSET_SECRET"}).provider(
-        name="sec")
+    provider = ORSProvider(spec_for(server, "secretenvironment", secrets={"probe_token": "RAYGRPO_UNSET_SECRET"}),
+                           name="sec")
     adapter = provider.adapter()
     with pytest.raises(EnvError, match=r"envs\.sec\.secrets\.probe_token: environment variable RAYGRPO_UNSET_SECRET"):
         await adapter.start(task("sec"))
@@ -356,13 +356,13 @@ async def test_missing_secret_variable_is_named(server, monkeypatch):
 )
 async def test_example_scripted_policies(server, env_name, policies, index, expected):
     spec = spec_for(server, env_name, indices=[index])
-    [ref] = spec.list_tasks("ex")
+    [ref] = list_ors_tasks(spec, "ex")
     bare = TaskRef(env=ref.env, index=ref.index, split=ref.split)  # metadata left out: policies read the prompt
-    provider = spec.provider(name="ex")
+    provider = ORSProvider(spec, name="ex")
     for policy_name, reward in expected.items():
         policy = load_object(f"{policies}:{policy_name}")
         for t in (ref, bare):
-            adapter = provider.adapter(call_timeout_s=10)
+            adapter = provider.adapter()
             try:
                 score, messages, results = await run_episode(adapter, t, policy)
             finally:

@@ -10,26 +10,29 @@ import sys
 import time
 
 import pytest
-from ors_utils import ARITH, ECHO, closed_port, ors_server, wait_until
 
 from raygrpo.envs.base import EnvError
+from raygrpo.envs.ors import ORSProvider
+from raygrpo.envs.ors_listing import list_ors_tasks
 from raygrpo.envs.ors_server import RunningORSServer, serve_environments, serving
+from raygrpo.errors import ResolveError
 from raygrpo.specs.ors import ORSSpec
 from raygrpo.types import TaskRef
+from tests.ors_utils import ARITH, ECHO, closed_port, ors_server, wait_until
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.timeout(60)
 def test_serve_by_file_path_and_count_sessions():
-    with serving([ECHO, ARITH], base_dir=REPO) as running:
+    with serving([ECHO, ARITH]) as running:
         assert isinstance(running, RunningORSServer)
         assert running.url.startswith("http://127.0.0.1:") and running.port > 0
         assert running.env_names == ["echoenvironment", "arithenvironment"]
         assert running.live_sessions() == 0
 
         async def main():
-            provider = ORSSpec(url=running.url, env_name="arithenvironment").provider(name="arith")
+            provider = ORSProvider(ORSSpec(url=running.url, env_name="arithenvironment"), name="arith")
             adapters = [provider.adapter() for _ in range(3)]
             await asyncio.gather(*(a.start(TaskRef(env="arith", index=i)) for i, a in enumerate(adapters)))
             opened = running.live_sessions()
@@ -47,9 +50,9 @@ def test_serve_by_file_path_and_count_sessions():
 
 @pytest.mark.timeout(30)
 def test_bad_environment_specs_fail_clearly():
-    with pytest.raises(ImportError, match="no attribute 'Nope'"):
+    with pytest.raises(ResolveError, match="no attribute 'Nope'"):
         serve_environments("examples/echo/env.py:Nope")
-    with pytest.raises(TypeError, match="not an openreward.environments.Environment subclass"):
+    with pytest.raises(ResolveError, match="not an openreward.environments.Environment subclass"):
         serve_environments("raygrpo.toolcalls:format_tool_call")
     busy = serve_environments(ECHO)
     try:
@@ -62,7 +65,7 @@ def test_bad_environment_specs_fail_clearly():
 @pytest.mark.timeout(60)
 def test_idle_timeout_patch_reaps_unpinged_sessions(monkeypatch):
     """With the SDK's pings suppressed, a session left idle past the (patched) idle timeout is deleted by the server's
-    own reaper — the quick check that `patch_idle_timeout` reaches the reaper; test_keepalive.py does the long run."""
+    own reaper — the quick check that `patch_ors_idle_timeout` reaches the reaper; test_keepalive.py does the long run."""
     from openreward.api._session import ping as ping_module
 
     async def no_ping(*args, **kwargs):
@@ -72,8 +75,8 @@ def test_idle_timeout_patch_reaps_unpinged_sessions(monkeypatch):
     with ors_server([ECHO], idle_timeout_s=1.0) as running:
 
         async def main():
-            provider = ORSSpec(url=running.url).provider(name="echo")
-            adapter = provider.adapter(call_timeout_s=10)
+            provider = ORSProvider(ORSSpec(url=running.url), name="echo")
+            adapter = provider.adapter()
             try:
                 await adapter.start(TaskRef(env="echo", index=0))
                 assert running.live_sessions() == 1
@@ -107,7 +110,7 @@ def test_example_runs_as_a_server(example, name, targets):
             if "listening on" in line:
                 break
         assert f"listening on http://127.0.0.1:{port}" in seen[-1], seen
-        tasks = ORSSpec(url=f"http://127.0.0.1:{port}", env_name=name).list_tasks("ex")
+        tasks = list_ors_tasks(ORSSpec(url=f"http://127.0.0.1:{port}", env_name=name), "ex")
         assert len(tasks) == targets
     finally:
         proc.terminate()
@@ -125,17 +128,17 @@ def test_server_actor_serves_an_environment_spec(ray_local):
 
     from raygrpo.actors.ors_server import start_embedded_server
 
-    spec = ORSSpec(environment="examples/arith/env.py:ArithEnvironment", num_tasks=2)
-    actor, url = start_embedded_server(spec, "arith", base_dir=REPO)
+    spec = ORSSpec(environment=ARITH, num_tasks=2)
+    actor, url = start_embedded_server(spec, "arith")
     try:
         assert url.startswith("http://127.0.0.1:")
         served = spec.served_at(url)
-        tasks = served.list_tasks("arith")
+        tasks = list_ors_tasks(served, "arith")
         assert [t.index for t in tasks] == [0, 1] and tasks[1].metadata["answer"] == 42
 
         async def episode():
-            provider = served.provider(name="arith")
-            adapter = provider.adapter(call_timeout_s=10)
+            provider = ORSProvider(served, name="arith")
+            adapter = provider.adapter()
             try:
                 await adapter.start(tasks[0])
                 live = ray.get(actor.live_sessions.remote())
@@ -153,8 +156,9 @@ def test_server_actor_serves_an_environment_spec(ray_local):
         ray.get(actor.stop.remote(), timeout=30)
         ray.kill(actor)
 
-    with pytest.raises(RuntimeError, match=r"envs\.bad\.environment: cannot serve 'examples/nope\.py:X'"):
-        start_embedded_server(ORSSpec(environment="examples/nope.py:X"), "bad", base_dir=REPO, startup_timeout_s=60)
+    nope = f"{REPO}/examples/nope.py:X"
+    with pytest.raises(RuntimeError, match=rf"envs\.bad\.environment: cannot serve '{nope}'"):
+        start_embedded_server(ORSSpec(environment=nope), "bad", startup_timeout_s=60)
 
 
 @pytest.mark.timeout(60)
@@ -163,11 +167,11 @@ def test_several_servers_in_one_process(capfd):
     without errors. sse-starlette 2.3.6 binds its shutdown event to the first server's loop, so without
     `patch_sse_exit_signal` the other servers' SSE responses crash server side ("bound to a different event loop");
     the SDK's retries hide it from the client, so the check reads the servers' own error output."""
-    from ors_utils import SleepEnvironment
+    from tests.ors_utils import SleepEnvironment
 
     async def nap(url: str) -> float | None:
-        provider = ORSSpec(url=url).provider(name="sleep")
-        adapter = provider.adapter(call_timeout_s=10)
+        provider = ORSProvider(ORSSpec(url=url), name="sleep")
+        adapter = provider.adapter()
         try:
             await adapter.start(TaskRef(env="sleep", index=0))
             result = await adapter.call("nap", {"seconds": 0.3})

@@ -1,5 +1,5 @@
-"""ORSSpec: validation messages, task listing and datasets against a real local ORS server, unreachable servers,
-and `load_object` (the import-spec loader the spec's `environment` field uses)."""
+"""ORSSpec: validation messages; task listing (`raygrpo.envs.ors_listing`) against a real local ORS server and
+unreachable servers; and `load_object` (the import-spec loader the spec's `environment` field uses)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import pickle
 import time
 
 import pytest
-from ors_utils import ARITH, ECHO, closed_port, ors_server
 from pydantic import ValidationError
 
+from raygrpo.envs.ors_listing import ORSConfigError, ORSConnectionError, list_ors_tasks
 from raygrpo.imports import ImportSpecError, load_object
-from raygrpo.specs.ors import ORSConfigError, ORSConnectionError, ORSSpec
+from raygrpo.specs.ors import ORSSpec
+from tests.ors_utils import ARITH, ECHO, closed_port, ors_server
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -60,7 +61,7 @@ def test_exactly_one_source():
         ({"url": "http://127.0.0.1:1", "num_tasks": 0}, "num_tasks"),
         ({"url": "http://127.0.0.1:1", "indices": []}, "indices"),
         ({"url": "http://127.0.0.1:1", "indices": [0, -1]}, "indices"),
-        ({"url": "http://127.0.0.1:1", "weight": 0}, "weight"),
+        ({"url": "http://127.0.0.1:1", "weight": 2}, "train.mixture"),
         ({"url": "http://127.0.0.1:1", "connect_timeout_s": -1}, "connect_timeout_s"),
         ({"url": "http://127.0.0.1:1", "api_key_env": "sk-live-abc"}, "api_key_env"),
         ({"url": "http://127.0.0.1:1", "base_url": "https://openreward.ai"}, "base_url"),
@@ -87,14 +88,14 @@ def test_served_at_keeps_exactly_one_source():
     unpickled = pickle.loads(pickle.dumps(served))
     assert unpickled.served_from == ECHO and unpickled.url == served.url
     with pytest.raises(ORSConfigError, match="envs.echo.environment"):
-        spec.list_tasks("echo")
+        list_ors_tasks(spec, "echo")
 
 
 # ── listing ──────────────────────────────────────────────────────────────────────────────────────────────────────
 
 
 def test_list_all_tasks(server):
-    tasks = ORSSpec(url=server.url).list_tasks("echo")
+    tasks = list_ors_tasks(ORSSpec(url=server.url), "echo")
     assert [t.index for t in tasks] == list(range(8))
     assert all(t.env == "echo" and t.split == "train" for t in tasks)
     assert tasks[0].metadata == {"target": "hello"}
@@ -102,56 +103,44 @@ def test_list_all_tasks(server):
 
 def test_num_tasks_indices_split_and_env_name(server):
     spec = ORSSpec(url=server.url, env_name="arithenvironment", num_tasks=3)
-    tasks = spec.list_tasks("arith")
+    tasks = list_ors_tasks(spec, "arith")
     assert [t.index for t in tasks] == [0, 1, 2]
     assert tasks[0].metadata["expression"] == "a + b" and tasks[0].metadata["answer"] == 42
 
-    picked = ORSSpec(url=server.url, indices=[5, 1], split="train").list_tasks("echo")
+    picked = list_ors_tasks(ORSSpec(url=server.url, indices=[5, 1], split="train"), "echo")
     assert [(t.index, t.metadata["target"]) for t in picked] == [(5, "the answer"), (1, "world")]
 
     many = list(range(7, -1, -1)) * 3  # above the range-fetch threshold, with repeats
-    assert [t.index for t in ORSSpec(url=server.url, indices=many).list_tasks("echo")] == many
+    assert [t.index for t in list_ors_tasks(ORSSpec(url=server.url, indices=many), "echo")] == many
 
-    test_split = ORSSpec(url=server.url, split="test").list_tasks("echo")
+    test_split = list_ors_tasks(ORSSpec(url=server.url, split="test"), "echo")
     assert [t.metadata["target"] for t in test_split] == ["echo", "repeat this"]
 
-    bare = ORSSpec(url=server.url, num_tasks=2, include_metadata=False).list_tasks("echo")
+    bare = list_ors_tasks(ORSSpec(url=server.url, num_tasks=2, include_metadata=False), "echo")
     assert [t.metadata for t in bare] == [{}, {}]
 
 
 def test_listing_errors_name_the_field(server):
     with pytest.raises(ORSConfigError, match=r"envs\.echo\.split: split 'dev' does not exist.*'train', 'test'"):
-        ORSSpec(url=server.url, split="dev").list_tasks("echo")
+        list_ors_tasks(ORSSpec(url=server.url, split="dev"), "echo")
     with pytest.raises(ORSConfigError, match=r"envs\.echo\.indices: index 99 is out of range.*8 tasks"):
-        ORSSpec(url=server.url, indices=[0, 99]).list_tasks("echo")
+        list_ors_tasks(ORSSpec(url=server.url, indices=[0, 99]), "echo")
     with pytest.raises(ORSConfigError, match=r"envs\.x\.env_name: no environment 'nosuch'.*echoenvironment"):
-        ORSSpec(url=server.url, env_name="nosuch").list_tasks("x")
+        list_ors_tasks(ORSSpec(url=server.url, env_name="nosuch"), "x")
 
 
 def test_list_tasks_inside_a_running_loop(server):
     async def main():
-        return ORSSpec(url=server.url, num_tasks=1).list_tasks("echo")
+        return list_ors_tasks(ORSSpec(url=server.url, num_tasks=1), "echo")
 
     assert len(asyncio.run(main())) == 1
-
-
-def test_dataset_columns(server):
-    ds = ORSSpec(url=server.url, env_name="arithenvironment").dataset("arith")
-    assert len(ds) == 8
-    assert {"prompt", "task_index", "env", "expression", "operands", "answer"} <= set(ds.column_names)
-    assert ds[0]["prompt"] == [{"role": "user", "content": ""}]
-    assert ds["task_index"] == list(range(8)) and set(ds["env"]) == {"arith"}
-    assert ds[3]["expression"] == "(a + b) * c" and ds[3]["answer"] == 35
-
-    echo = ORSSpec(url=server.url, include_metadata=False).dataset("echo")
-    assert set(echo.column_names) == {"prompt", "task_index", "env"}
 
 
 def test_unreachable_url_fails_fast_naming_url_and_field():
     url = f"http://127.0.0.1:{closed_port()}"
     start = time.monotonic()
     with pytest.raises(ORSConnectionError) as info:
-        ORSSpec(url=url, connect_timeout_s=30).list_tasks("echo")
+        list_ors_tasks(ORSSpec(url=url, connect_timeout_s=30), "echo")
     elapsed = time.monotonic() - start
     message = str(info.value)
     assert elapsed < 30, elapsed
@@ -169,7 +158,7 @@ def test_silent_server_hits_the_deadline():
     try:
         start = time.monotonic()
         with pytest.raises(ORSConnectionError, match=r"envs\.slow\.url: cannot reach .*no answer within 1\.5 s"):
-            ORSSpec(url=url, connect_timeout_s=1.5).list_tasks("slow")
+            list_ors_tasks(ORSSpec(url=url, connect_timeout_s=1.5), "slow")
         assert time.monotonic() - start < 10
     finally:
         listener.close()
@@ -179,7 +168,7 @@ def test_catalog_without_api_key_names_the_variable(monkeypatch):
     monkeypatch.delenv("RAYGRPO_NO_SUCH_KEY", raising=False)
     spec = ORSSpec(catalog="Owner/Env", api_key_env="RAYGRPO_NO_SUCH_KEY")
     with pytest.raises(ORSConfigError, match=r"envs\.c\.api_key_env: environment variable RAYGRPO_NO_SUCH_KEY"):
-        spec.list_tasks("c")
+        list_ors_tasks(spec, "c")
 
 
 # ── load_object ──────────────────────────────────────────────────────────────────────────────────────────────────

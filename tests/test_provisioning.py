@@ -21,6 +21,7 @@ from raygrpo.provisioning import (
     ProvisioningGate,
     Reservation,
     gate_for,
+    local_limiter,
     max_per_window,
     reset_gates,
 )
@@ -237,6 +238,10 @@ async def test_gate_for_shares_one_gate_per_key(caplog):
     assert "already set" in caplog.text
     with pytest.raises(ValueError):
         ProvisioningGate(2, 5.0, None)
+    with pytest.raises(ValueError, match="limiter"):
+        ProvisioningGate(2, 5.0, "p")  # a rate needs a limiter to reserve from
+    limited = gate_for("local-rate", 2, 5.0)  # no factory given: this process's own limiter of the key
+    assert isinstance(limited._limiter, CreateRateLimiter) and limited._limiter is local_limiter("local-rate", 5.0)
 
 
 @pytest.mark.ray
@@ -249,7 +254,7 @@ async def test_ray_limiter_death_is_survived(ray_local):
 
     key, rate = f"test-{uuid.uuid4().hex[:8]}", 10.0
     assert ensure_rate_limiter(key, rate)["rate_per_s"] == rate
-    gate = gate_for(key, 2, rate)
+    gate = gate_for(key, 2, rate, limiters=RayRateLimiterClient)
     creates: list[float] = []
     end = time.time() + 10.0
 

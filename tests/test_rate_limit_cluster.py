@@ -38,8 +38,8 @@ def _run_cluster() -> dict:
     from ray._private import ray_constants
     from ray.cluster_utils import Cluster
 
+    from raygrpo.environ import PROCESS_ENV, apply_process_env
     from raygrpo.provisioning import max_per_window
-    from raygrpo.runtime import PROCESS_ENV, apply_process_env
 
     apply_process_env()
     ray_constants.ENABLE_RAY_CLUSTER = False  # read at import time; the variable is set before `ray` is imported
@@ -52,9 +52,10 @@ def _run_cluster() -> dict:
             return ray.get_runtime_context().get_node_id()
 
         async def run(self, key: str, rate: float, starts: int, begin_at: float, end_at: float) -> dict:
+            from raygrpo.actors.rate_limiter import RayRateLimiterClient
             from raygrpo.provisioning import gate_for
 
-            gate = gate_for(key, max_concurrent_starts=starts, rate_per_s=rate)
+            gate = gate_for(key, max_concurrent_starts=starts, rate_per_s=rate, limiters=RayRateLimiterClient)
             creates: list[float] = []
 
             async def starter(i: int) -> None:

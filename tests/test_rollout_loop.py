@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 
 from raygrpo.chat import ChatRenderer
+from raygrpo.config.rollout import RolloutConfig
 from raygrpo.envs.base import EnvError
 from raygrpo.policy.base import GenerationContext, SamplingParams
 from raygrpo.policy.scripted import ScriptedPolicy
-from raygrpo.rollout import RolloutConfig, run_rollout
+from raygrpo.rollout import run_rollout
 from raygrpo.toolcalls import format_tool_call
 from raygrpo.types import Observation, Status, TaskRef, ToolResult
 
@@ -160,10 +161,12 @@ def test_dead_environment_is_unscored_env_error(renderer):
     assert "terminated" in traj.error
 
 
-def test_tool_deadline_tells_the_model(renderer):
-    env = AddEnv(call_delay_s=2.0)
-    traj = _run(renderer, env, scripted(format_tool_call("add", {"a": 1, "b": 1})), tool_timeout_s=0.2)
-    assert "did not answer within" in traj.messages[2]["content"]
+def test_the_loop_leaves_tool_deadlines_to_the_adapter(renderer):
+    """One owner per deadline: the adapter bounds its calls (and tells the model); the loop imposes none of its own,
+    so a slow call that the adapter lets finish is not cut short."""
+    env = AddEnv(call_delay_s=1.0)
+    traj = _run(renderer, env, scripted(format_tool_call("add", {"a": 1, "b": 1}), format_tool_call("submit", {})))
+    assert traj.messages[2]["content"] == "2" and traj.status is Status.OK and traj.reward == 1.0
 
 
 def test_rollout_deadline_is_unscored_timeout(renderer):
@@ -200,10 +203,42 @@ def test_missing_reward_is_its_own_unscored_status(renderer):
     assert traj.status is Status.NO_REWARD and traj.reward is None and "no reward file" in traj.error
 
 
-def test_hung_scorer_is_unscored_timeout(renderer):
+def test_scoring_past_its_deadline_is_unscored_timeout(renderer):
+    class LateScorer(AddEnv):
+        async def score(self):
+            raise TimeoutError("the verifier did not finish within 0.3 s")  # the adapter's own deadline
+
+    traj = _run(renderer, LateScorer(), scripted(format_tool_call("submit", {})))
+    assert traj.status is Status.TIMEOUT and traj.reward is None and "0.3 s" in traj.error
+
+
+def test_hung_scorer_without_a_deadline_ends_at_the_rollout_deadline(renderer):
     class HungScorer(AddEnv):
         async def score(self):
             await asyncio.sleep(30)
 
-    traj = _run(renderer, HungScorer(), scripted(format_tool_call("submit", {})), score_timeout_s=0.3)
-    assert traj.status is Status.TIMEOUT and traj.reward is None
+    env = HungScorer()
+    traj = _run(renderer, env, scripted(format_tool_call("submit", {})), rollout_timeout_s=0.5)
+    assert traj.status is Status.TIMEOUT and traj.reward is None and env.closed == 1
+
+
+def test_the_start_does_not_count_against_the_rollout_deadline(renderer):
+    """Provisioning has its own deadline (the adapter's); a slow start leaves the episode its whole budget."""
+
+    class SlowStart(AddEnv):
+        async def start(self, task):
+            await asyncio.sleep(1.0)
+            return await super().start(task)
+
+    traj = _run(renderer, SlowStart(), scripted(format_tool_call("submit", {})), rollout_timeout_s=0.8)
+    assert traj.status is Status.OK and traj.reward == 1.0 and traj.timings["provision"] >= 1.0
+
+
+def test_a_start_that_raises_timeout_is_env_error(renderer):
+    class StartTimesOut(AddEnv):
+        async def start(self, task):
+            raise TimeoutError("no sandbox within 1 s")
+
+    env = StartTimesOut()
+    traj = _run(renderer, env, scripted(format_tool_call("submit", {})))
+    assert traj.status is Status.ENV_ERROR and "no sandbox within 1 s" in traj.error and env.closed == 1

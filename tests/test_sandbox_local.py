@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import logging
+import os
 import socket
 import subprocess
 import sys
@@ -13,6 +13,14 @@ from pathlib import Path
 
 import pytest
 from harbor.verifier.verifier import Verifier
+
+from raygrpo.sandbox.dockerfile import DockerfileError, parse_dockerfile
+from raygrpo.sandbox.local import (
+    LocalSandboxEnvironment,
+    SandboxExecTimeoutError,
+    SandboxNotRunningError,
+)
+from raygrpo.sandbox.registry import live_sandboxes
 from tests.sandbox_utils import (
     assert_no_leaks,
     make_env,
@@ -22,14 +30,6 @@ from tests.sandbox_utils import (
     processes_mentioning,
     wait_until,
 )
-
-from raygrpo.sandbox.dockerfile import DockerfileError, parse_dockerfile
-from raygrpo.sandbox.local import (
-    LocalSandboxEnvironment,
-    SandboxExecTimeoutError,
-    SandboxNotRunningError,
-)
-from raygrpo.sandbox.registry import live_sandboxes
 
 RICH_DOCKERFILE = """\
 # syntax=docker/dockerfile:1

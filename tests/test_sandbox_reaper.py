@@ -11,13 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from raygrpo.sandbox.registry import (
-    HEARTBEAT_INTERVAL_S,
-    live_sandboxes,
-    reap_orphans,
-    sandbox_mounts,
-    sandbox_processes,
-)
+from raygrpo.sandbox.reaper import reap_orphans
+from raygrpo.sandbox.registry import HEARTBEAT_INTERVAL_S, live_sandboxes, sandbox_mounts, sandbox_processes
 from tests.sandbox_utils import (
     assert_no_leaks,
     make_env,
@@ -115,8 +110,7 @@ async def test_heartbeat_is_refreshed_and_own_sandboxes_are_never_reaped(tmp_pat
 
 REAPER = """
 import json, sys
-sys.path.insert(0, {repo!r})
-from raygrpo.sandbox.registry import reap_orphans
+from raygrpo.sandbox.reaper import reap_orphans
 sys.stdin.readline()  # start together
 print(json.dumps(reap_orphans({root!r})), flush=True)
 """
@@ -127,10 +121,9 @@ def test_concurrent_reapers_reap_each_orphan_once(tmp_path: Path, sroot: Path):
     owner, started = spawn_owner(make_task(tmp_path), tmp_path / "trials", sroot, count=6)
     os.kill(owner.pid, signal.SIGKILL)
     owner.wait(timeout=10)
-    repo = str(Path(__file__).resolve().parent.parent)
     reapers = [
         subprocess.Popen(
-            [sys.executable, "-c", REAPER.format(repo=repo, root=str(sroot))],
+            [sys.executable, "-c", REAPER.format(root=str(sroot))],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

@@ -95,13 +95,17 @@ async def test_a_failing_script_is_a_policy_error(tok):
 
 @pytest.mark.timeout(60)
 async def test_factory_loads_a_script_by_file_path(tok, tmp_path, monkeypatch):
-    from raygrpo.policy.config import PolicyConfig
-    from raygrpo.policy.factory import build_policy_client
+    from raygrpo.config.policy import PolicyConfig
+    from raygrpo.errors import ResolveError
+    from raygrpo.policy.factory import build_policy_client, script_function
 
     (tmp_path / "scripts").mkdir()
-    (tmp_path / "scripts" / "say.py").write_text("def hello(ctx):\n    return f'hello {ctx.turn}'\n")
-    cfg = PolicyConfig(kind="scripted", script="scripts/say.py:hello")
-    policy = build_policy_client(cfg, tok, base_dir=str(tmp_path))
+    (tmp_path / "scripts" / "say.py").write_text("def hello(ctx):\n    return f'hello {ctx.turn}'\nNOT_A_FN = 3\n")
+    # A relative file path resolves against the config file's folder when the config loads.
+    cfg = PolicyConfig.model_validate({"kind": "scripted", "script": "scripts/say.py:hello"},
+                                      context={"base_dir": str(tmp_path)})
+    assert cfg.script == f"{tmp_path}/scripts/say.py:hello"
+    policy = build_policy_client(cfg, tok)
     turn = await policy.generate([1], SamplingParams(), _ctx(turn=2))
     assert tok.decode(turn.output_ids) == "hello 2<|im_end|>"
 
@@ -111,12 +115,19 @@ async def test_factory_loads_a_script_by_file_path(tok, tmp_path, monkeypatch):
     policy = build_policy_client(PolicyConfig(kind="scripted", script="my_scripts_mod:shout"), tok)
     assert isinstance(policy, ScriptedPolicy) and policy.script.__name__ == "shout"
 
+    # What does not load fails naming the field (the driver's resolve step calls this before Ray starts).
+    with pytest.raises(ResolveError, match=r"^policy.script: cannot load .*has no attribute 'nope'"):
+        script_function(PolicyConfig(kind="scripted", script=f"{tmp_path}/scripts/say.py:nope"))
+    with pytest.raises(ResolveError, match=r"^policy.script: .* is a int, not a function"):
+        script_function(PolicyConfig(kind="scripted", script=f"{tmp_path}/scripts/say.py:NOT_A_FN"))
+
 
 @pytest.mark.timeout(30)
 def test_policy_config_validation():
     from pydantic import ValidationError
 
-    from raygrpo.policy.config import PolicyConfig, SamplingConfig, request_seed
+    from raygrpo.config.policy import PolicyConfig, SamplingConfig
+    from raygrpo.policy.base import request_seed
 
     with pytest.raises(ValidationError, match="policy.script is required"):
         PolicyConfig(kind="scripted")

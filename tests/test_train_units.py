@@ -197,7 +197,7 @@ def test_trainer_mapping_refuses_fields_raygrpo_owns():
 
 
 def test_grpo_config_validates_the_trainer_mapping(tmp_path):
-    from raygrpo.train.config import build_grpo_config
+    from raygrpo.train.grpo_args import build_grpo_config
 
     args = build_grpo_config({"learning_rate": 0.01, "max_steps": 3}, output_dir=str(tmp_path), use_cpu=True,
                              num_generations=2)

@@ -208,9 +208,10 @@ async def test_throughput_figures(engine):
 async def test_engine_actor_and_client(ray_local, tiny_model_dir):
     import ray
 
-    from raygrpo.actors.policy_engine import EngineClient
-    from raygrpo.policy.config import PolicyConfig
-    from raygrpo.policy.factory import build_policy_client, start_engines, stop_engines
+    from raygrpo.actors.policy_engine import start_engines, stop_engines
+    from raygrpo.config.policy import PolicyConfig
+    from raygrpo.policy.engine_client import EngineClient
+    from raygrpo.policy.factory import build_policy_client
 
     cfg = PolicyConfig(kind="transformers", num_engines=1, engine_num_cpus=0.5)
     handles = start_engines(cfg, tiny_model_dir)

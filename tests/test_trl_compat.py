@@ -4,7 +4,8 @@ same server serves TRL's serial tool loop and raygrpo's adapters."""
 from __future__ import annotations
 
 import pytest
-from ors_utils import ECHO, ors_server
+
+from tests.ors_utils import ECHO, ors_server
 
 
 @pytest.mark.timeout(180)

@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from fake_vllm import FakeVLLM, ServerThread, free_port, have_vllm_and_gpu
 from raygrpo.policy.base import PolicyClient, PolicyError, SamplingParams
 from raygrpo.policy.vllm_client import VLLMClient
+from tests.fake_vllm import FakeVLLM, ServerThread, free_port, have_vllm_and_gpu
 
 EOS = 2
 CONTINUATION = [101, 102, 103, 104, EOS]
@@ -165,7 +165,7 @@ def test_client_survives_a_new_event_loop(fake):
 
 @pytest.mark.timeout(60)
 def test_factory_builds_a_vllm_client():
-    from raygrpo.policy.config import PolicyConfig
+    from raygrpo.config.policy import PolicyConfig
     from raygrpo.policy.factory import build_policy_client
 
     cfg = PolicyConfig(kind="vllm", url="http://127.0.0.1:8000/v1", served_model_name="qwen", request_timeout_s=30)

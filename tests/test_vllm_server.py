@@ -17,13 +17,13 @@ import httpx
 import psutil
 import pytest
 
-from fake_vllm import have_vllm_and_gpu
-
 from raygrpo.actors.vllm_server import _WATCHER_TAG, start_vllm_server, stop_vllm_server
+from raygrpo.config.policy import VLLMServeConfig
 from raygrpo.policy.base import SamplingParams
 from raygrpo.policy.vllm_client import VLLMClient
-from raygrpo.policy.vllm_serve import VLLMServeConfig, build_command, server_env, trl_server_kwargs
+from raygrpo.policy.vllm_serve import build_command, server_env, trl_server_kwargs
 from raygrpo.types import Turn
+from tests.fake_vllm import have_vllm_and_gpu
 
 FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_vllm_server_main.py")
 CONTINUATION = [101, 102, 103, 104, 2]
@@ -120,7 +120,7 @@ def test_trl_server_kwargs_make_a_valid_grpo_config(tmp_path):
 def test_actor_serves_the_url_and_stop_ends_the_process_group(ray_local, tmp_path):
     import ray
 
-    from raygrpo.policy.config import PolicyConfig
+    from raygrpo.config.policy import PolicyConfig
     from raygrpo.policy.factory import build_policy_client
 
     handle, url = start_vllm_server(fake_cfg(tmp_path, "--fake-spawn-child", served_model_name="tiny"), "/models/tiny")

@@ -9,14 +9,17 @@ import os
 from collections import Counter
 
 import pytest
-from ors_utils import ECHO, ors_server, wait_until
 from pydantic import ValidationError
 
+from raygrpo.config.train import WarmupConfig
+from raygrpo.envs.ors import ORSProvider
+from raygrpo.errors import ResolveError
 from raygrpo.imports import load_object
-from raygrpo.train.warmup import WarmupConfig, encode_example, load_examples, run_warmup
+from raygrpo.train.warmup import encode_example, load_examples, run_warmup
+from tests.ors_utils import ECHO, ors_server, wait_until
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXAMPLES = "examples/echo/warmup.py:format_examples"
+EXAMPLES = f"{REPO}/examples/echo/warmup.py:format_examples"
 
 
 def _echo(name: str):
@@ -45,7 +48,7 @@ async def test_warmup_prompts_match_the_echo_server(tokenizer):
     echo_tool, prompt_text = _echo("ECHO_TOOL"), _echo("prompt_text")
     examples = _echo("format_examples")(n=4, seed=0)
     with ors_server([ECHO]) as server:
-        provider = ORSSpec(url=server.url).provider(name="echo")
+        provider = ORSProvider(ORSSpec(url=server.url), name="echo")
         try:
             for index, target in enumerate(_env("TRAIN_TARGETS")[:2]):
                 adapter = provider.adapter()
@@ -139,7 +142,7 @@ def test_warmup_teaches_the_format_not_the_answers(tiny_model_dir, tokenizer, tm
     assert before == 0.0  # a random model never calls the tool: whatever follows is the warm-up's doing
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    result = run_warmup(model, tokenizer, WarmupConfig(examples=EXAMPLES), base_dir=REPO)
+    result = run_warmup(model, tokenizer, WarmupConfig(examples=EXAMPLES))
     assert result["steps"] == 500 and result["examples"] == 2000
     assert result["final_loss"] < 0.2 and result["seconds"] > 0
     out = tmp_path / "warm"
@@ -169,8 +172,11 @@ def test_config_errors_name_the_field(tmp_path, tiny_model_dir, tokenizer):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    with pytest.raises(ValueError, match=r"warmup\.examples: .*nope\.py"):
-        run_warmup(model, tokenizer, WarmupConfig(examples="nope.py:f"), base_dir=str(tmp_path))
+    with pytest.raises(ResolveError, match=r"^train\.warmup\.examples: .*nope\.py"):
+        run_warmup(model, tokenizer, WarmupConfig(examples=f"{tmp_path}/nope.py:f"))
+    # A relative path resolves against the config file's folder when the config loads.
+    relative = WarmupConfig.model_validate({"examples": "bad.py:f"}, context={"base_dir": str(tmp_path)})
+    assert relative.examples == f"{tmp_path}/bad.py:f"
     (tmp_path / "bad.py").write_text(
         "def f(n, seed):\n"
         "    ok = {'messages': [{'role': 'user', 'content': 'hi'}], 'tools': [], 'completion': 'x'}\n"
@@ -178,7 +184,7 @@ def test_config_errors_name_the_field(tmp_path, tiny_model_dir, tokenizer):
         "def empty(n, seed):\n    return []\n"
     )
     with pytest.raises(ValueError, match=r"warmup\.examples: example 1 has no completion"):
-        load_examples(WarmupConfig(examples="bad.py:f"), base_dir=str(tmp_path))
+        load_examples(relative)
     with pytest.raises(ValueError, match=r"warmup\.examples: .*non-empty list"):
-        load_examples(WarmupConfig(examples="bad.py:empty"), base_dir=str(tmp_path))
-    assert len(load_examples(WarmupConfig(examples=EXAMPLES, num_examples=5), base_dir=REPO)) == 5
+        load_examples(WarmupConfig(examples=f"{tmp_path}/bad.py:empty"))
+    assert len(load_examples(WarmupConfig(examples=EXAMPLES, num_examples=5))) == 5

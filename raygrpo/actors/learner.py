@@ -1,22 +1,40 @@
-"""The learner as a Ray actor: a thin shell around `raygrpo.train.learner.Learner`.
+"""The learner as a Ray actor: a thin shell around a learner object (raygrpo's is `raygrpo.train.learner.Learner`).
 
 It is a threaded actor (two threads): `train()` runs for the whole training, while `progress()` answers the driver's
 progress polls. It reserves the GPU the config asks for (`train.learner.num_gpus`), so on a cluster Ray places it on
-a GPU node; the env pool actors it drives can be anywhere.
+a GPU node; the env pool actors it drives can be anywhere. The driver names the learner class by import path
+(`"raygrpo.train.learner:Learner"`), so this shell knows nothing of training and the driver does not import it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
+
+import ray
+
+from raygrpo.environ import PROCESS_ENV
+from raygrpo.imports import load_object
+
+
+class Trainable(Protocol):
+    """What the learner actor hosts: `train()` for the whole run, and a `progress` mapping it keeps current."""
+
+    progress: dict[str, Any]
+
+    def train(self) -> dict[str, Any]: ...
 
 
 class LearnerActor:
-    """Hosts one `Learner` (same arguments)."""
+    """Hosts one learner, built in the actor's process as `cls(*args, **kwargs)`.
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        from raygrpo.train.learner import Learner
+    Args:
+        learner: Import path of the learner class, `"pkg.module:Class"` (a `Trainable`).
+        *args, **kwargs: Its constructor's arguments.
+    """
 
-        self.learner = Learner(*args, **kwargs)
+    def __init__(self, learner: str, *args: Any, **kwargs: Any) -> None:
+        cls = load_object(learner)
+        self.learner: Trainable = cls(*args, **kwargs)
 
     def train(self) -> dict[str, Any]:
         return self.learner.train()
@@ -25,13 +43,12 @@ class LearnerActor:
         return dict(self.learner.progress)
 
 
-def start_learner(num_cpus: float, num_gpus: int, env_vars: dict[str, str] | None = None, **kwargs: Any):
-    """Create the learner actor (it loads nothing until `train()` is called) and return its handle."""
-    import ray
-
-    runtime_env = {"env_vars": {"TRL_EXPERIMENTAL_SILENCE": "1", **(env_vars or {})}}
+def start_learner(learner: str, num_cpus: float, num_gpus: int, env_vars: dict[str, str] | None = None, **kwargs: Any):
+    """Create the learner actor and return its handle; the learner is built in the actor's constructor (cheap:
+    raygrpo's loads nothing until `train()` is called)."""
+    runtime_env = {"env_vars": {**PROCESS_ENV, **(env_vars or {})}}
     return (
         ray.remote(LearnerActor)
-        .options(name=None, num_cpus=num_cpus, num_gpus=num_gpus, max_concurrency=2, runtime_env=runtime_env)
-        .remote(**kwargs)
+        .options(num_cpus=num_cpus, num_gpus=num_gpus, max_concurrency=2, runtime_env=runtime_env)
+        .remote(learner, **kwargs)
     )

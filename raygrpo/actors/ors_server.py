@@ -11,16 +11,14 @@ The server binds 127.0.0.1 by default, so env pool actors must run on the same n
 from __future__ import annotations
 
 import logging
-import os
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ray
 
 from raygrpo.envs.ors_server import serve_environments
-
-if TYPE_CHECKING:
-    from raygrpo.specs.ors import ORSSpec
+from raygrpo.errors import describe
+from raygrpo.specs.ors import ORSSpec
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +31,6 @@ class _ORSServer:
 
     Args:
         environments: Import specs (`"pkg.mod:Class"`, `"/abs/path/env.py:Class"`) of the environments to serve.
-        base_dir: Folder relative file-path specs are resolved from (pass the driver's working directory).
         host: Interface to bind (127.0.0.1 unless the cluster spans nodes).
         port: Port to bind; 0 picks a free one.
         idle_timeout_s: Server-side idle timeout of sessions (None: openreward's 900 s).
@@ -42,13 +39,12 @@ class _ORSServer:
     def __init__(
         self,
         environments: list[str],
-        base_dir: str | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
         idle_timeout_s: float | None = None,
     ) -> None:
         self._running = serve_environments(
-            environments, host=host, port=port, base_dir=base_dir, idle_timeout_s=idle_timeout_s
+            environments, host=host, port=port, idle_timeout_s=idle_timeout_s
         )
         self._url = self._running.url
         if host in ("0.0.0.0", "::"):
@@ -77,37 +73,29 @@ def start_embedded_server(
     spec: ORSSpec,
     name: str,
     *,
-    base_dir: str | None = None,
     host: str = "127.0.0.1",
     idle_timeout_s: float | None = None,
     startup_timeout_s: float = 120.0,
 ) -> tuple[Any, str]:
     """Start an `ORSServerActor` serving `spec.environment` and return `(actor_handle, url)`.
 
-    Relative file paths are resolved on the driver (against `base_dir`, else the working directory) before the actor
-    starts, since the actor's working directory differs. Then `spec.served_at(url)` is the spec to list tasks with and
-    to give to env pool actors. Stop with `actor.stop.remote()` then `ray.kill(actor)`.
+    The spec's file path is absolute (made so when the config loaded), since the actor's working directory differs.
+    Then `spec.served_at(url)` is the spec to list tasks with and to give to env pool actors. Stop with
+    `actor.stop.remote()` then `ray.kill(actor)`.
 
     Raises:
         ValueError: `spec` has no `environment`.
         RuntimeError: The server did not come up (the message names the config field and the import spec).
     """
-    from raygrpo.imports import is_file_spec, resolve_file, split_spec
-
     if spec.environment is None:
         raise ValueError(f"envs.{name}: start_embedded_server needs an `environment` spec")
-    target, attr = split_spec(spec.environment)
-    env_spec = f"{resolve_file(target, base_dir)}:{attr}" if is_file_spec(target) else spec.environment
     actor = ORSServerActor.options(name=f"raygrpo-ors-{name}-{uuid.uuid4().hex[:8]}").remote(
-        [env_spec], base_dir=base_dir or os.getcwd(), host=host, idle_timeout_s=idle_timeout_s
+        [spec.environment], host=host, idle_timeout_s=idle_timeout_s
     )
     try:
         url = ray.get(actor.url.remote(), timeout=startup_timeout_s)
     except Exception as exc:
         ray.kill(actor)
-        cause = getattr(exc, "cause", None) or exc
-        raise RuntimeError(
-            f"envs.{name}.environment: cannot serve {spec.environment!r}: {type(cause).__name__}: {cause}"
-        ) from exc
+        raise RuntimeError(f"envs.{name}.environment: cannot serve {spec.environment!r}: {describe(exc)}") from exc
     logger.info("envs.%s: serving %s at %s", name, spec.environment, url)
     return actor, url

@@ -1,18 +1,20 @@
-"""The transformers engine as a Ray actor, and the `PolicyClient` that env pool actors use to reach it.
+"""The transformers engine as a Ray actor, and starting and stopping a run's engines.
 
 `PolicyEngineActor` is a thin async actor around `TransformersEngine`: its methods share the actor's event loop, so
-concurrent `generate` calls from many env pool actors are batched together by the engine. `EngineClient` wraps an
-actor handle in the `PolicyClient` protocol; any failure to reach or use the actor becomes a `PolicyError` (an
-infrastructure failure the orchestrator may retry), never a crash of the rollout.
+concurrent `generate` calls from many env pool actors are batched together by the engine. Env pool actors reach it
+through `raygrpo.policy.engine_client.EngineClient`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
-from raygrpo.policy.base import GenerationContext, PolicyError, SamplingParams
+import ray
+
+from raygrpo.config.policy import PolicyConfig
+from raygrpo.policy.base import GenerationContext, SamplingParams
+from raygrpo.policy.transformers_engine import TransformersEngine
 from raygrpo.types import Turn
 
 logger = logging.getLogger(__name__)
@@ -28,8 +30,6 @@ class PolicyEngineActor:
     """
 
     def __init__(self, model_path: str, **engine_kwargs: Any):
-        from raygrpo.policy.transformers_engine import TransformersEngine
-
         self.engine = TransformersEngine(model_path, **engine_kwargs)
 
     async def ready(self) -> bool:
@@ -76,8 +76,6 @@ def start_policy_engine(
         name: Optional actor name.
         **engine_kwargs: `device`, `max_batch_size`, `batch_wait_s`, `seed`, `dtype`, `num_threads`.
     """
-    import ray
-
     engine_kwargs.setdefault("num_threads", max(1, int(round(num_cpus))))
     options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_concurrency": 1000}
     if name is not None:
@@ -85,47 +83,45 @@ def start_policy_engine(
     return ray.remote(PolicyEngineActor).options(**options).remote(model_path, **engine_kwargs)
 
 
-class EngineClient:
-    """`PolicyClient` over a `PolicyEngineActor` handle, for use inside env pool actors.
+def start_engines(cfg: PolicyConfig, model_path: str, ready_timeout_s: float = 600.0) -> list:
+    """Start `cfg.num_engines` transformers engine actors and wait until each has loaded the model.
 
-    The policy version is that of the last turn received (the engine's weights at the time it generated).
+    Returns an empty list unless `cfg.kind == "transformers"`.
 
     Args:
-        handle: The engine actor's handle.
-        timeout_s: Optional deadline per generation; past it the call fails with `PolicyError`.
+        cfg: The run's policy settings.
+        model_path: Model directory (already resolved, e.g. by `resolve_model_path`) or `"tiny"`.
+        ready_timeout_s: How long to wait for the engines to load their model.
     """
+    if cfg.kind != "transformers":
+        return []
+    num_gpus = 1.0 if cfg.device.startswith("cuda") else 0.0
+    handles = [
+        start_policy_engine(
+            model_path,
+            num_cpus=cfg.engine_num_cpus,
+            num_gpus=num_gpus,
+            device=cfg.device,
+            max_batch_size=cfg.max_batch_size,
+            seed=i,
+        )
+        for i in range(cfg.num_engines)
+    ]
+    try:
+        ray.get([h.ready.remote() for h in handles], timeout=ready_timeout_s)
+    except BaseException:
+        stop_engines(handles)
+        raise
+    logger.info("started %d transformers engine(s) for %s", len(handles), model_path)
+    return handles
 
-    def __init__(self, handle: Any, timeout_s: float | None = None):
-        self.handle = handle
-        self.timeout_s = timeout_s
-        self._policy_version = 0
 
-    @property
-    def policy_version(self) -> int:
-        return self._policy_version
-
-    async def generate(
-        self, prompt_ids: list[int], sampling: SamplingParams, context: GenerationContext | None = None
-    ) -> Turn:
-        # The context (task metadata, messages) is not sent: a model reads only tokens.
+def stop_engines(handles: list) -> None:
+    """Stop engine actors started by `start_engines` (best effort; safe on dead actors)."""
+    if not handles:
+        return
+    for handle in handles:
         try:
-            ref = self.handle.generate.remote(list(prompt_ids), sampling)
-            turn = await (asyncio.wait_for(ref, self.timeout_s) if self.timeout_s else ref)
-        except asyncio.TimeoutError as exc:
-            raise PolicyError(f"policy engine {self._name()} did not answer within {self.timeout_s}s") from exc
-        except Exception as exc:  # noqa: BLE001 - RayActorError, ActorUnavailableError, RayTaskError(...) alike
-            raise PolicyError(f"policy engine {self._name()} failed: {type(exc).__name__}: {_short(exc)}") from exc
-        self._policy_version = turn.policy_version
-        return turn
-
-    def _name(self) -> str:
-        try:
-            return self.handle._actor_id.hex()[:12]
-        except Exception:  # noqa: BLE001
-            return repr(self.handle)
-
-
-def _short(exc: BaseException, limit: int = 500) -> str:
-    text = str(exc).strip().splitlines()
-    line = text[-1] if text else ""
-    return line[:limit]
+            ray.kill(handle, no_restart=True)
+        except Exception as exc:  # noqa: BLE001 - already dead is fine
+            logger.debug("stopping engine %s: %s", handle, exc)

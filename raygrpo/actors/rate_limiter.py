@@ -4,9 +4,7 @@ Naming: `raygrpo-ratelimit-<key>` in the fixed namespace `raygrpo`, created with
 asks first. Without an explicit namespace a named actor lives in its job's namespace, which is anonymous (one per
 driver) unless `ray.init(namespace=...)` names it: actors of one job (and actors they create) would find it, but a
 second `ray job submit` job would not. With the fixed namespace, concurrent jobs on one cluster that limit the same
-provider key share one limiter, as they share the provider's quota (checked with two drivers on one cluster: each
-job's namespace was a fresh UUID, a plainly named actor of the first was invisible to the second, the limiter was
-shared). Whoever creates it sets its rate; `ensure_rate_limiter` warns when an existing one runs at another rate.
+provider key share one limiter, as they share the provider's quota. Whoever creates it sets its rate; `ensure_rate_limiter` warns when an existing one runs at another rate.
 
 Lifetime: tied to the job (not detached), so nothing outlives the run. A non-detached actor dies with its owner,
 the process that created it: call `ensure_rate_limiter` in the driver before the env pool actors start so the
@@ -18,7 +16,7 @@ old one handed out, so it leaves a pause of `max_lead_s + margin_s + 1` s (about
 every slot the old one can have handed out (see `CreateRateLimiter`).
 
 Waits are bounded: each call to the limiter has a timeout, and a limiter that stays unreachable for
-`unavailable_after_s` fails the start with a `ProvisioningError` naming it.
+`unavailable_after_s` fails the start with a `ProvisioningError` naming it (the calls are retried with tenacity).
 """
 
 from __future__ import annotations
@@ -26,12 +24,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import time
 import warnings
 from typing import Any
 
 import ray
 from ray.exceptions import RayActorError
+from tenacity import AsyncRetrying, RetryCallState, RetryError, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from raygrpo.provisioning import CreateRateLimiter, ProvisioningError, Reservation
 
@@ -147,26 +145,36 @@ class RayRateLimiterClient:
         return self._handle
 
     async def reserve(self, request_id: str) -> Reservation:
-        failing_since: float | None = None
-        while True:
-            handle = None
-            try:
-                handle = await self._resolve()
-                return await asyncio.wait_for(handle.reserve.remote(request_id), self._call_timeout)
-            except (RayActorError, TimeoutError, ValueError) as exc:
-                # ValueError: the name was taken by an actor that died between lookup and use.
-                now = time.time()
-                failing_since = failing_since or now
-                if now - failing_since > self._unavailable_after:
-                    raise ProvisioningError(
-                        f"rate limiter {limiter_name(self.key)!r} (namespace {NAMESPACE!r}) unavailable for "
-                        f"{now - failing_since:.0f} s: {type(exc).__name__}: {exc}"
-                    ) from exc
-                logger.warning("rate limiter %r failed (%s); resolving it again", self.key, type(exc).__name__)
-                if handle is not None and self._handle is handle:
-                    self._handle = None
-                self._recovering = True
-                await asyncio.sleep(self._retry_delay)
+        """Ask the limiter for `request_id`'s slot; re-resolve it (and retry) while it is dead or unreachable.
+
+        Raises:
+            ProvisioningError: It stayed unavailable for `unavailable_after_s`.
+        """
+        try:
+            # ValueError: the name was taken by an actor that died between lookup and use.
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception_type((RayActorError, TimeoutError, ValueError)),
+                stop=stop_after_delay(self._unavailable_after),
+                wait=wait_fixed(self._retry_delay),
+                before_sleep=self._forget,
+            ):
+                with attempt:
+                    handle = await self._resolve()
+                    return await asyncio.wait_for(handle.reserve.remote(request_id), self._call_timeout)
+        except RetryError as exc:
+            cause = exc.last_attempt.exception()
+            raise ProvisioningError(
+                f"rate limiter {limiter_name(self.key)!r} (namespace {NAMESPACE!r}) unavailable for "
+                f"{self._unavailable_after:g} s: {type(cause).__name__}: {cause}"
+            ) from cause
+        raise AssertionError("unreachable: tenacity either returns or raises")
+
+    def _forget(self, state: RetryCallState) -> None:
+        """After a failed call: resolve the limiter again next time (a new one recovers: see `CreateRateLimiter`)."""
+        error = state.outcome.exception() if state.outcome is not None else None
+        logger.warning("rate limiter %r failed (%s); resolving it again", self.key, type(error).__name__)
+        self._handle = None
+        self._recovering = True
 
     def release(self, request_id: str) -> None:
         if self._handle is not None:

@@ -30,7 +30,8 @@ from typing import Any
 
 import httpx
 
-from raygrpo.policy.vllm_serve import VLLMServeConfig, build_command, server_env
+from raygrpo.config.policy import VLLMServeConfig
+from raygrpo.policy.vllm_serve import build_command, server_env
 
 logger = logging.getLogger(__name__)
 

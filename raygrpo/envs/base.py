@@ -1,29 +1,19 @@
-"""The environment protocol every adapter implements, and the errors adapters raise.
+"""The environment protocol every adapter implements, and the check every tool call goes through first.
 
 An adapter drives one episode of one task. It is plain asyncio, created and used on one event loop (the env pool
-actor's), and must always be closed, even when `start` failed.
+actor's), and must always be closed, even when `start` failed. A provider makes the adapters of one environment on
+one loop.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
+from raygrpo.errors import EnvError, RewardMissingError
 from raygrpo.types import Observation, TaskRef, ToolResult
 
-
-class EnvError(RuntimeError):
-    """An infrastructure failure of the environment: the episode cannot go on, and its reward is None.
-
-    Raised when a session or sandbox fails to start, dies mid-episode, or cannot be reached. The orchestrator may
-    retry the rollout.
-    """
-
-
-class RewardMissingError(RuntimeError):
-    """The episode ran to its end but produced no reward (e.g. a verifier that wrote no reward file).
-
-    The rollout is kept unscored with status `no_reward` and is not retried: the model may have caused it.
-    """
+__all__ = ["EnvAdapter", "EnvError", "EnvProvider", "RewardMissingError", "refuse_call"]
 
 
 @runtime_checkable
@@ -33,7 +23,8 @@ class EnvAdapter(Protocol):
     `start` opens it and returns the opening messages and the tool schemas; `call` runs one tool call (a refused call
     comes back as a `ToolResult` with `error=True`; a dead environment raises `EnvError`); `score` returns the outcome
     reward (None when nothing was scored; `RewardMissingError` when scoring ran but found no reward; `EnvError` when
-    the scorer itself broke); `close` releases everything and never raises.
+    the scorer itself broke); `close` releases everything and never raises. The adapter owns the deadlines of its own
+    operations (start, each call, scoring, close), each set on the environment's spec.
     """
 
     async def start(self, task: TaskRef) -> Observation: ...
@@ -56,3 +47,19 @@ class EnvProvider(Protocol):
     def adapter(self) -> EnvAdapter: ...
 
     async def aclose(self) -> None: ...
+
+
+def refuse_call(name: str, arguments: Any, available: Iterable[str]) -> ToolResult | None:
+    """The error result for a call that must not reach the environment, or None when it may run.
+
+    Refused: a tool that is not in `available`, and arguments that are not a JSON object with string keys. The text
+    tells the model what it can call instead.
+    """
+    names = sorted(n for n in available if n)
+    if name not in names:
+        return ToolResult(text=f"Error: unknown tool {name!r}. Available tools: {', '.join(names) or 'none'}.",
+                          error=True)
+    if not isinstance(arguments, dict) or not all(isinstance(k, str) for k in arguments):
+        return ToolResult(text=f"Error: the arguments of {name!r} must be a JSON object with string keys.",
+                          error=True)
+    return None

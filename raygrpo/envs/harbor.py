@@ -32,19 +32,23 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from raygrpo.envs.base import EnvError, RewardMissingError
+from raygrpo.envs.base import EnvError, RewardMissingError, refuse_call
 from raygrpo.envs.harbor_files import upload_copied_files
+from raygrpo.envs.harbor_tasks import discover_task_dirs, load_environment_class, load_task
 from raygrpo.envs.harness import load_harness
 from raygrpo.envs.live import LiveAdapter, LiveAdapters
 from raygrpo.envs.rewards import reduce_rewards
+from raygrpo.errors import describe
+from raygrpo.imports import is_file_spec, split_spec
+from raygrpo.provisioning import LimiterFactory, ProvisioningGate, gate_for
+from raygrpo.sandbox.faults import wrap_environment
+from raygrpo.specs.harbor import HarborSpec
 from raygrpo.types import Observation, TaskRef, ToolResult
 
 if TYPE_CHECKING:
     from harbor.environments.base import BaseEnvironment
     from harbor.models.task.task import Task
     from harbor.models.trial.paths import TrialPaths
-
-    from raygrpo.specs.harbor import HarborSpec
 
 logger = logging.getLogger(__name__)
 
@@ -71,27 +75,31 @@ class HarborProvider:
     Args:
         spec: The suite's spec (validated: absolute paths).
         name: The environment's name in the run config, for error messages and sandbox labels.
+        limiters: Makes the client of the cluster-wide create-rate limiter of a provider key (the env pool actor
+            passes the named Ray actor's); None limits the rate within this process only.
     """
 
-    def __init__(self, spec: HarborSpec, *, name: str | None = None) -> None:
+    def __init__(self, spec: HarborSpec, *, name: str | None = None, limiters: LimiterFactory | None = None) -> None:
         # Harbor's modules take a moment to import: pay for it when the actor starts, not in the first rollout.
         import harbor.environments.factory  # noqa: F401
         import harbor.verifier.factory  # noqa: F401
 
         self.spec = spec
         self.name = name
+        self.limiters = limiters
         self.harness_cls = load_harness(spec.harness)
         self._environment_import_path = _harbor_import_path(spec.environment_import_path)
         self._tasks: dict[str, Task] = {}
+        self._task_dirs: list[str] | None = None
         self._live = LiveAdapters(self.label)
         self._closed = False
 
     def __getstate__(self) -> dict[str, Any]:
         # Sandboxes, gates and adapters are loop-bound: a pickled provider carries only its configuration.
-        return {"spec": self.spec, "name": self.name}
+        return {"spec": self.spec, "name": self.name, "limiters": self.limiters}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["spec"], name=state["name"])
+        self.__init__(state["spec"], name=state["name"], limiters=state["limiters"])
 
     # ── EnvProvider ──────────────────────────────────────────────────────────────────────────────────────────────
 
@@ -122,24 +130,21 @@ class HarborProvider:
         return self._live.open_count()
 
     @property
-    def gate(self) -> Any:
+    def gate(self) -> ProvisioningGate:
         """This actor's provisioning gate of the suite's rate-limit key (`raygrpo.provisioning.gate_for`): start
         concurrency per actor and the cluster-wide create rate. Made on first use on the running loop; suites on the
         same key share it (gates hold no resources to release)."""
-        from raygrpo.provisioning import gate_for
-
         return gate_for(
             self.spec.effective_rate_limit_key,
             max_concurrent_starts=self.spec.max_concurrent_starts,
             rate_per_s=self.spec.create_rate_per_s,
+            limiters=self.limiters,
         )
 
     def task(self, task_dir: str) -> Task:
         """Harbor's parsed task for a task dir (cached: every rollout of a task shares it, read-only)."""
         task = self._tasks.get(task_dir)
         if task is None:
-            from raygrpo.specs.harbor import load_task
-
             task = self._tasks[task_dir] = load_task(task_dir)
         return task
 
@@ -148,7 +153,9 @@ class HarborProvider:
         task_dir = ref.metadata.get("task_dir") if ref.metadata else None
         if isinstance(task_dir, str) and task_dir:
             return task_dir
-        dirs = self.spec.task_dirs()
+        if self._task_dirs is None:
+            self._task_dirs = [str(d) for d in discover_task_dirs(Path(self.spec.path))]
+        dirs = self._task_dirs
         if not 0 <= ref.index < len(dirs):
             raise EnvError(f"{self.label}: task index {ref.index} is out of range (the suite has {len(dirs)} tasks)")
         return dirs[ref.index]
@@ -175,8 +182,6 @@ class HarborProvider:
             logger=logger,
         )
         if self.spec.faults is not None:
-            from raygrpo.sandbox.faults import wrap_environment
-
             env = wrap_environment(env, self.spec.faults)
         return env
 
@@ -191,7 +196,7 @@ class HarborAdapter(LiveAdapter):
     task's verifier in `score`, stopped in `close`.
 
     `timings` records seconds per phase of this episode (`create`, `start`, `healthcheck`, `exec` (summed over
-    calls), `verify`, `stop`) and `rewards` the verifier's raw reward dict, for benchmarks and debugging.
+    calls), `verify`, `stop`), for benchmarks and debugging.
 
     Args:
         provider: The provider (suite, harness, gate) this adapter belongs to.
@@ -207,7 +212,6 @@ class HarborAdapter(LiveAdapter):
         self.harbor_task: Task | None = None
         self.env: BaseEnvironment | None = None
         self.session_id: str | None = None
-        self.rewards: dict[str, float] | None = None
         self.timings: dict[str, float] = {}
         self._trial_dir: str | None = None
         self._trial_paths: TrialPaths | None = None
@@ -229,8 +233,8 @@ class HarborAdapter(LiveAdapter):
         instruction with the harness's tools.
 
         The sandbox start runs inside the provider's provisioning gate (per-actor concurrency, cluster-wide create
-        rate); `start_timeout_s` counts from when the gate lets it in. On any failure the adapter must still be
-        closed (`close` is safe after a failed or cancelled start).
+        rate); `start_timeout_s` counts from when the gate lets it in, so waiting for a slot never fails a start. On
+        any failure the adapter must still be closed (`close` is safe after a failed or cancelled start).
 
         Raises:
             HarborStartError: Creating or starting the sandbox failed, the healthcheck failed, or the deadline
@@ -245,11 +249,11 @@ class HarborAdapter(LiveAdapter):
             return await self._start(task)
         except EnvError:
             raise
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             self._dead = f"did not start within start_timeout_s={self.spec.start_timeout_s:g}"
             raise HarborStartError(f"{self.label}: the sandbox {self._dead}") from None
         except Exception as exc:  # noqa: BLE001 - every backend fails its own way; all are start failures
-            self._dead = _describe(exc)
+            self._dead = describe(exc)
             raise HarborStartError(f"{self.label}: the sandbox failed to start: {self._dead}") from exc
 
     async def _start(self, task: TaskRef) -> Observation:
@@ -309,11 +313,9 @@ class HarborAdapter(LiveAdapter):
             raise EnvError(f"{self.label}: call() before start()")
         if self._dead is not None:
             raise EnvError(f"{self.label}: the sandbox is dead ({self._dead})")
-        if name not in self._tool_names:
-            available = ", ".join(sorted(self._tool_names)) or "none"
-            return ToolResult(text=f"Error: unknown tool {name!r}. Available tools: {available}.", error=True)
-        if not isinstance(arguments, dict) or not all(isinstance(k, str) for k in arguments):
-            return ToolResult(text=f"Error: the arguments of {name!r} must be a JSON object.", error=True)
+        refused = refuse_call(name, arguments, self._tool_names)
+        if refused is not None:
+            return refused
         began = time.perf_counter()
         try:
             return await self.harness.call(self.env, name, arguments)
@@ -323,7 +325,7 @@ class HarborAdapter(LiveAdapter):
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a harness that breaks leaves the sandbox in an unknown state
-            self._dead = _describe(exc)
+            self._dead = describe(exc)
             raise EnvError(f"{self.label}: tool {name!r} failed: {self._dead}") from exc
         finally:
             self.timings["exec"] = self.timings.get("exec", 0.0) + time.perf_counter() - began
@@ -348,20 +350,19 @@ class HarborAdapter(LiveAdapter):
         began = time.perf_counter()
         try:
             result = await asyncio.wait_for(self._verify(), timeout)
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             raise HarborVerifierTimeout(f"{self.label}: the verifier did not finish within {timeout:g} s") from None
         except (RewardFileNotFoundError, RewardFileEmptyError, VerifierOutputParseError, ValidationError) as exc:
-            raise RewardMissingError(f"{self.label}: the verifier wrote no usable reward: {_describe(exc)}") from None
+            raise RewardMissingError(f"{self.label}: the verifier wrote no usable reward: {describe(exc)}") from None
         except asyncio.CancelledError:
             raise
         except EnvError:
             raise
         except Exception as exc:  # noqa: BLE001 - uploading tests, running test.sh or reading results failed
-            raise HarborVerifierError(f"{self.label}: the verifier crashed: {_describe(exc)}") from exc
+            raise HarborVerifierError(f"{self.label}: the verifier crashed: {describe(exc)}") from exc
         finally:
             self.timings["verify"] = time.perf_counter() - began
-        self.rewards = dict(result.rewards or {})
-        return reduce_rewards(self.rewards, self.spec.reward_reduce, self.spec.reward_key, self.label)
+        return reduce_rewards(dict(result.rewards or {}), self.spec.reward_reduce, self.spec.reward_key, self.label)
 
     async def _verify(self) -> Any:
         from harbor.models.trial.config import VerifierConfig
@@ -391,11 +392,11 @@ class HarborAdapter(LiveAdapter):
             if self.env is not None and self._start_called:
                 await asyncio.wait_for(self.env.stop(delete=self.spec.stop_delete), self.spec.stop_timeout_s)
                 logger.debug("%s: sandbox %s stopped", self.label, self.session_id)
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             logger.warning("%s: stopping sandbox %s took over %g s; the sandbox reaper gets what is left",
                            self.label, self.session_id, self.spec.stop_timeout_s)
         except Exception as exc:  # noqa: BLE001 - close never raises
-            logger.warning("%s: stopping sandbox %s failed: %s", self.label, self.session_id, _describe(exc))
+            logger.warning("%s: stopping sandbox %s failed: %s", self.label, self.session_id, describe(exc))
         finally:
             self.timings["stop"] = time.perf_counter() - began
             if self._trial_dir is not None:
@@ -410,17 +411,8 @@ def _harbor_import_path(spec: str | None) -> str | None:
     """
     if spec is None:
         return None
-    from raygrpo.imports import is_file_spec, split_spec
-
     target, attr = split_spec(spec)
     if not is_file_spec(target):
         return spec
-    from raygrpo.specs.harbor import load_environment_class
-
     cls = load_environment_class(spec)
     return f"{cls.__module__}:{attr}"
-
-
-def _describe(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__

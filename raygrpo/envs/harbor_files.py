@@ -8,6 +8,8 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from raygrpo.sandbox.dockerfile import DockerfileError, load_plan
+
 if TYPE_CHECKING:
     from harbor.environments.base import BaseEnvironment
 
@@ -27,8 +29,6 @@ async def upload_copied_files(env: BaseEnvironment, environment_dir: Path) -> in
         RuntimeError: Moving a file into place failed (the adapter reports it as a failed start).
     """
     from shlex import quote
-
-    from raygrpo.sandbox.dockerfile import DockerfileError, load_plan
 
     try:
         plan = load_plan(environment_dir)

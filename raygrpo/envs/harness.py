@@ -16,7 +16,6 @@ What it must do with failures:
 from __future__ import annotations
 
 import abc
-
 import asyncio
 import logging
 import math
@@ -24,7 +23,8 @@ import time
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from raygrpo.envs.base import EnvError
-from raygrpo.imports import ImportSpecError, is_file_spec, load_object, resolve_file, split_spec
+from raygrpo.errors import describe
+from raygrpo.imports import ImportSpecError, load_object
 from raygrpo.types import ToolResult
 
 if TYPE_CHECKING:
@@ -45,7 +45,8 @@ class Harness(Protocol):
     """What the Harbor adapter needs from a harness.
 
     `tools` are OpenAI function schemas (`{"type": "function", "function": {"name", "description", "parameters"}}`);
-    `call` runs one call of one of them in `env`. Harness classes are built as
+    `call` runs one call of one of them in `env` (the adapter refuses unknown tools and non-object arguments before
+    `call` sees them). Harness classes are built as
     `cls(exec_timeout_s=..., max_output_chars=...)`, once per episode (subclass `BaseHarness` to get that).
     A harness may also define `async setup(env)`, run once after the sandbox started and before the first turn.
     """
@@ -97,7 +98,7 @@ class BaseHarness(abc.ABC):
             if time.monotonic() - began >= timeout - 0.05 or "timed out" in str(exc).lower():
                 partial = (getattr(exc, "stdout", None) or "") + (getattr(exc, "stderr", None) or "")
                 return self._timed_out(command, partial if isinstance(partial, str) else "")
-            raise SandboxDeadError(f"the sandbox failed to run a command: {_describe(exc)}") from exc
+            raise SandboxDeadError(f"the sandbox failed to run a command: {describe(exc)}") from exc
         body = (result.stdout or "") + (result.stderr or "")
         tail = f"[exit code {result.return_code}]"
         body = clip_output(body, self.max_output_chars - len(tail) - 1)
@@ -139,10 +140,8 @@ class BashHarness(BaseHarness):
     ]
 
     async def call(self, env: BaseEnvironment, name: str, arguments: dict[str, Any]) -> ToolResult:
-        if name != "bash":
-            return ToolResult(text=f"Error: unknown tool {name!r}. Available tools: bash.", error=True)
-        command = arguments.get("command") if isinstance(arguments, dict) else None
-        extra = sorted(set(arguments) - {"command"}) if isinstance(arguments, dict) else []
+        command = arguments.get("command")
+        extra = sorted(set(arguments) - {"command"})
         if not isinstance(command, str) or not command.strip():
             return ToolResult(text="Error: bash takes one argument, `command`: a non-empty string.", error=True)
         if extra:
@@ -165,16 +164,6 @@ def clip_output(text: str, limit: int) -> str:
     tail = room - head
     omitted = len(text) - head - tail
     return text[:head] + note.format(omitted) + (text[-tail:] if tail else "")
-
-
-def resolve_harness_spec(spec: str, base_dir: str | None = None) -> str:
-    """The harness selector with a relative file path made absolute (built-in names and dotted paths unchanged)."""
-    if spec in HARNESSES:
-        return spec
-    target, attr = split_spec(spec)
-    if is_file_spec(target):
-        return f"{resolve_file(target, base_dir)}:{attr}"
-    return spec
 
 
 def load_harness(spec: str, base_dir: str | None = None) -> type:
@@ -209,8 +198,3 @@ def load_harness(spec: str, base_dir: str | None = None) -> type:
             raise ValueError(f"harness {spec!r}: every entry of `tools` must be "
                              "{'type': 'function', 'function': {'name': ..., 'parameters': ...}}")
     return cls
-
-
-def _describe(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__

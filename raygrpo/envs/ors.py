@@ -17,16 +17,17 @@ import asyncio
 import inspect
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from raygrpo.envs.base import EnvError
+from raygrpo.envs.base import EnvError, refuse_call
 from raygrpo.envs.live import LiveAdapter, LiveAdapters
+from raygrpo.envs.ors_client import api_key, make_client, sdk_environment
+from raygrpo.errors import describe, first_line
+from raygrpo.specs.ors import ORSSpec
 from raygrpo.types import Observation, TaskRef, ToolResult
 
-if TYPE_CHECKING:
-    from raygrpo.specs.ors import ORSSpec
-
 logger = logging.getLogger(__name__)
+
 
 class ORSSessionError(EnvError):
     """The ORS session failed or died: it cannot go on, and the rollout's reward is None."""
@@ -49,29 +50,19 @@ class ORSProvider:
 
     Holds one `AsyncOpenReward` client per event loop, made lazily inside the loop on first use (aiohttp binds to the
     loop that first uses it, so nothing loop-bound is made in `__init__` and nothing but the spec is pickled). Tracks
-    its open adapters so `aclose()` can close every session still open (shutdown, cancellation).
+    its open adapters so `aclose()` can close every session still open (shutdown, cancellation). Its sessions'
+    deadlines come from the spec (`start_timeout_s`, `tool_timeout_s`, `close_timeout_s`).
 
     Args:
         spec: The environment's spec (`url` or `catalog`; an `environment` spec must be served first).
         name: The environment's name in the run config, for error messages.
-        call_timeout_s: Default deadline of one tool call; None for no deadline.
-        start_timeout_s: Default deadline for opening a session and fetching its prompt and tools.
-        close_timeout_s: Deadline for closing a session (deleting it on the server).
     """
 
-    def __init__(
-        self,
-        spec: ORSSpec,
-        *,
-        name: str | None = None,
-        call_timeout_s: float | None = 300.0,
-        start_timeout_s: float | None = 600.0,
-        close_timeout_s: float = 30.0,
-    ) -> None:
+    def __init__(self, spec: ORSSpec, *, name: str | None = None) -> None:
         if spec.environment is not None:
             raise ValueError(
-                f"{spec.field_path(name, 'environment')}: serve {spec.environment!r} first "
-                "(start_embedded_server), then build the provider from spec.served_at(url)"
+                f"{spec.field_path(name, 'environment')}: serve {spec.environment!r} first, then build the provider "
+                "from spec.served_at(url)"
             )
         # The SDK takes seconds to import: pay for it where the provider is built (an actor's start-up), not in the
         # first rollout.
@@ -79,40 +70,31 @@ class ORSProvider:
 
         self.spec = spec
         self.name = name
-        self.call_timeout_s = call_timeout_s
-        self.start_timeout_s = start_timeout_s
-        self.close_timeout_s = close_timeout_s
         self._clients: dict[asyncio.AbstractEventLoop, _LoopClient] = {}
         self._live = LiveAdapters(self.label)
         self._closed = False
 
     def __getstate__(self) -> dict[str, Any]:
         # Clients and adapters are loop-bound: a pickled provider carries only its configuration.
-        return {"spec": self.spec, "name": self.name, "call_timeout_s": self.call_timeout_s,
-                "start_timeout_s": self.start_timeout_s, "close_timeout_s": self.close_timeout_s}
+        return {"spec": self.spec, "name": self.name}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state.pop("spec"), **state)
+        self.__init__(state["spec"], name=state["name"])
 
     # ── EnvProvider ──────────────────────────────────────────────────────────────────────────────────────────────
 
-    def adapter(self, call_timeout_s: float | None = None, start_timeout_s: float | None = None) -> ORSAdapter:
-        """A new, unstarted adapter (one episode). Timeouts default to the provider's."""
+    def adapter(self) -> ORSAdapter:
+        """A new, unstarted adapter (one episode)."""
         if self._closed:
             raise EnvError(f"{self.label}: the ORS provider is closed")
-        return ORSAdapter(
-            self,
-            call_timeout_s=self.call_timeout_s if call_timeout_s is None else call_timeout_s,
-            start_timeout_s=self.start_timeout_s if start_timeout_s is None else start_timeout_s,
-            close_timeout_s=self.close_timeout_s,
-        )
+        return ORSAdapter(self)
 
     async def aclose(self) -> None:
         """Close every session still open, then this loop's SDK client. Never raises; idempotent."""
         self._closed = True
         # Closes still running in the background (their rollouts were cancelled) must reach the server before the
         # client, and with it their connections, goes away.
-        await self._live.close_all(self.close_timeout_s, "ORS session(s)")
+        await self._live.close_all(self.spec.close_timeout_s, "ORS session(s)")
         loop = asyncio.get_running_loop()
         for other in [lp for lp in self._clients if lp is not loop]:
             if other.is_closed():
@@ -120,7 +102,7 @@ class ORSProvider:
         state = self._clients.pop(loop, None)
         if state is not None:
             try:
-                await asyncio.wait_for(state.client.environments.aclose(), self.close_timeout_s)
+                await asyncio.wait_for(state.client.environments.aclose(), self.spec.close_timeout_s)
             except Exception:  # noqa: BLE001 - closing must not raise
                 logger.debug("%s: closing the SDK client failed", self.label, exc_info=True)
 
@@ -144,13 +126,13 @@ class ORSProvider:
         if state is None:
             for other in [lp for lp in self._clients if lp.is_closed()]:
                 self._clients.pop(other, None)
-            if self.spec.catalog is not None and not self.spec.api_key():
+            if self.spec.catalog is not None and not api_key(self.spec):
                 raise ORSSessionError(
                     f"{self.spec.field_path(self.name, 'api_key_env')}: environment variable {self.spec.api_key_env} "
                     f"is not set in this process; the catalog environment {self.spec.catalog!r} needs it"
                 )
-            client = self.spec.make_client()
-            state = _LoopClient(client, self.spec.sdk_environment(client))
+            client = make_client(self.spec)
+            state = _LoopClient(client, sdk_environment(self.spec, client))
             self._clients[loop] = state
             logger.debug("%s: SDK client created for loop %x", self.label, id(loop))
         return state.env
@@ -219,34 +201,20 @@ class ORSAdapter(LiveAdapter):
     """One episode of one ORS task: an SDK session opened in `start` and deleted in `close`.
 
     Outcome convention (as TRL's): `score()` is the last non-None reward any tool returned, None when nothing was
-    scored. A refused call (unknown tool, arguments that fail validation, calls after the episode finished) comes back
-    as `ToolResult(error=True)` and the session lives on; a dead session raises `EnvError` (`ORSSessionError`).
+    scored. A refused call (unknown tool, arguments that fail validation, calls after the episode finished) or one
+    that passes `tool_timeout_s` comes back as `ToolResult(error=True)` and the session lives on; a dead session
+    raises `EnvError` (`ORSSessionError`).
 
     Args:
-        provider: The provider whose client (and event loop) this adapter uses.
-        call_timeout_s: Deadline of one tool call; None for no deadline. Passing it makes the session dead.
-        start_timeout_s: Deadline for `start` (open the session, fetch prompt and tools); None for no deadline.
-        close_timeout_s: Deadline for `close` (delete the session on the server).
+        provider: The provider whose client (and event loop) this adapter uses; the deadlines come from its spec.
     """
 
-    def __init__(
-        self,
-        provider: ORSProvider,
-        *,
-        call_timeout_s: float | None = 300.0,
-        start_timeout_s: float | None = 600.0,
-        close_timeout_s: float = 30.0,
-    ) -> None:
+    def __init__(self, provider: ORSProvider) -> None:
         super().__init__(provider._live)
         self.provider = provider
-        self.call_timeout_s = call_timeout_s
-        self.start_timeout_s = start_timeout_s
-        self.close_timeout_s = close_timeout_s
+        self.spec = provider.spec
         self.task: TaskRef | None = None
         self.tools: list[dict[str, Any]] = []
-        self.rewards: list[float | None] = []
-        self.metadata: list[dict[str, Any] | None] = []
-        self.finished = False
         self._session: Any = None
         self._reward: float | None = None
         self._dead: str | None = None
@@ -273,7 +241,8 @@ class ORSAdapter(LiveAdapter):
         """Open a session on `task` (its split and index) and return the prompt and the tools the task offers.
 
         The tools are the session's own list (shared tools plus the task's `shared=False` tools) in OpenAI function
-        format. On failure the adapter must still be closed (`close` is safe after a failed start).
+        format. The whole start is bounded by the spec's `start_timeout_s`. On failure the adapter must still be
+        closed (`close` is safe after a failed start).
 
         Raises:
             ORSSessionError: The session could not be opened, or the deadline passed.
@@ -290,12 +259,17 @@ class ORSAdapter(LiveAdapter):
         except EnvError:
             raise
         except Exception as exc:  # noqa: BLE001 - e.g. the SDK refusing the session arguments
-            self._dead = _describe(exc)
+            self._dead = describe(exc)
             raise ORSSessionError(f"{self.label}: cannot open a session: {self._dead}") from None
-        deadline = _Deadline(self.start_timeout_s)
-        await self._sdk(self._session.__aenter__(), deadline.left(), "open the session")
-        prompt_blocks = await self._sdk(self._session.get_prompt(), deadline.left(), "fetch the prompt")
-        raw_tools = await self._sdk(self._session.list_tools(format="openai"), deadline.left(), "list the tools")
+        timeout = self.spec.start_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                await self._sdk(self._session.__aenter__(), "open the session")
+                prompt_blocks = await self._sdk(self._session.get_prompt(), "fetch the prompt")
+                raw_tools = await self._sdk(self._session.list_tools(format="openai"), "list the tools")
+        except TimeoutError:
+            self._dead = f"the session did not start within start_timeout_s={timeout:g} s"
+            raise ORSTimeoutError(f"{self.label}: {self._dead}") from None
         self.tools = [_tool_to_openai(t) for t in raw_tools]
         logger.debug("%s: session %s open, tools %s", self.label, self.sid, self.tool_names)
         return Observation(
@@ -304,14 +278,15 @@ class ORSAdapter(LiveAdapter):
         )
 
     async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
-        """Run one tool call.
+        """Run one tool call under the spec's `tool_timeout_s`.
 
         Unknown tools and non-object arguments are refused here without a request; the server's refusals
-        (`ToolCallError`: argument validation, episode already finished) come back as error results too.
+        (`ToolCallError`: argument validation, episode already finished) and a call past its deadline come back as
+        error results too.
 
         Raises:
             ORSSessionError: The session is dead: the tool raised on the server (`ToolFailed`), the session is gone
-                (`SessionTerminatedError`, HTTP 404/410), the connection failed, or `call_timeout_s` passed.
+                (`SessionTerminatedError`, HTTP 404/410), or the connection failed.
         """
         from openreward.api.errors import ToolCallError
 
@@ -321,30 +296,22 @@ class ORSAdapter(LiveAdapter):
             raise ORSSessionError(f"{self.label}: call() before start()")
         if self._dead is not None:
             raise ORSSessionError(f"{self.label}: the session is dead ({self._dead})")
-        names = self.tool_names
-        if name not in names:
-            return ToolResult(
-                text=f"Error: unknown tool {name!r}. Available tools: {', '.join(names) or 'none'}.",
-                error=True,
-            )
-        if not isinstance(arguments, dict) or not all(isinstance(k, str) for k in arguments):
-            return ToolResult(
-                text=f"Error: the arguments of {name!r} must be a JSON object with string keys.", error=True
-            )
+        refused = refuse_call(name, arguments, self.tool_names)
+        if refused is not None:
+            return refused
+        timeout = self.spec.tool_timeout_s
         try:
-            out = await self._sdk(self._session.call_tool(name, arguments), self.call_timeout_s, f"call {name!r}",
-                                  passthrough=(ToolCallError,))
+            async with asyncio.timeout(timeout):
+                out = await self._sdk(self._session.call_tool(name, arguments), f"call {name!r}",
+                                      passthrough=(ToolCallError,))
         except ToolCallError as exc:
             return ToolResult(text=f"Error: {exc.detail}", error=True)
-        text = _blocks_text(out.blocks)
+        except TimeoutError:
+            return ToolResult(text=f"Error: tool {name!r} did not answer within {timeout:g} s.", error=True)
         reward = None if out.reward is None else float(out.reward)
-        self.rewards.append(reward)
-        self.metadata.append(out.metadata)
         if reward is not None:
             self._reward = reward
-        if out.finished:
-            self.finished = True
-        return ToolResult(text=text, reward=reward, finished=bool(out.finished))
+        return ToolResult(text=_blocks_text(out.blocks), reward=reward, finished=bool(out.finished))
 
     async def score(self) -> float | None:
         """The last non-None reward of the episode, or None when no tool call was scored."""
@@ -357,66 +324,34 @@ class ORSAdapter(LiveAdapter):
         """Leave the session context so the server deletes the session (bounded by `close_timeout_s`)."""
         session = self._session
         try:
-            await asyncio.wait_for(session.__aexit__(None, None, None), self.close_timeout_s)
+            await asyncio.wait_for(session.__aexit__(None, None, None), self.spec.close_timeout_s)
             logger.debug("%s: session %s closed", self.label, session.sid)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             logger.warning("%s: closing session %s took over %g s; the server reaps it when idle",
-                           self.label, session.sid, self.close_timeout_s)
+                           self.label, session.sid, self.spec.close_timeout_s)
         except Exception as exc:  # noqa: BLE001 - close never raises
-            logger.warning("%s: closing session %s failed: %s", self.label, session.sid, _describe(exc))
+            logger.warning("%s: closing session %s failed: %s", self.label, session.sid, describe(exc))
 
-    async def _sdk(self, aw: Any, timeout: float | None, what: str, passthrough: tuple[type, ...] = ()) -> Any:
-        """Await one SDK call under `timeout`; any failure marks the session dead and raises `ORSSessionError`."""
+    async def _sdk(self, aw: Any, what: str, passthrough: tuple[type, ...] = ()) -> Any:
+        """Await one SDK call; any failure marks the session dead and raises `ORSSessionError`. The caller's deadline
+        (`asyncio.timeout`) cancels the call, and a cancellation passes through."""
         import aiohttp
         from openreward.api.errors import SessionTerminatedError, ToolFailed
 
         try:
-            if timeout is None:
-                return await aw
-            return await asyncio.wait_for(aw, timeout)
-        except passthrough:
+            return await aw
+        except (*passthrough, asyncio.CancelledError):
             raise
-        except asyncio.TimeoutError:
-            reason = f"no answer within {timeout:g} s to {what}"
-            self._dead = reason
-            raise ORSTimeoutError(f"{self.label}: {reason}") from None
         except ToolFailed as exc:
-            reason = f"{what} failed on the server: {_first_line(exc.message)}"
+            reason = f"{what} failed on the server: {first_line(exc.message)}"
         except SessionTerminatedError as exc:
-            reason = f"the session was terminated ({_first_line(exc.reason)})"
+            reason = f"the session was terminated ({first_line(exc.reason)})"
         except aiohttp.ClientResponseError as exc:
             if exc.status in (404, 410):
-                reason = f"the session is gone on the server (HTTP {exc.status} on {what}: {_first_line(exc.message)})"
+                reason = f"the session is gone on the server (HTTP {exc.status} on {what}: {first_line(exc.message)})"
             else:
-                reason = f"HTTP {exc.status} on {what}: {_first_line(exc.message)}"
+                reason = f"HTTP {exc.status} on {what}: {first_line(exc.message)}"
         except Exception as exc:  # noqa: BLE001 - transport errors of every kind end the session
-            reason = f"cannot {what}: {_describe(exc)}"
+            reason = f"cannot {what}: {describe(exc)}"
         self._dead = reason
         raise ORSSessionError(f"{self.label}: {reason}")
-
-
-class _Deadline:
-    """Time left of one overall deadline, for a sequence of awaits."""
-
-    def __init__(self, seconds: float | None) -> None:
-        self._end = None if seconds is None else asyncio.get_running_loop().time() + seconds
-
-    def left(self) -> float | None:
-        if self._end is None:
-            return None
-        return max(0.0, self._end - asyncio.get_running_loop().time())
-
-
-def _first_line(text: Any) -> str:
-    lines = str(text).strip().splitlines()
-    return lines[0] if lines else ""
-
-
-def _describe(exc: BaseException) -> str:
-    from openreward.api.errors import MaxRetriesError
-
-    if isinstance(exc, MaxRetriesError) and exc.errors:
-        last = exc.errors[-1]
-        return f"{type(last).__name__}: {_first_line(last)} (after {len(exc.errors)} attempts)"
-    text = _first_line(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -8,130 +8,36 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from raygrpo.imports import load_object
+from raygrpo._compat import ors_session_ids, patch_ors_idle_timeout, patch_sse_exit_signal, set_ors_server_log_level
+from raygrpo.environ import apply_process_env
+from raygrpo.errors import ResolveError
+from raygrpo.imports import ImportSpecError, load_object
 
 logger = logging.getLogger(__name__)
 
-_LOG_LEVEL_LOCK = threading.Lock()
 
-
-def resolve_environment_class(env: Any, base_dir: str | None = None) -> type:
-    """An `openreward.environments.Environment` subclass from a class or an import/file-path spec."""
-    from openreward.environments import Environment
-
-    obj = load_object(env, base_dir=base_dir) if isinstance(env, str) else env
-    if not (isinstance(obj, type) and issubclass(obj, Environment)):
-        raise TypeError(f"{env!r} is not an openreward.environments.Environment subclass (got {obj!r})")
-    return obj
-
-
-def set_server_log_level(level: int | str) -> None:
-    """Set the level of the openreward server's own structlog loggers (they print every request at INFO).
-
-    The SDK fixes each logger's level when its module is imported (from `OPENREWARD_LOG_LEVEL`); this rebuilds the
-    server, session and environment loggers at `level`. Process-wide.
-    """
-    from openreward import log_utils
-    from openreward.environments import environment as env_module
-    from openreward.environments import server as server_module
-    from openreward.environments import session as session_module
-
-    name = logging.getLevelName(level) if isinstance(level, int) else str(level).upper()
-    with _LOG_LEVEL_LOCK:
-        saved = os.environ.get("OPENREWARD_LOG_LEVEL")
-        os.environ["OPENREWARD_LOG_LEVEL"] = name
-        try:
-            server_module.logger = log_utils.get_logger("openreward.environments.server")
-            session_module.logger = log_utils.get_logger("openreward.environments.session")
-            env_module.logger = log_utils.get_logger("openreward.environments")
-        finally:
-            if saved is None:
-                os.environ.pop("OPENREWARD_LOG_LEVEL", None)
-            else:
-                os.environ["OPENREWARD_LOG_LEVEL"] = saved
-
-
-_SSE_PATCH_LOCK = threading.Lock()
-
-
-def patch_sse_exit_signal() -> None:
-    """Make sse-starlette's shutdown watch per event loop, so several servers can run in one process.
-
-    openreward pins sse-starlette 2.3.6, whose `EventSourceResponse` waits on ONE process-global `anyio.Event`
-    (`AppStatus.should_exit_event`) bound to the loop that first waited on it. A second uvicorn server in the same
-    process (another thread, or a later server after the first one stopped) then fails every SSE response
-    (`/create_session`, `/call`) with "bound to a different event loop", cutting streams short. This swaps the watch
-    for one event per running loop; a shutdown signal (`AppStatus.handle_exit`) still sets them all. Idempotent.
-    """
-    import asyncio
-
-    import anyio
-    from sse_starlette import sse
-
-    with _SSE_PATCH_LOCK:
-        if getattr(sse.EventSourceResponse._listen_for_exit_signal, "_raygrpo_per_loop", False):
-            return
-        events: dict[asyncio.AbstractEventLoop, anyio.Event] = {}
-        original_handle_exit = sse.AppStatus.handle_exit
-
-        async def listen_for_exit_signal() -> None:
-            if sse.AppStatus.should_exit:
-                return
-            loop = asyncio.get_running_loop()
-            event = events.get(loop)
-            if event is None:
-                for stale in [lp for lp in events if lp.is_closed()]:
-                    events.pop(stale, None)
-                event = events[loop] = anyio.Event()
-            if sse.AppStatus.should_exit:
-                return
-            await event.wait()
-
-        def handle_exit(*args: Any, **kwargs: Any) -> None:
-            for loop, event in list(events.items()):
-                if not loop.is_closed():
-                    loop.call_soon_threadsafe(event.set)
-            original_handle_exit(*args, **kwargs)
-
-        listen_for_exit_signal._raygrpo_per_loop = True  # type: ignore[attr-defined]
-        sse.EventSourceResponse._listen_for_exit_signal = staticmethod(listen_for_exit_signal)
-        sse.AppStatus.handle_exit = staticmethod(handle_exit)
-        try:
-            from uvicorn.main import Server as UvicornServer
-
-            if getattr(UvicornServer, "handle_exit", None) is original_handle_exit:
-                UvicornServer.handle_exit = handle_exit  # type: ignore[method-assign]
-        except ImportError:
-            pass
-
-
-def patch_idle_timeout(server: Any, idle_timeout_s: float, reaper_interval_s: float | None = None) -> None:
-    """Change how long an openreward `Server` keeps a session that gets no ping or request (900 s by default).
-
-    The server's reaper (`reaper_coro(reaper_interval=5, stale_threshold=900)`, a closure made in `Server.__init__`
-    and started by the app's lifespan) deletes sessions whose last ping/request is older than the threshold. This
-    rewrites the closure's defaults; call it before the server starts.
+def environment_class(env: Any, field: str | None = None) -> type:
+    """The `openreward.environments.Environment` subclass `env` names: a class, or an import or file-path spec.
 
     Raises:
-        RuntimeError: The installed openreward has a different layout (the patch would silently do nothing).
+        ResolveError: It does not load, or is not an Environment subclass (the message starts with `field`).
     """
-    lifespan = server.app.router.lifespan_context
-    fn = getattr(lifespan, "__wrapped__", lifespan)
-    cells = dict(zip(getattr(fn, "__code__").co_freevars, fn.__closure__ or ()))
-    reaper = cells.get("reaper_coro")
-    reaper_fn = reaper.cell_contents if reaper is not None else None
-    if reaper_fn is None or reaper_fn.__code__.co_varnames[:2] != ("reaper_interval", "stale_threshold"):
-        raise RuntimeError("cannot patch the idle timeout: openreward's Server has no reaper_coro(reaper_interval, "
-                           "stale_threshold) in its lifespan (SDK layout changed)")
-    interval = reaper_interval_s if reaper_interval_s is not None else max(0.5, min(5.0, idle_timeout_s / 10))
-    reaper_fn.__defaults__ = (float(interval), float(idle_timeout_s))
+    from openreward.environments import Environment
+
+    where = f"{field}: " if field else ""
+    try:
+        obj = load_object(env) if isinstance(env, str) else env
+    except ImportSpecError as exc:
+        raise ResolveError(f"{where}{exc}") from None
+    if not (isinstance(obj, type) and issubclass(obj, Environment)):
+        raise ResolveError(f"{where}{env!r} is not an openreward.environments.Environment subclass (got {obj!r})")
+    return obj
 
 
 class RunningORSServer:
@@ -163,11 +69,11 @@ class RunningORSServer:
 
     def live_sessions(self) -> int:
         """Sessions alive in the server's own registry (created and not yet deleted or reaped)."""
-        return len(self.server._active_envs)
+        return len(self.session_ids())
 
     def session_ids(self) -> list[str]:
         """Ids of the live sessions in the server's registry."""
-        return list(self.server._active_envs)
+        return ors_session_ids(self.server)
 
     @property
     def running(self) -> bool:
@@ -204,7 +110,6 @@ def serve_environments(
     host: str = "127.0.0.1",
     port: int = 0,
     *,
-    base_dir: str | None = None,
     idle_timeout_s: float | None = None,
     server_log_level: int | str | None = "WARNING",
     startup_timeout_s: float = 30.0,
@@ -212,11 +117,10 @@ def serve_environments(
     """Serve ORS environments on `host:port` from a background thread.
 
     Args:
-        environments: Environment classes or import specs (`"pkg.mod:Class"`, `"path/env.py:Class"`); one or a list.
-            The first is the server's default environment.
+        environments: Environment classes or import specs (`"pkg.mod:Class"`, `"/abs/path/env.py:Class"`; a relative
+            file path resolves against the working directory); one or a list. The first is the server's default.
         host: Interface to bind; 127.0.0.1 unless you mean to expose it.
         port: Port to bind; 0 lets the OS pick a free one.
-        base_dir: Folder that relative file-path specs are resolved from (default: working directory).
         idle_timeout_s: Delete sessions that get no ping or request for this long (the SDK pings every 10 s);
             None keeps openreward's default (900 s).
         server_log_level: Level for the openreward server's per-request logs (process-wide); None leaves them.
@@ -225,20 +129,18 @@ def serve_environments(
     Returns:
         The running server (a context manager that stops it).
     """
-    from raygrpo.runtime import apply_process_env
-
     apply_process_env()
     import uvicorn
     from openreward.environments import Server
 
     patch_sse_exit_signal()
     items = list(environments) if isinstance(environments, (list, tuple)) else [environments]
-    classes = [resolve_environment_class(e, base_dir=base_dir) for e in items]
+    classes = [environment_class(e) for e in items]
     if server_log_level is not None:
-        set_server_log_level(server_log_level)
+        set_ors_server_log_level(server_log_level)
     ors = Server(classes)
     if idle_timeout_s is not None:
-        patch_idle_timeout(ors, idle_timeout_s)
+        patch_ors_idle_timeout(ors, idle_timeout_s)
 
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

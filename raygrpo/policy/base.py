@@ -1,36 +1,15 @@
-"""The policy protocol: token ids in, token ids and log-probabilities out."""
+"""The policy protocol: token ids in, token ids and log-probabilities out; and per-request seeds."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from raygrpo.types import TaskRef, Turn
+from raygrpo.errors import PolicyError
+from raygrpo.types import SamplingParams, TaskRef, Turn
 
-
-class PolicyError(RuntimeError):
-    """The policy could not generate (server down, request rejected). An infrastructure failure: retryable."""
-
-
-@dataclass
-class SamplingParams:
-    """Sampling settings for one generation.
-
-    Args:
-        max_tokens: Most tokens to generate in this turn.
-        temperature: Sampling temperature; 0 means greedy.
-        top_p: Nucleus sampling mass.
-        seed: Optional seed for reproducible sampling.
-        min_version: Generate with weights of at least this policy version. Engines that track versions (the
-            transformers engine) hold the request until they have them; in async training this lets a rollout start
-            its environment early (a sandbox boots) while its first turn waits for the learner's next weights.
-    """
-
-    max_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    min_version: int = 0
+__all__ = ["GenerationContext", "PolicyClient", "PolicyError", "SamplingParams", "request_seed"]
 
 
 @dataclass
@@ -58,3 +37,15 @@ class PolicyClient(Protocol):
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, context: GenerationContext | None = None
     ) -> Turn: ...
+
+
+def request_seed(base_seed: int | None, *keys: object) -> int | None:
+    """A seed for one request, derived from a run's base seed and keys naming the request (task, sample, turn).
+
+    Deterministic across processes (no `hash()` randomisation); None when `base_seed` is None. The result fits
+    in 63 bits, which vLLM and `torch.Generator.manual_seed` both accept.
+    """
+    if base_seed is None:
+        return None
+    text = "\x1f".join(str(k) for k in (base_seed, *keys))
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 1

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raygrpo.policy.base import GenerationContext, PolicyError, SamplingParams
+from raygrpo.policy.tiny import resolve_model_path
 from raygrpo.types import Turn
 
 logger = logging.getLogger(__name__)
@@ -85,7 +86,6 @@ class TransformersEngine:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from raygrpo.policy.tiny import resolve_model_path
 
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")

@@ -35,77 +35,13 @@ import sys
 from typing import Any
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from raygrpo.config.policy import VLLMServeConfig
 
 #: The launcher `trl vllm-serve` execs in TRL 1.16 (with this process's Python): vLLM's CLI, sub-command `serve`.
 VLLM_SERVE_LAUNCHER: tuple[str, ...] = ("-m", "vllm.entrypoints.cli.main", "serve")
 
 #: Environment every launched server gets: TRL's weight-sync endpoints live behind vLLM's dev mode.
 SERVER_ENV: dict[str, str] = {"VLLM_SERVER_DEV_MODE": "1"}
-
-
-class VLLMServeConfig(BaseModel):
-    """How to launch the vLLM server that generates for the env pool actors and receives the learner's weights.
-
-    The model path is not part of this config: it comes from the run (`start_vllm_server(cfg, model_path)`).
-
-    Args:
-        command: The launcher, to which the model path and flags are appended. None (the default) means
-            `[python, "-m", "vllm.entrypoints.cli.main", "serve"]` with the Python of the process that launches it
-            (the server actor's), which is what `trl vllm-serve` runs; e.g. `["vllm", "serve"]` uses the one on PATH.
-            Tests put a fake server script here.
-        host: Interface the server listens on. `127.0.0.1` keeps it on one machine; use `0.0.0.0` when env pool
-            actors or the learner run on other nodes (the URL then names the server node's IP).
-        port: TCP port; 0 picks a free one on the server's node.
-        served_model_name: `--served-model-name`; None serves the model under its path. Set `policy.served_model_name`
-            to the same value (TRL reads the name from `/v1/models` itself).
-        gpu_memory_utilization: Share of the GPU's memory vLLM may take (weights, activations, KV cache).
-        tensor_parallel_size: GPUs one server shards the model over.
-        max_model_len: Context length; None uses the model's (often far more than the KV cache holds).
-        dtype: Weight dtype (`"auto"` follows the model config).
-        enforce_eager: Disable CUDA graphs (faster start-up, slower decoding).
-        enable_prefix_caching: Force vLLM's prefix caching on or off; None keeps vLLM's default.
-        trust_remote_code: Allow model code from the model repository.
-        extra_args: Further `vllm serve` arguments, appended as-is.
-        env: Extra environment variables for the server process (added to `VLLM_SERVER_DEV_MODE=1` and the actor's).
-        startup_timeout_s: How long the server may take to answer `/health` (model download and load, CUDA graphs).
-        stop_timeout_s: Grace period between SIGTERM and SIGKILL to the server's process group on stop.
-        num_gpus: Ray GPUs reserved for the server actor; the server sees exactly those (`CUDA_VISIBLE_DEVICES`).
-            Must cover `tensor_parallel_size`; 0 only for fake servers in tests.
-        num_cpus: Ray CPUs reserved for the server actor.
-        log_dir: Folder (on the server's node) for the server log; None makes a temporary one.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    command: list[str] | None = None
-    host: str = "127.0.0.1"
-    port: int = Field(0, ge=0, le=65535)
-    served_model_name: str | None = None
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    tensor_parallel_size: int = Field(1, ge=1)
-    max_model_len: int | None = Field(None, ge=1)
-    dtype: str = "auto"
-    enforce_eager: bool = False
-    enable_prefix_caching: bool | None = None
-    trust_remote_code: bool = False
-    extra_args: list[str] = Field(default_factory=list)
-    env: dict[str, str] = Field(default_factory=dict)
-    startup_timeout_s: float = Field(900.0, gt=0)
-    stop_timeout_s: float = Field(30.0, ge=0)
-    num_gpus: float = Field(1.0, ge=0)
-    num_cpus: float = Field(1.0, ge=0)
-    log_dir: str | None = None
-
-    @model_validator(mode="after")
-    def _check(self) -> VLLMServeConfig:
-        if self.command is not None and not self.command:
-            raise ValueError("vllm server command must not be empty (leave it unset for `vllm serve`)")
-        if 0 < self.num_gpus < self.tensor_parallel_size:
-            raise ValueError(
-                f"num_gpus ({self.num_gpus}) must be at least tensor_parallel_size ({self.tensor_parallel_size})"
-            )
-        return self
 
 
 def launcher(cfg: VLLMServeConfig) -> list[str]:

@@ -6,8 +6,8 @@
 - `raygrpo.sandbox.null:NullEnvironment`: a backend that does nothing, for scale tests.
 - `raygrpo.sandbox.faults`: `FaultConfig`, `FaultInjectingEnvironment`, `wrap_environment` (latency, start failures
   before/after creation, exec hangs, sandbox death), around any backend.
-- `raygrpo.sandbox.registry`: owner labels and heartbeats of local sandboxes; `reap_orphans`, `live_sandboxes`,
-  and the /proc-based leak checks `sandbox_processes` and `sandbox_mounts`.
+- `raygrpo.sandbox.registry`: owner labels and heartbeats of local sandboxes; `reap_orphans`, `OrphanReaper`,
+  `live_sandboxes`, and the OS-level leak checks `sandbox_processes` and `sandbox_mounts`.
 
 Names are imported lazily, so that `from raygrpo.sandbox import reap_orphans` does not import Harbor.
 """
@@ -17,6 +17,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from raygrpo.specs.harbor import LOCAL_BACKEND as LOCAL_IMPORT_PATH
+
 _EXPORTS = {
     "LocalSandboxEnvironment": "raygrpo.sandbox.local",
     "SandboxError": "raygrpo.sandbox.local",
@@ -24,7 +26,7 @@ _EXPORTS = {
     "SandboxNotRunningError": "raygrpo.sandbox.local",
     "SandboxExecTimeoutError": "raygrpo.sandbox.local",
     "NullEnvironment": "raygrpo.sandbox.null",
-    "FaultConfig": "raygrpo.sandbox.faults",
+    "FaultConfig": "raygrpo.specs.faults",
     "FaultInjectingEnvironment": "raygrpo.sandbox.faults",
     "InjectedFault": "raygrpo.sandbox.faults",
     "InjectedStartFailure": "raygrpo.sandbox.faults",
@@ -34,14 +36,14 @@ _EXPORTS = {
     "wrap_environment": "raygrpo.sandbox.faults",
     "DockerfileError": "raygrpo.sandbox.dockerfile",
     "parse_dockerfile": "raygrpo.sandbox.dockerfile",
-    "reap_orphans": "raygrpo.sandbox.registry",
+    "reap_orphans": "raygrpo.sandbox.reaper",
+    "OrphanReaper": "raygrpo.sandbox.reaper",
     "live_sandboxes": "raygrpo.sandbox.registry",
     "sandbox_processes": "raygrpo.sandbox.registry",
     "sandbox_mounts": "raygrpo.sandbox.registry",
     "sandbox_root": "raygrpo.sandbox.registry",
 }
 
-LOCAL_IMPORT_PATH = "raygrpo.sandbox.local:LocalSandboxEnvironment"
 NULL_IMPORT_PATH = "raygrpo.sandbox.null:NullEnvironment"
 
 __all__ = sorted([*_EXPORTS, "LOCAL_IMPORT_PATH", "NULL_IMPORT_PATH"])

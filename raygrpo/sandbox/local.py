@@ -32,7 +32,7 @@ What a sandbox is:
   `SandboxExecTimeoutError` (a `RuntimeError` whose message matches the docker backend's) is raised. `stop()` kills
   the init, and so, by the kernel, every process of the PID namespace (background and `setsid` ones too), then
   removes the host directory. If the owning process dies, even by SIGKILL, `--die-with-parent` takes its sandboxes
-  with it; the directories left behind are removed by `raygrpo.sandbox.registry.reap_orphans`.
+  with it; the directories left behind are removed by `raygrpo.sandbox.reaper.reap_orphans`.
 - Users: execs run as root. A requested `user` that exists in the host's `/etc/passwd` (or a numeric uid) is
   honoured with `setpriv`; an unknown user name (typically one a skipped `RUN useradd` would have created) falls
   back to root with a warning.
@@ -64,6 +64,7 @@ from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.models.task.config import NetworkMode, TaskOS
 
+from raygrpo.aio import run_to_end
 from raygrpo.sandbox import dockerfile as _df
 from raygrpo.sandbox import layout as _lay
 from raygrpo.sandbox import process as _proc
@@ -115,7 +116,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
             as for every Harbor `BaseEnvironment` (passed by Harbor's factory).
         sandbox_root (`str`, *optional*):
             host directory that holds the sandboxes' directories; default `$RAYGRPO_SANDBOX_ROOT`, else
-            `/tmp/raygrpo-sandboxes`. The reaper (`raygrpo.sandbox.registry.reap_orphans`) must be given the same.
+            `/tmp/raygrpo-sandboxes`. The reaper (`raygrpo.sandbox.reaper.reap_orphans`) must be given the same.
         owner_id (`str`, *optional*):
             label recorded as the sandbox's owner (default: the Ray actor name when running in an actor).
         keep_dir (`bool`, defaults to `False`):
@@ -283,7 +284,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
         cancelled = await self._init.kill()
         if self._reg is not None:
             # Double-check through /proc (by the sandbox's environment mark), then remove the directory.
-            cancelled = await _proc.run_to_end(self._release, self._reg) or cancelled
+            cancelled = await run_to_end(asyncio.to_thread(self._release, self._reg)) or cancelled
         if cancelled is not None:
             raise cancelled
 

@@ -19,7 +19,6 @@ import signal
 import tarfile
 import uuid
 from pathlib import Path
-from typing import Any
 
 from harbor.environments.base import transfer_tar_filter
 
@@ -144,20 +143,6 @@ class InitProcess:
             except asyncio.TimeoutError:
                 continue
         return cancelled
-
-
-async def run_to_end(fn: Any, *args: Any) -> asyncio.CancelledError | None:
-    """Run `fn(*args)` in a thread to its end even when cancelled; return the cancellation it swallowed, for the
-    caller to re-raise when done. Exceptions of `fn` are raised."""
-    cancelled: asyncio.CancelledError | None = None
-    task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError as e:
-            cancelled = e
-    task.result()
-    return cancelled
 
 
 def user_prefix(user: str | int | None) -> tuple[list[str], str] | None:

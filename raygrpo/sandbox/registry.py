@@ -1,4 +1,4 @@
-"""Host-side bookkeeping of local sandboxes: owner labels, heartbeats, and the orphan reaper.
+"""Host-side bookkeeping of local sandboxes: owner labels, heartbeats, and what the OS says is alive.
 
 Every local sandbox has a directory `<root>/<sandbox id>/` on the host (root: the `root` argument, else
 `$RAYGRPO_SANDBOX_ROOT`, else `/tmp/raygrpo-sandboxes`). Besides the sandbox's own writable files (`fs/`) it holds:
@@ -9,15 +9,10 @@ Every local sandbox has a directory `<root>/<sandbox id>/` on the host (root: th
   per process (a thread, not an asyncio task, so that a busy event loop does not make its sandboxes look orphaned);
 - `procs.json`: the host pids of the sandbox's `bwrap` monitor and of its PID-namespace init, with start times.
 
-A sandbox is an *orphan* when its owner process is gone (same host and boot: the pid is dead or now belongs to
-another process) or its heartbeat is older than `stale_after_s`. `reap_orphans` kills an orphan's processes (its
-PID-namespace init; the kernel then kills everything else in the namespace) and removes its directory. Several
-processes may reap at once: a reaper first claims a sandbox by renaming its directory (atomic), so each orphan is
-reaped exactly once.
-
 Processes that belong to sandboxes carry `RAYGRPO_SANDBOX_ID` / `RAYGRPO_SANDBOX_ROOT` in their environment;
-`sandbox_processes` and `sandbox_mounts` find them (and their mounts) through `/proc`, independently of this
-bookkeeping, which is how tests and `leaked_envs` check that nothing is left.
+`sandbox_processes` and `sandbox_mounts` find them (and their mounts) through the OS (psutil, and every process's
+`/proc/<pid>/mountinfo` for mounts in other namespaces), independently of this bookkeeping, which is how tests and
+`leaked_envs` check that nothing is left. Reaping orphans is `raygrpo.sandbox.reaper`.
 """
 
 from __future__ import annotations
@@ -34,14 +29,18 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_ROOT = "/tmp/raygrpo-sandboxes"
 ROOT_ENV = "RAYGRPO_SANDBOX_ROOT"
 ID_ENV = "RAYGRPO_SANDBOX_ID"
 HEARTBEAT_INTERVAL_S = 2.0
-_CLAIM_PREFIX = ".reaping-"
-_STOPPED_MARK = "stopped.json"
+#: A reaper renames an orphan's directory to this prefix + id + its pid to claim it (see `raygrpo.sandbox.reaper`).
+CLAIM_PREFIX = ".reaping-"
+#: Marks a stopped sandbox whose directory is kept for inspection (never reaped).
+STOPPED_MARK = "stopped.json"
 
 
 def sandbox_root(root: str | os.PathLike | None = None) -> Path:
@@ -52,28 +51,26 @@ def sandbox_root(root: str | os.PathLike | None = None) -> Path:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# /proc helpers
+# Processes
 # --------------------------------------------------------------------------------------------------------------
 
 
-def proc_start_time(pid: int) -> int | None:
-    """The start time (clock ticks since boot) of `pid`, or None when no such process exists."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    # The command name may contain spaces and parentheses: fields start after the last ')'.
-    fields = data[data.rindex(b")") + 2 :].split()
-    if fields[0] == b"Z":  # a zombie is dead for our purposes
-        return None
-    return int(fields[19])
-
-
-def pid_alive(pid: int | None, start_time: int | None = None) -> bool:
-    """Whether `pid` is alive and (when `start_time` is given) still the same process."""
+def proc_start_time(pid: int | None) -> float | None:
+    """The start time of `pid` (seconds since the epoch, as psutil reports it), or None when no such process is
+    alive (a zombie counts as dead)."""
     if not pid:
-        return False
+        return None
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return proc.create_time()
+    except psutil.Error:
+        return None
+
+
+def pid_alive(pid: int | None, start_time: float | None = None) -> bool:
+    """Whether `pid` is alive and (when `start_time` is given) still the same process."""
     st = proc_start_time(pid)
     if st is None:
         return False
@@ -87,7 +84,7 @@ def _boot_id() -> str:
         return ""
 
 
-_HOST = socket.gethostname()
+HOSTNAME = socket.gethostname()
 _BOOT = _boot_id()
 
 
@@ -175,7 +172,7 @@ class Registration:
         owner = {
             "pid": os.getpid(),
             "pid_start": proc_start_time(os.getpid()),
-            "hostname": _HOST,
+            "hostname": HOSTNAME,
             "boot_id": _BOOT,
             "owner_id": self.owner_id or _default_owner_id(),
             "created": time.time(),
@@ -200,9 +197,9 @@ class Registration:
         """Stop beating; remove the directory, or mark it stopped (kept for inspection, never reaped)."""
         _heartbeat.discard(self.dir / "heartbeat")
         if remove:
-            _rmtree(self.dir)
+            remove_tree(self.dir)
         elif self.dir.exists():
-            _write_json(self.dir / _STOPPED_MARK, {"stopped": time.time()})
+            _write_json(self.dir / STOPPED_MARK, {"stopped": time.time()})
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -211,14 +208,14 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def _read_json(path: Path) -> dict | None:
+def read_json(path: Path) -> dict | None:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
 
 
-def _rmtree(path: Path) -> None:
+def remove_tree(path: Path) -> None:
     def onexc(func, p, exc):  # noqa: ANN001
         if isinstance(exc, FileNotFoundError):
             return
@@ -263,43 +260,32 @@ class SandboxInfo:
     pids: list[int]
 
 
-def _owner_alive(owner: dict) -> bool:
-    if owner.get("hostname") != _HOST:
+def owner_alive(owner: dict) -> bool:
+    if owner.get("hostname") != HOSTNAME:
         return True  # another host sharing the root: a pid means nothing here, the heartbeat decides
     if owner.get("boot_id") and owner.get("boot_id") != _BOOT:
         return False  # left over from before a reboot
     return pid_alive(owner.get("pid"), owner.get("pid_start"))
 
 
-def _heartbeat_age(d: Path) -> float | None:
+def heartbeat_age(d: Path) -> float | None:
     try:
         return max(0.0, time.time() - (d / "heartbeat").stat().st_mtime)
     except OSError:
         return None
 
 
-def _process_env_marks() -> dict[int, tuple[str | None, str | None]]:
-    """pid -> (sandbox root, sandbox id) for every process whose environment carries the sandbox marks."""
+def process_env_marks() -> dict[int, tuple[str | None, str | None]]:
+    """pid -> (sandbox root, sandbox id) for every live process whose environment carries the sandbox marks."""
     out: dict[int, tuple[str | None, str | None]] = {}
-    root_key, id_key = f"{ROOT_ENV}=".encode(), f"{ID_ENV}=".encode()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
+    for proc in psutil.process_iter():
         try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                data = f.read()
-        except OSError:
+            env = proc.environ()
+            if ID_ENV not in env or proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+        except psutil.Error:
             continue
-        if id_key not in data:
-            continue
-        sroot = sid = None
-        for item in data.split(b"\0"):
-            if item.startswith(root_key):
-                sroot = item[len(root_key) :].decode(errors="replace")
-            elif item.startswith(id_key):
-                sid = item[len(id_key) :].decode(errors="replace")
-        if sid and proc_start_time(int(entry.name)) is not None:
-            out[int(entry.name)] = (sroot, sid)
+        out[proc.pid] = (env.get(ROOT_ENV), env[ID_ENV])
     return out
 
 
@@ -308,7 +294,7 @@ def sandbox_processes(root: str | os.PathLike | None = None, sandbox_id: str | N
     root_s = str(Path(root or os.environ.get(ROOT_ENV) or DEFAULT_ROOT))
     return sorted(
         pid
-        for pid, (sroot, sid) in _process_env_marks().items()
+        for pid, (sroot, sid) in process_env_marks().items()
         if sroot == root_s and (sandbox_id is None or sid == sandbox_id)
     )
 
@@ -316,8 +302,9 @@ def sandbox_processes(root: str | os.PathLike | None = None, sandbox_id: str | N
 def sandbox_mounts(root: str | os.PathLike | None = None) -> list[str]:
     """Mount table lines (from every process's /proc/<pid>/mountinfo) that bind anything from under `root`.
 
-    Sandboxes mount in their own mount namespaces, so this looks at every process, not only this one; once every
-    sandbox process is gone their namespaces, and so their mounts, are gone too.
+    Sandboxes mount in their own mount namespaces, so this reads every process's `/proc/<pid>/mountinfo` (psutil only
+    sees this process's mount namespace); once every sandbox process is gone their namespaces, and so their mounts,
+    are gone too.
     """
     root_s = os.path.realpath(str(Path(root or os.environ.get(ROOT_ENV) or DEFAULT_ROOT)))
     seen: set[str] = set()
@@ -348,7 +335,7 @@ def live_sandboxes(root: str | os.PathLike | None = None) -> list[SandboxInfo]:
     kept stopped ones are not.
     """
     base = sandbox_root(root)
-    marks = _process_env_marks()
+    marks = process_env_marks()
     by_id: dict[str, list[int]] = {}
     for pid, (sroot, sid) in marks.items():
         if sroot == str(base) and sid:
@@ -358,10 +345,10 @@ def live_sandboxes(root: str | os.PathLike | None = None) -> list[SandboxInfo]:
         if entry.name.startswith(".") or not entry.is_dir(follow_symlinks=False):
             continue
         d = Path(entry.path)
-        if (d / _STOPPED_MARK).exists():
+        if (d / STOPPED_MARK).exists():
             continue
-        owner = _read_json(d / "owner.json") or {}
-        procs = _read_json(d / "procs.json") or {}
+        owner = read_json(d / "owner.json") or {}
+        procs = read_json(d / "procs.json") or {}
         init_pid = procs.get("init_pid")
         if init_pid and not pid_alive(init_pid, procs.get("init_start")):
             init_pid = None
@@ -370,8 +357,8 @@ def live_sandboxes(root: str | os.PathLike | None = None) -> list[SandboxInfo]:
                 sandbox_id=entry.name,
                 dir=d,
                 owner=owner,
-                owner_alive=_owner_alive(owner) if owner else True,
-                heartbeat_age_s=_heartbeat_age(d),
+                owner_alive=owner_alive(owner) if owner else True,
+                heartbeat_age_s=heartbeat_age(d),
                 init_pid=init_pid,
                 pids=sorted(by_id.get(entry.name, [])),
             )
@@ -379,20 +366,15 @@ def live_sandboxes(root: str | os.PathLike | None = None) -> list[SandboxInfo]:
     return out
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Reaping
-# --------------------------------------------------------------------------------------------------------------
-
-
 def kill_sandbox_processes(d: Path, sandbox_id: str, root: Path, timeout_s: float = 5.0) -> None:
     """SIGKILL a sandbox's init (the kernel then kills its whole PID namespace), its monitor, and any straggler."""
-    procs = _read_json(d / "procs.json") or {}
+    procs = read_json(d / "procs.json") or {}
     targets: list[int] = []
     for pid_key, start_key in (("init_pid", "init_start"), ("bwrap_pid", "bwrap_start")):
         pid = procs.get(pid_key)
         if pid and pid_alive(pid, procs.get(start_key)):
             targets.append(pid)
-    for pid, (sroot, sid) in _process_env_marks().items():
+    for pid, (sroot, sid) in process_env_marks().items():
         if sid == sandbox_id and sroot == str(root):
             targets.append(pid)
     for pid in targets:
@@ -400,78 +382,13 @@ def kill_sandbox_processes(d: Path, sandbox_id: str, root: Path, timeout_s: floa
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not any(proc_start_time(p) is not None for p in targets):
-            return
-        time.sleep(0.02)
-    alive = [p for p in targets if proc_start_time(p) is not None]
+    procs = []
+    for pid in targets:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
+    alive = [p.pid for p in alive if proc_start_time(p.pid) is not None]
     if alive:
         logger.warning("sandbox %s: processes %s still alive %.1fs after SIGKILL", sandbox_id, alive, timeout_s)
-
-
-def _is_orphan(d: Path, stale_after_s: float) -> bool:
-    if (d / _STOPPED_MARK).exists():
-        return False
-    owner = _read_json(d / "owner.json")
-    age = _heartbeat_age(d)
-    if owner is None:
-        # Being created, or its owner died while creating it: judge by the directory's age.
-        try:
-            age = time.time() - d.stat().st_mtime
-        except OSError:
-            return False
-        return age > stale_after_s
-    if owner.get("pid") == os.getpid() and owner.get("hostname") == _HOST:
-        return False  # ours, and we are alive
-    if not _owner_alive(owner):
-        return True
-    return age is None or age > stale_after_s
-
-
-def reap_orphans(root: str | os.PathLike | None = None, stale_after_s: float = 10.0) -> list[str]:
-    """Kill and remove every orphaned sandbox under `root`; return the ids reaped by this call.
-
-    Args:
-        root: the sandboxes' root (default `$RAYGRPO_SANDBOX_ROOT` or `/tmp/raygrpo-sandboxes`).
-        stale_after_s: a heartbeat older than this marks the sandbox orphaned even when its owner pid looks alive
-            (a frozen owner, or one on another host sharing the root). Keep it well above the 2 s heartbeat.
-
-    Safe to call concurrently from several processes: each orphan is claimed by an atomic rename first.
-    """
-    base = sandbox_root(root)
-    reaped: list[str] = []
-    for entry in list(os.scandir(base)):
-        name = entry.name
-        d = Path(entry.path)
-        if not entry.is_dir(follow_symlinks=False):
-            continue
-        if name.startswith(_CLAIM_PREFIX):
-            # A claim left by a reaper that died mid-reap: take it over when that reaper is gone.
-            sid, _, claimer = name[len(_CLAIM_PREFIX) :].rpartition(".")
-            if claimer.isdigit() and pid_alive(int(claimer)):
-                continue
-        elif name.startswith("."):
-            continue
-        else:
-            sid = name
-            if not _is_orphan(d, stale_after_s):
-                continue
-        claim = base / f"{_CLAIM_PREFIX}{sid}.{os.getpid()}"
-        try:
-            os.rename(d, claim)
-        except (FileNotFoundError, OSError):
-            continue  # another reaper (or the owner's stop) got there first
-        owner = _read_json(claim / "owner.json") or {}
-        logger.warning(
-            "reaping orphaned sandbox %s (owner pid %s on %s, owner id %s, heartbeat %s s old)",
-            sid,
-            owner.get("pid"),
-            owner.get("hostname"),
-            owner.get("owner_id"),
-            None if (age := _heartbeat_age(claim)) is None else round(age, 1),
-        )
-        kill_sandbox_processes(claim, sid, base)
-        _rmtree(claim)
-        reaped.append(sid)
-    return reaped

@@ -28,8 +28,18 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 
 from raygrpo.config import RunConfig
+from raygrpo.orchestrator import Orchestrator
+from raygrpo.policy.tiny import resolve_model_path
+from raygrpo.policy.vllm_serve import trl_server_kwargs
+from raygrpo.train.evaluate import evaluate
 from raygrpo.train.groups import to_rollout_output
-from raygrpo.train.metrics import MetricsLog, RolloutLog, per_env_stats, reward_stats, score_unanswered
+from raygrpo.train.grpo_args import build_grpo_config
+from raygrpo.train.metrics import MetricsLog, RolloutLog, per_env_stats, plot_rewards, reward_stats, score_unanswered
+from raygrpo.train.schedule import TaskSchedule
+from raygrpo.train.source import RolloutSource
+from raygrpo.train.trainer import BehaviourGRPOTrainer
+from raygrpo.train.warmup import run_warmup
+from raygrpo.train.weights import push_weights
 from raygrpo.types import TaskRef
 
 logger = logging.getLogger(__name__)
@@ -99,8 +109,6 @@ class Learner:
     # ------------------------------------------------------------------ set-up
 
     def _grpo_args(self):
-        from raygrpo.train.config import build_grpo_config
-
         owned: dict[str, Any] = {
             "output_dir": str(self.out / "checkpoints"),
             "num_generations": self.group_size,
@@ -110,8 +118,6 @@ class Learner:
             "logging_steps": 1,
         }
         if self.cfg.policy.kind == "vllm":
-            from raygrpo.policy.vllm_serve import trl_server_kwargs
-
             # TRL's server mode: it pushes the weights to the server before each rollout_func call.
             server = trl_server_kwargs(self.cfg.policy.url)
             owned.update({k: v for k, v in server.items() if k not in self.cfg.trainer})  # group port, timeout
@@ -124,11 +130,6 @@ class Learner:
         from datasets import Dataset
         from transformers import AutoModelForCausalLM, AutoTokenizer
         from trl import GRPOTrainer
-
-        from raygrpo.orchestrator import Orchestrator
-        from raygrpo.policy.tiny import resolve_model_path
-        from raygrpo.train.schedule import TaskSchedule
-        from raygrpo.train.source import RolloutSource
 
         torch.set_num_threads(max(1, int(round(self.cfg.train.learner.num_cpus))))
         # Unscored rollouts are expected (a model that never calls the scoring tool) and counted in the metrics.
@@ -145,10 +146,8 @@ class Learner:
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         self.warmup_stats: dict[str, Any] | None = None
         if self.cfg.train.warmup is not None and checkpoint is None:
-            from raygrpo.train.warmup import run_warmup
-
             self.progress["phase"] = "warm-up"
-            self.warmup_stats = run_warmup(model, self.tokenizer, self.cfg.train.warmup, base_dir=self.cfg.base_dir)
+            self.warmup_stats = run_warmup(model, self.tokenizer, self.cfg.train.warmup)
             logger.info("warm-up done: %s", self.warmup_stats)
 
         schedule = TaskSchedule(self.tasks_by_env, self.cfg.train.mixture, seed=self.cfg.seed)
@@ -171,7 +170,7 @@ class Learner:
         dataset = Dataset.from_dict({"prompt": [f"raygrpo group slot {i}" for i in range(groups_per_step)]})
         trainer_cls = GRPOTrainer
         if self.cfg.train.behaviour_ratio and self.cfg.policy.kind != "vllm":
-            from raygrpo.train.trainer import BehaviourGRPOTrainer as trainer_cls
+            trainer_cls = BehaviourGRPOTrainer
         trainer = trainer_cls(
             model=model,
             reward_funcs=[env_reward],
@@ -191,8 +190,6 @@ class Learner:
             return
         if self._pushed_version is not None and version % self.cfg.train.weight_sync_every:
             return
-        from raygrpo.train.weights import push_weights
-
         versions = push_weights(trainer.accelerator.unwrap_model(trainer.model), self.engines, version)
         self._pushed_version = version
         logger.info("engines now at policy version %s", versions)
@@ -227,8 +224,6 @@ class Learner:
         return to_rollout_output(batch.groups, fallback_id=int(self.tokenizer.eos_token_id))
 
     def run_eval(self, version: int) -> dict[str, Any]:
-        from raygrpo.train.evaluate import evaluate
-
         self.progress["phase"] = "evaluating"
         start = time.perf_counter()
         result = evaluate(self._eval_orchestrator, self.eval_tasks, self.cfg.train.unanswered_reward)
@@ -268,8 +263,6 @@ class Learner:
 
     def train(self) -> dict[str, Any]:
         """Warm up (fresh runs only), train for `trainer.max_steps`, export the final model; return a summary."""
-        from raygrpo.train.metrics import plot_rewards
-
         self.out.mkdir(parents=True, exist_ok=True)
         checkpoints = self.out / "checkpoints"
         checkpoint = get_last_checkpoint(str(checkpoints)) if self.resume and checkpoints.is_dir() else None

@@ -16,62 +16,11 @@ import random
 import time
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-from raygrpo.imports import ImportSpecError, load_object, split_spec
+from raygrpo.chat import ChatRenderer
+from raygrpo.config.train import WarmupConfig
+from raygrpo.imports import load_function
 
 logger = logging.getLogger(__name__)
-
-
-class WarmupConfig(BaseModel):
-    """Settings of the supervised format warm-up.
-
-    Args:
-        examples (`str`):
-            The function that makes the warm-up conversations, `"pkg.module:func"` or `"path/to/file.py:func"`
-            (relative to the config file's folder). Called as `func(n=num_examples, seed=seed)`, it returns a list of
-            `{"messages": [...], "tools": [...], "completion": str}`: `messages` the opening chat messages (no
-            assistant turn), `tools` the OpenAI-format tool schemas the environment would list, `completion` the
-            assistant's text (tool calls written with `raygrpo.toolcalls.format_tool_call`), without the eos; other
-            keys are ignored. Its tasks must be disjoint from the training tasks (`examples/echo/warmup.py`).
-        num_examples (`int`, *optional*, defaults to `2000`):
-            How many conversations to ask `examples` for.
-        steps (`int`, *optional*, defaults to `500`):
-            Optimizer steps (batches are drawn by cycling through shuffled epochs of the examples).
-        batch_size (`int`, *optional*, defaults to `8`):
-            Conversations per optimizer step.
-        learning_rate (`float`, *optional*, defaults to `1e-2`):
-            Peak AdamW learning rate: linear warm-up over the first 10% of the steps, linear decay to 10% of it.
-        weight_decay (`float`, *optional*, defaults to `0.0`):
-            AdamW weight decay.
-        max_grad_norm (`float`, *optional*, defaults to `1.0`):
-            Gradient norm clipping; 0 turns it off.
-        seed (`int`, *optional*, defaults to `0`):
-            Seed of the examples and of the batch order.
-        log_every (`int`, *optional*, defaults to `25`):
-            Log the running loss every this many steps.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    examples: str
-    num_examples: int = Field(2000, ge=1)
-    steps: int = Field(500, ge=1)
-    batch_size: int = Field(8, ge=1)
-    learning_rate: float = Field(1e-2, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    max_grad_norm: float = Field(1.0, ge=0)
-    seed: int = 0
-    log_every: int = Field(25, ge=1)
-
-    @field_validator("examples")
-    @classmethod
-    def _check_spec(cls, value: str) -> str:
-        try:
-            split_spec(value)
-        except ImportSpecError as exc:
-            raise ValueError(str(exc)) from None
-        return value
 
 
 def _check_example(i: int, ex: Any) -> None:
@@ -89,13 +38,18 @@ def _check_example(i: int, ex: Any) -> None:
         raise ValueError(f"{where}: tools must be a list and completion a non-empty string")
 
 
-def load_examples(cfg: WarmupConfig, base_dir: str | None = None) -> list[dict[str, Any]]:
+def examples_function(cfg: WarmupConfig) -> Any:
+    """The function `train.warmup.examples` names.
+
+    Raises:
+        ResolveError: It does not load or is not callable (the message starts with `train.warmup.examples`).
+    """
+    return load_function(cfg.examples, "train.warmup.examples")
+
+
+def load_examples(cfg: WarmupConfig) -> list[dict[str, Any]]:
     """Call the configured `examples` function and check what it returns; errors name `warmup.examples`."""
-    try:
-        func = load_object(cfg.examples, base_dir=base_dir)
-    except ImportSpecError as exc:
-        raise ValueError(f"warmup.examples: {exc}") from exc
-    examples = func(n=cfg.num_examples, seed=cfg.seed) if callable(func) else None
+    examples = examples_function(cfg)(n=cfg.num_examples, seed=cfg.seed)
     if not isinstance(examples, list) or not examples:
         raise ValueError(f"warmup.examples: {cfg.examples!r} is not a function returning a non-empty list")
     for i, ex in enumerate(examples):
@@ -113,8 +67,7 @@ def encode_example(renderer: Any, ex: dict[str, Any], system_prompt: str | None 
     return prompt, completion
 
 
-def run_warmup(model: Any, tokenizer: Any, cfg: WarmupConfig, base_dir: str | None = None, *,
-               system_prompt: str | None = None) -> dict[str, Any]:
+def run_warmup(model: Any, tokenizer: Any, cfg: WarmupConfig, *, system_prompt: str | None = None) -> dict[str, Any]:
     """Fine-tune `model` in place on the warm-up conversations; returns `{steps, examples, final_loss, seconds}`.
 
     Plain torch loop on the model's current device: AdamW, right-padded batches, cross-entropy on the completion
@@ -124,16 +77,13 @@ def run_warmup(model: Any, tokenizer: Any, cfg: WarmupConfig, base_dir: str | No
         model: A `transformers` causal LM; its weights change.
         tokenizer: Its tokenizer (with the chat template the agent loop renders with).
         cfg: The warm-up settings.
-        base_dir: Folder that a relative file path in `cfg.examples` is resolved from (the config file's folder).
         system_prompt: The run's `rollout.system_prompt`, put first in every prompt as the agent loop does.
     """
     import torch
 
-    from raygrpo.chat import ChatRenderer
-
     started = time.perf_counter()
     renderer = ChatRenderer(tokenizer)
-    encoded = [encode_example(renderer, ex, system_prompt) for ex in load_examples(cfg, base_dir)]
+    encoded = [encode_example(renderer, ex, system_prompt) for ex in load_examples(cfg)]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else renderer.eos_token_id
     device = next(model.parameters()).device
     rng = random.Random(cfg.seed)

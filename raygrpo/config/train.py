@@ -1,18 +1,19 @@
-"""Training settings: raygrpo's own (`train:`) and the `trainer:` mapping handed to TRL's `GRPOConfig`.
+"""Training settings: raygrpo's own (`train:`) and the checks on the `trainer:` mapping handed to TRL's `GRPOConfig`.
 
-The `trainer:` mapping is validated by `GRPOConfig` itself (`build_grpo_config`), so every TRL option keeps its
-name, default and documentation. The fields raygrpo sets from the rest of the run config are refused there by name,
-with the run-config field that owns them: a run cannot silently train with a group size, temperature or vLLM mode
-that differs from what its rollouts used.
+The `trainer:` mapping is validated by `GRPOConfig` itself when the learner builds it
+(`raygrpo.train.grpo_args.build_grpo_config`); here, at load, the fields raygrpo sets from the rest of the run config
+are refused by name, with the run-config field that owns them: a run cannot silently train with a group size,
+temperature or vLLM mode that differs from what its rollouts used.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from raygrpo.train.warmup import WarmupConfig
+from raygrpo.imports import ImportSpecError, is_file_spec, resolve_file, split_spec
+from raygrpo.specs.base import base_dir_of
 
 #: `GRPOConfig` fields raygrpo sets itself, and the run-config field (or option) that owns each.
 OWNED_TRAINER_FIELDS: dict[str, str] = {
@@ -44,6 +45,58 @@ TRAINER_DEFAULTS: dict[str, Any] = {
     "bf16": False,
     "disable_tqdm": True,
 }
+
+
+
+class WarmupConfig(BaseModel):
+    """Settings of the supervised format warm-up.
+
+    Args:
+        examples (`str`):
+            The function that makes the warm-up conversations, `"pkg.module:func"` or `"path/to/file.py:func"`
+            (relative to the config file's folder). Called as `func(n=num_examples, seed=seed)`, it returns a list of
+            `{"messages": [...], "tools": [...], "completion": str}`: `messages` the opening chat messages (no
+            assistant turn), `tools` the OpenAI-format tool schemas the environment would list, `completion` the
+            assistant's text (tool calls written with `raygrpo.toolcalls.format_tool_call`), without the eos; other
+            keys are ignored. Its tasks must be disjoint from the training tasks (`examples/echo/warmup.py`).
+        num_examples (`int`, *optional*, defaults to `2000`):
+            How many conversations to ask `examples` for.
+        steps (`int`, *optional*, defaults to `500`):
+            Optimizer steps (batches are drawn by cycling through shuffled epochs of the examples).
+        batch_size (`int`, *optional*, defaults to `8`):
+            Conversations per optimizer step.
+        learning_rate (`float`, *optional*, defaults to `1e-2`):
+            Peak AdamW learning rate: linear warm-up over the first 10% of the steps, linear decay to 10% of it.
+        weight_decay (`float`, *optional*, defaults to `0.0`):
+            AdamW weight decay.
+        max_grad_norm (`float`, *optional*, defaults to `1.0`):
+            Gradient norm clipping; 0 turns it off.
+        seed (`int`, *optional*, defaults to `0`):
+            Seed of the examples and of the batch order.
+        log_every (`int`, *optional*, defaults to `25`):
+            Log the running loss every this many steps.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    examples: str
+    num_examples: int = Field(2000, ge=1)
+    steps: int = Field(500, ge=1)
+    batch_size: int = Field(8, ge=1)
+    learning_rate: float = Field(1e-2, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, ge=0)
+    seed: int = 0
+    log_every: int = Field(25, ge=1)
+
+    @field_validator("examples")
+    @classmethod
+    def _check_spec(cls, value: str, info: ValidationInfo) -> str:
+        try:
+            target, attr = split_spec(value.strip())
+        except ImportSpecError as exc:
+            raise ValueError(str(exc)) from None
+        return f"{resolve_file(target, base_dir_of(info))}:{attr}" if is_file_spec(target) else value.strip()
 
 
 class LearnerConfig(BaseModel):
@@ -137,37 +190,3 @@ def check_trainer_mapping(trainer: dict[str, Any]) -> dict[str, Any]:
         lines = [f"{k} is set by raygrpo from {OWNED_TRAINER_FIELDS[k]}" for k in owned]
         raise ValueError("; ".join(lines))
     return trainer
-
-
-def _coerce(name: str, value: Any, annotation: str) -> Any:
-    """GRPOConfig does not check types: turn numeric strings (YAML 1.1 reads `1e-3` as one) into numbers, and refuse
-    other strings for numeric fields by name, before they fail deep inside the optimizer."""
-    if not isinstance(value, str) or "str" in annotation or not ("float" in annotation or "int" in annotation):
-        return value
-    try:
-        number = float(value)
-    except ValueError:
-        raise ValueError(f"trainer.{name}: expected a number, got {value!r}") from None
-    return int(number) if "float" not in annotation and number.is_integer() else number
-
-
-def build_grpo_config(trainer: dict[str, Any], **owned: Any):
-    """Validate the `trainer:` mapping with TRL's own `GRPOConfig`, adding raygrpo's defaults and owned fields.
-
-    Raises `ValueError` naming `trainer.<field>` for an unknown field or a value `GRPOConfig` rejects.
-    """
-    import dataclasses
-
-    from trl import GRPOConfig
-
-    check_trainer_mapping(trainer)
-    fields = {f.name: str(f.type) for f in dataclasses.fields(GRPOConfig)}
-    unknown = sorted(set(trainer) - set(fields))
-    if unknown:
-        raise ValueError("; ".join(f"trainer.{k}: not a GRPOConfig field" for k in unknown))
-    trainer = {k: _coerce(k, v, fields[k]) for k, v in trainer.items()}
-    kwargs = {**TRAINER_DEFAULTS, **trainer, **owned}
-    try:
-        return GRPOConfig(**kwargs)
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"trainer: GRPOConfig rejected the settings: {exc}") from exc

@@ -1,0 +1,165 @@
+"""Who writes the assistant turns (`policy:`), how they are sampled (`sampling:`), and a vLLM server raygrpo starts."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from raygrpo.imports import ImportSpecError, is_file_spec, resolve_file, split_spec
+from raygrpo.specs.base import base_dir_of
+from raygrpo.types import SamplingParams
+
+
+class VLLMServeConfig(BaseModel):
+    """How to launch the vLLM server that generates for the env pool actors and receives the learner's weights.
+
+    The model path is not part of this config: it comes from the run (`start_vllm_server(cfg, model_path)`).
+
+    Args:
+        command: The launcher, to which the model path and flags are appended. None (the default) means
+            `[python, "-m", "vllm.entrypoints.cli.main", "serve"]` with the Python of the process that launches it
+            (the server actor's), which is what `trl vllm-serve` runs; e.g. `["vllm", "serve"]` uses the one on PATH.
+            Tests put a fake server script here.
+        host: Interface the server listens on. `127.0.0.1` keeps it on one machine; use `0.0.0.0` when env pool
+            actors or the learner run on other nodes (the URL then names the server node's IP).
+        port: TCP port; 0 picks a free one on the server's node.
+        served_model_name: `--served-model-name`; None serves the model under its path. Set `policy.served_model_name`
+            to the same value (TRL reads the name from `/v1/models` itself).
+        gpu_memory_utilization: Share of the GPU's memory vLLM may take (weights, activations, KV cache).
+        tensor_parallel_size: GPUs one server shards the model over.
+        max_model_len: Context length; None uses the model's (often far more than the KV cache holds).
+        dtype: Weight dtype (`"auto"` follows the model config).
+        enforce_eager: Disable CUDA graphs (faster start-up, slower decoding).
+        enable_prefix_caching: Force vLLM's prefix caching on or off; None keeps vLLM's default.
+        trust_remote_code: Allow model code from the model repository.
+        extra_args: Further `vllm serve` arguments, appended as-is.
+        env: Extra environment variables for the server process (added to `VLLM_SERVER_DEV_MODE=1` and the actor's).
+        startup_timeout_s: How long the server may take to answer `/health` (model download and load, CUDA graphs).
+        stop_timeout_s: Grace period between SIGTERM and SIGKILL to the server's process group on stop.
+        num_gpus: Ray GPUs reserved for the server actor; the server sees exactly those (`CUDA_VISIBLE_DEVICES`).
+            Must cover `tensor_parallel_size`; 0 only for fake servers in tests.
+        num_cpus: Ray CPUs reserved for the server actor.
+        log_dir: Folder (on the server's node) for the server log; None makes a temporary one.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: list[str] | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(0, ge=0, le=65535)
+    served_model_name: str | None = None
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    tensor_parallel_size: int = Field(1, ge=1)
+    max_model_len: int | None = Field(None, ge=1)
+    dtype: str = "auto"
+    enforce_eager: bool = False
+    enable_prefix_caching: bool | None = None
+    trust_remote_code: bool = False
+    extra_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    startup_timeout_s: float = Field(900.0, gt=0)
+    stop_timeout_s: float = Field(30.0, ge=0)
+    num_gpus: float = Field(1.0, ge=0)
+    num_cpus: float = Field(1.0, ge=0)
+    log_dir: str | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> VLLMServeConfig:
+        if self.command is not None and not self.command:
+            raise ValueError("vllm server command must not be empty (leave it unset for `vllm serve`)")
+        if 0 < self.num_gpus < self.tensor_parallel_size:
+            raise ValueError(
+                f"num_gpus ({self.num_gpus}) must be at least tensor_parallel_size ({self.tensor_parallel_size})"
+            )
+        return self
+
+
+class PolicyConfig(BaseModel):
+    """Which policy generates the assistant turns, and how to reach it.
+
+    Args:
+        kind: `"scripted"` (a Python function writes each turn: tests, benchmarks, environment debugging),
+            `"transformers"` (Ray actors running the model with `transformers`: CPU runs and development) or
+            `"vllm"` (an OpenAI-compatible vLLM server, given token ids: production on GPUs).
+        script: For `kind="scripted"`: the function that writes a turn, as `"pkg.module:func"` or
+            `"path/to/file.py:func"` (relative to the config file's folder). It receives a
+            `raygrpo.policy.base.GenerationContext` and returns the assistant's text, or None to stop talking.
+        num_engines: For `kind="transformers"`: how many engine actors to start; env pool actors are spread over them.
+        engine_num_cpus: For `kind="transformers"`: CPUs reserved per engine actor (also its torch thread count).
+        max_batch_size: For `kind="transformers"`: most requests an engine generates together.
+        device: For `kind="transformers"`: torch device of the engines (`"cpu"`, `"cuda"`).
+        url: For `kind="vllm"`: base URL of a running vLLM server, e.g. `"http://10.0.0.5:8000"`.
+        serve: For `kind="vllm"` instead of `url`: raygrpo starts `vllm serve` on a GPU in a Ray actor for the run
+            (with the weight-transfer endpoints TRL's server mode needs) and points the env pool actors and the
+            learner at it.
+        served_model_name: For `kind="vllm"`: the model name the server serves (its `--served-model-name`); defaults
+            to the run's `model`.
+        request_timeout_s: For `kind="vllm"`: deadline of one generation request.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["scripted", "transformers", "vllm"] = "transformers"
+    script: str | None = None
+    num_engines: int = Field(1, ge=1)
+    engine_num_cpus: float = Field(1.0, gt=0)
+    max_batch_size: int = Field(16, ge=1)
+    device: str = "cpu"
+    url: str | None = None
+    serve: VLLMServeConfig | None = None
+    served_model_name: str | None = None
+    request_timeout_s: float = Field(120.0, gt=0)
+
+    @field_validator("script")
+    @classmethod
+    def _absolute_script(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        try:
+            target, attr = split_spec(value.strip())
+        except ImportSpecError as exc:
+            raise ValueError(str(exc)) from None
+        return f"{resolve_file(target, base_dir_of(info))}:{attr}" if is_file_spec(target) else value.strip()
+
+    @model_validator(mode="after")
+    def _check_kind_fields(self) -> PolicyConfig:
+        if self.kind == "scripted" and not self.script:
+            raise ValueError(
+                "policy.script is required when policy.kind is 'scripted' "
+                "(e.g. 'my_pkg.scripts:answer' or 'scripts/answer.py:answer')"
+            )
+        if self.kind == "vllm" and not (self.url or self.serve):
+            raise ValueError(
+                "policy.url (a running server, e.g. 'http://127.0.0.1:8000') or policy.serve (raygrpo starts one) "
+                "is required when policy.kind is 'vllm'"
+            )
+        if self.url and self.serve:
+            raise ValueError("give policy.url or policy.serve, not both")
+        return self
+
+
+class SamplingConfig(BaseModel):
+    """Sampling settings of every generation in a run.
+
+    Args:
+        max_tokens: Most tokens the policy may generate in one turn.
+        temperature: Sampling temperature; 0 means greedy. GRPO needs diverse samples: keep it near 1.
+        top_p: Nucleus sampling mass.
+        seed: Optional base seed; None leaves sampling unseeded. It must not be sent as is with every request: the G
+            rollouts of a group share their prompt, and one seed would give them one sample (zero advantage). The
+            agent loop derives a seed per request with `request_seed(seed, ...)`.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_tokens: int = Field(256, ge=1)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    seed: int | None = None
+
+    def to_params(self) -> SamplingParams:
+        """The per-request `SamplingParams` these settings describe."""
+        return SamplingParams(
+            max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p, seed=self.seed
+        )

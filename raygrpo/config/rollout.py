@@ -1,0 +1,52 @@
+"""Settings of each rollout: the group size and the limits of the agent loop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from raygrpo.specs.base import refuse_moved_fields
+
+#: Rollout settings that moved to the environment specs, which own those deadlines now.
+MOVED_FIELDS: dict[str, str] = {
+    "start_timeout_s": "moved to envs.<name>.start_timeout_s (counted from when the start gets its slot, not while "
+                       "it queues)",
+    "tool_timeout_s": "moved to envs.<name>.tool_timeout_s (ORS) or envs.<name>.exec_timeout_s (Harbor)",
+    "score_timeout_s": "moved to envs.<name>.verifier_timeout_s (Harbor; unset uses the task's own timeout)",
+}
+
+
+class RolloutConfig(BaseModel):
+    """Limits and shape of one rollout.
+
+    The agent loop owns the limits of the model's side of an episode (turns, tokens, its whole duration); the
+    environment owns the deadlines of its own operations (start, tool calls, scoring, close) on its spec, each counted
+    from a documented start, so no deadline has two owners.
+
+    Args:
+        group_size: Rollouts per task (GRPO's G); they form one group.
+        max_turns: Most model generations per rollout.
+        max_total_tokens: Most tokens per rollout, prompt and tool results included.
+        max_tool_calls_per_turn: Most tool calls run from one model turn; extra calls get an error message.
+        max_tool_output_chars: Tool results longer than this are cut, with a note saying so.
+        rollout_timeout_s: Deadline of the episode once its environment is up: the model's turns, the tool calls
+            and scoring. The environment's start (and the wait for a start slot) is not counted. Past it the rollout
+            ends unscored with status `timeout`.
+        system_prompt: Optional system message put before the environment's prompt.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    group_size: int = Field(4, ge=1)
+    max_turns: int = Field(8, ge=1)
+    max_total_tokens: int = Field(4096, ge=16)
+    max_tool_calls_per_turn: int = Field(8, ge=1)
+    max_tool_output_chars: int = Field(4000, ge=64)
+    rollout_timeout_s: float = Field(900.0, gt=0)
+    system_prompt: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_moved_fields(cls, data: Any) -> Any:
+        return refuse_moved_fields(data, MOVED_FIELDS)

@@ -1,0 +1,119 @@
+"""The run config: everything one run needs, as one pydantic model (`RunConfig`).
+
+Pure data: validating it checks fields, ranges and combinations, and makes relative paths absolute against the
+config file's folder; what those paths name is resolved by the driver before Ray starts (`raygrpo.resolve`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+
+from raygrpo.config.policy import PolicyConfig, SamplingConfig
+from raygrpo.config.rollout import RolloutConfig
+from raygrpo.config.train import TrainConfig, check_trainer_mapping
+from raygrpo.specs import EnvSpec
+
+
+class WorkersConfig(BaseModel):
+    """The env pool actors and how the orchestrator uses them.
+
+    Args:
+        num_env_actors: Env pool actors to start (N); each runs up to `max_concurrent_per_actor` rollouts (K).
+        max_concurrent_per_actor: Rollouts, hence live environments, per actor at once.
+        actor_num_cpus: CPUs Ray reserves per env pool actor (they mostly wait on I/O, so a fraction is fine).
+        max_retries: Retries of one rollout after an infrastructure failure (env or policy error), then it is kept
+            unscored with its status.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_env_actors: int = Field(2, ge=1)
+    max_concurrent_per_actor: int = Field(64, ge=1)
+    actor_num_cpus: float = Field(0.25, ge=0)
+    max_retries: int = Field(2, ge=0)
+
+
+class RayConfig(BaseModel):
+    """Where Ray runs.
+
+    Args:
+        address: None starts a local Ray on 127.0.0.1; `"auto"` joins the cluster this process runs in (e.g. under
+            `ray job submit`); any other value is passed to `ray.init(address=...)`.
+        num_cpus: CPUs a local Ray advertises (None: Ray's default, the machine's cores).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    address: str | None = None
+    num_cpus: int | None = Field(None, ge=1)
+
+
+class RunConfig(BaseModel):
+    """Everything one run needs.
+
+    Args:
+        envs: Environments by name: ORS environments (`kind: ors`, the default) and Harbor task suites
+            (`kind: harbor`). A name appears in every trajectory's task reference.
+        model: Path to a Hugging Face model folder whose tokenizer (and, for the transformers engine, weights) the run
+            uses, or `"tiny"` for a tiny random model built locally on first use.
+        policy: Which policy writes the assistant turns (default: the transformers engine running `model`).
+        sampling: Sampling settings of every generation.
+        rollout: Limits of each rollout and the group size.
+        workers: Env pool actors and retries.
+        ray: Where Ray runs.
+        seed: Seed for task order, sampling and training.
+        train: `raygrpo train` settings: sync or async mode, mixture weights, evaluation, the learner, warm-up.
+        trainer: Options of TRL's `GRPOConfig` for `raygrpo train` (learning rate, batch size, `max_steps`,
+            `beta`, `save_steps`, ...), validated by `GRPOConfig` itself. The fields raygrpo sets are refused here
+            by name (see `raygrpo.config.train.OWNED_TRAINER_FIELDS`).
+        eval_envs: Environments evaluated every `train.eval_every` steps (same schema as `envs`); names must
+            differ from those in `envs`.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    envs: dict[str, EnvSpec]
+    model: str = "tiny"
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    workers: WorkersConfig = Field(default_factory=WorkersConfig)
+    ray: RayConfig = Field(default_factory=RayConfig)
+    seed: int = 0
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    trainer: dict[str, Any] = Field(default_factory=dict)
+    eval_envs: dict[str, EnvSpec] = Field(default_factory=dict)
+
+    _base_dir: str = PrivateAttr(default_factory=os.getcwd)
+
+    @field_validator("envs")
+    @classmethod
+    def _at_least_one_env(cls, envs: dict[str, Any]) -> dict[str, Any]:
+        if not envs:
+            raise ValueError("at least one environment is needed")
+        return envs
+
+    @field_validator("trainer")
+    @classmethod
+    def _trainer_fields(cls, trainer: dict[str, Any]) -> dict[str, Any]:
+        return check_trainer_mapping(trainer)
+
+    @model_validator(mode="after")
+    def _train_names(self) -> RunConfig:
+        clash = sorted(set(self.envs) & set(self.eval_envs))
+        if clash:
+            raise ValueError(f"eval_envs: names {clash} are already used in envs; give eval environments own names")
+        unknown = sorted(set(self.train.mixture or {}) - set(self.envs))
+        if unknown:
+            raise ValueError(f"train.mixture: {unknown} are not environments in envs ({sorted(self.envs)})")
+        if self.train.eval_every and not self.eval_envs:
+            raise ValueError("train.eval_every is set but eval_envs is empty: nothing to evaluate")
+        return self
+
+    @property
+    def base_dir(self) -> str:
+        """Folder that relative paths in the config are resolved against (the config file's folder)."""
+        return self._base_dir

@@ -1,0 +1,19 @@
+"""Environment variables every raygrpo process sets for the libraries underneath (driver and actors alike)."""
+
+from __future__ import annotations
+
+import os
+
+#: Variables every raygrpo process should see; the user's own values win.
+PROCESS_ENV: dict[str, str] = {
+    # The openreward SDK otherwise asks PyPI for a newer version on every client it builds.
+    "OPENREWARD_DISABLE_UPDATE_CHECK": "1",
+    "TRL_EXPERIMENTAL_SILENCE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def apply_process_env() -> None:
+    """Set `PROCESS_ENV` in this process where the user has not set the variables already."""
+    for key, value in PROCESS_ENV.items():
+        os.environ.setdefault(key, value)

@@ -1,0 +1,65 @@
+"""The driver's resolve step: everything a run config names is found and checked here, before Ray starts.
+
+Loading a config only validates its fields (`raygrpo.config`). Resolving then checks what those fields point at, in
+this process, in one place: the task folders of Harbor suites, harness and backend classes, ORS environment classes,
+that `url` and `catalog` servers answer (listing their tasks), scripted policy functions, the warm-up's example
+function, and the model folder (building the tiny model if it is asked for). The first failure raises a
+`ResolveError` whose message starts with the config field; no Ray session has been started by then.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from raygrpo.config import RunConfig
+from raygrpo.envs.registry import kind_of
+from raygrpo.errors import ResolveError
+from raygrpo.policy.factory import script_function
+from raygrpo.policy.tiny import resolve_model_path
+from raygrpo.train.warmup import examples_function
+from raygrpo.types import TaskRef
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ResolvedRun:
+    """What resolving a run config found.
+
+    Args:
+        cfg: The config that was resolved.
+        tasks_by_env: Tasks of every environment the run serves (its `envs`, and `eval_envs` when training); None
+            for an `environment` spec, whose tasks are listed once raygrpo serves it.
+        model_path: The model folder (the tiny model's cache folder for `"tiny"`).
+    """
+
+    cfg: RunConfig
+    tasks_by_env: dict[str, list[TaskRef] | None]
+    model_path: str
+
+
+def resolve_run(cfg: RunConfig, *, train: bool = False) -> ResolvedRun:
+    """Resolve what `cfg` names (see the module docstring).
+
+    Args:
+        cfg: The validated run config.
+        train: Resolve for `raygrpo train`: the `eval_envs` and the warm-up too.
+
+    Raises:
+        ResolveError: Something the config names cannot be used; the message starts with the config field.
+    """
+    envs = {**cfg.envs, **(cfg.eval_envs if train else {})}
+    tasks_by_env: dict[str, list[TaskRef] | None] = {}
+    for name, spec in envs.items():
+        tasks_by_env[name] = kind_of(spec).resolve(spec, name)
+    if cfg.policy.kind == "scripted":
+        script_function(cfg.policy)
+    if train and cfg.train.warmup is not None:
+        examples_function(cfg.train.warmup)
+    try:
+        model_path = resolve_model_path(cfg.model)
+    except (OSError, ValueError) as exc:
+        raise ResolveError(f"model: {exc}") from None
+    logger.info("resolved %d environment(s): %s", len(envs), ", ".join(envs))
+    return ResolvedRun(cfg=cfg, tasks_by_env=tasks_by_env, model_path=model_path)
