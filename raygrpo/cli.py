@@ -14,6 +14,7 @@ from pathlib import Path
 from raygrpo.config import ConfigError, load_config
 from raygrpo.environ import apply_process_env
 from raygrpo.errors import ResolveError, describe
+from raygrpo.outcome import report, verdict
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -35,7 +36,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _raise_interrupt(signum: int, frame: object) -> None:
+#: The signal that interrupted the run: SIGINT unless SIGTERM came (Ray may re-raise an interruption as a plain
+#: KeyboardInterrupt, so the exception alone does not tell which).
+_interrupted_by = signal.SIGINT
+
+
+def _terminate(signum: int, frame: object) -> None:
+    """SIGTERM (what `ray job stop` and `kill` send) stops the run as cleanly as Ctrl-C."""
+    global _interrupted_by
+    _interrupted_by = signal.Signals(signum)
     raise KeyboardInterrupt(f"signal {signum}")
 
 
@@ -55,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         print("raygrpo: --resume needs --out (the run folder to continue)", file=sys.stderr)
         return 2
     out = Path(args.out or f"runs/{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}")
-    # `ray job stop` and `kill` send SIGTERM: stop as cleanly as on Ctrl-C.
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    # `ray job stop` and `kill` send SIGTERM: stop as cleanly as on Ctrl-C (exit 143 instead of 130).
+    signal.signal(signal.SIGTERM, _terminate)
     progress = False if args.no_progress else ("bar" if sys.stderr.isatty() else "log")
     try:
         if args.command == "train":
@@ -73,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         print(f"raygrpo: interrupted; partial results in {out}", file=sys.stderr)
-        return 130
+        return 128 + _interrupted_by
     except Exception as exc:  # noqa: BLE001 - one clear line for the user; the traceback with -v
         if args.verbose:
             traceback.print_exc()
@@ -83,13 +92,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "train":
         keys = ("steps", "reward_first5_mean", "reward_last5_mean", "reward_gain", "eval_reward_first",
                 "eval_reward_last", "dropped_groups_total", "wall_seconds", "leaked_envs")
-        print(json.dumps({k: summary.get(k) for k in keys}, indent=2))
-        print(f"wrote {out / 'metrics.jsonl'}, {out / 'reward_curve.png'}, {out / 'model'} and {out / 'summary.json'}")
-        return 0
-    keys = ("requested", "completed", "scored", "reward_mean", "status_counts", "wall_seconds",
-            "max_concurrent_envs", "leaked_envs")
-    print(json.dumps({k: summary[k] for k in keys}, indent=2))
-    print(f"wrote {out / 'trajectories.jsonl'} and {out / 'summary.json'}")
+        written = f"{out / 'metrics.jsonl'}, {out / 'reward_curve.png'}, {out / 'model'} and {out / 'summary.json'}"
+    else:
+        keys = ("requested", "completed", "scored", "reward_mean", "status_counts", "wall_seconds",
+                "max_concurrent_envs", "leaked_envs")
+        written = f"{out / 'trajectories.jsonl'} and {out / 'summary.json'}"
+    print(json.dumps({k: summary.get(k) for k in keys}, indent=2))
+    print(report(summary.get("status_counts") or {}, summary.get("failure_causes") or []))
+    print(f"wrote {written}")
+    judged = verdict(summary.get("status_counts") or {}, summary.get("scored") or 0, cfg.fail_fraction)
+    if judged.failed:
+        print(f"raygrpo: the run failed: {judged.reason}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -3,7 +3,9 @@
 The orchestrator lives on the driver. It keeps at most K rollouts in flight per actor and gives each new rollout
 to the actor with the fewest in flight, so a slow sandbox on one actor does not hold the others back. Every
 requested rollout ends as exactly one yielded trajectory: scored, or unscored with its status. A rollout that failed
-for an infrastructure reason (env or policy error, a dead actor) is run again, at most `max_retries` times.
+for an infrastructure reason (env or policy error, a dead actor) is run again, at most `max_retries` times, unless
+its retry failed exactly as the attempt before it (same exception type and message): a failure that repeats
+identically is not a passing glitch, and retrying it again only costs time.
 """
 
 from __future__ import annotations
@@ -27,14 +29,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class RolloutRequest:
-    """One rollout to run: a task, the group it belongs to, its index in the group, which attempt this is, and the
-    lowest policy version it may generate with (`SamplingParams.min_version`)."""
+    """One rollout to run: a task, the group it belongs to, its index in the group, which attempt this is, the
+    lowest policy version it may generate with (`SamplingParams.min_version`), and how its last attempt failed."""
 
     task: TaskRef
     group_id: str
     sample: int = 0
     attempt: int = 0
     min_version: int = 0
+    last_error: str | None = None
 
 
 @dataclass
@@ -137,17 +140,26 @@ class Orchestrator:
             slot, request = self._pending.pop(ref)
             slot.in_flight -= 1
             traj = self._result(ref, slot, request)
-            if traj.status.is_infra_failure and request.attempt < self.max_retries:
+            if self._retry(request, traj):
                 self.stats.retried += 1
                 self.stats.failed_attempts.append(traj)
                 if self.on_failed_attempt is not None:
                     self.on_failed_attempt(traj)
-                self._queue.appendleft(
-                    dataclasses.replace(request, attempt=request.attempt + 1)
-                )
+                self._queue.appendleft(dataclasses.replace(request, attempt=request.attempt + 1, last_error=traj.error))
                 continue
             finals.append(traj)
         return finals
+
+    def _retry(self, request: RolloutRequest, traj: Trajectory) -> bool:
+        """Whether to run a failed attempt again: an infrastructure failure, retries left, and not the same failure
+        as the attempt before it."""
+        if not traj.status.is_infra_failure or request.attempt >= self.max_retries:
+            return False
+        if request.last_error is not None and traj.error == request.last_error:
+            logger.info("%s/%s failed again as before (%s); not retried", request.task.env, request.task.index,
+                        traj.error)
+            return False
+        return True
 
     def run(self, requests: Iterable[RolloutRequest], stop: threading.Event | None = None) -> Iterator[Trajectory]:
         """Yield one final trajectory per request, in completion order.

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
 from typing import Any
 
 from raygrpo._compat import keep_ray_on_loopback
@@ -43,10 +45,15 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, **kwargs: 
     kwargs.setdefault("include_dashboard", False)
     kwargs.setdefault("logging_level", logging.WARNING)
     kwargs.setdefault("log_to_driver", True)
+    # Ray's core worker installs its own SIGTERM handler in the driver (it dumps a native stack and aborts): keep the
+    # process's Python handler, so `ray job stop` and `kill` stop a run as cleanly as Ctrl-C.
+    own_handler = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
     if address is None:
         ray.init(num_cpus=num_cpus, runtime_env=runtime_env, **kwargs)
     else:
         ray.init(address=address, runtime_env=runtime_env, **kwargs)
+    if callable(own_handler):
+        signal.signal(signal.SIGTERM, own_handler)
     logger.info("Ray ready: %s", ray.get_runtime_context().gcs_address)
 
 

@@ -9,6 +9,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from raygrpo.outcome import Outcomes
 from raygrpo.types import Trajectory
 
 
@@ -59,9 +60,11 @@ class RunSummary:
         self.requested = requested
         self.trajectories: list[Trajectory] = []
         self.failed_attempts: list[Trajectory] = []
+        self.outcomes = Outcomes()
 
     def add(self, traj: Trajectory) -> None:
         self.trajectories.append(traj)
+        self.outcomes.add(traj)
 
     def add_failed_attempt(self, traj: Trajectory) -> None:
         self.failed_attempts.append(traj)
@@ -94,6 +97,7 @@ class RunSummary:
             "scored": len(rewards),
             "reward_mean": statistics.fmean(rewards) if rewards else None,
             "status_counts": dict(sorted(status_counts.items())),
+            "failure_causes": self.outcomes.causes(),
             "retried_attempts": len(self.failed_attempts),
             "phase_seconds": phases,
             "max_concurrent_envs": peak_concurrency(spans),

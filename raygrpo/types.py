@@ -31,7 +31,14 @@ class Status(str, enum.Enum):
 
     @property
     def is_infra_failure(self) -> bool:
+        """The environment or the policy failed: the orchestrator retries it."""
         return self in (Status.ENV_ERROR, Status.POLICY_ERROR)
+
+    @property
+    def is_failure(self) -> bool:
+        """Unscored because something other than the model failed (after any retries), or a deadline passed: what
+        a run's exit code counts (`raygrpo.outcome`)."""
+        return self.is_infra_failure or self is Status.TIMEOUT
 
 
 @dataclass(frozen=True)

@@ -66,11 +66,13 @@ class NapEnvironment(Environment):
     peak_live = 0
     napping = 0
     peak_napping = 0
+    created = 0
 
     def __init__(self, task_spec: JSONObject = {}, secrets: dict[str, str] = {}) -> None:
         super().__init__(task_spec)
         cls = type(self)
         with cls.lock:
+            cls.created += 1
             cls.live += 1
             cls.peak_live = max(cls.peak_live, cls.live)
         self._down = False
@@ -85,7 +87,7 @@ class NapEnvironment(Environment):
     @classmethod
     def reset_counters(cls) -> None:
         with cls.lock:
-            cls.live = cls.peak_live = cls.napping = cls.peak_napping = 0
+            cls.live = cls.peak_live = cls.napping = cls.peak_napping = cls.created = 0
 
     @classmethod
     def list_splits(cls) -> list[str]:
@@ -145,6 +147,11 @@ def nap_by_task(ctx: GenerationContext) -> str:
     """Tasks 0-3 nap briefly; the others nap for a minute (they are still running when a test interrupts)."""
     seconds = 0.1 if int(ctx.task.metadata.get("n", 0)) < 4 else 60
     return "Done." if _called(ctx) else format_tool_call("nap", {"seconds": seconds})
+
+
+def broken(ctx: GenerationContext) -> str:
+    """A policy script with a bug: it fails the same way on every call."""
+    raise ValueError("no answer today")
 
 
 def call_check(ctx: GenerationContext) -> str:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e_support import NapEnvironment
+from tests.e2e_support import FlakyEnvironment, NapEnvironment
 from tests.ors_utils import SecretEnvironment, ors_server, wait_until
 
 SUPPORT = str(Path(__file__).with_name("e2e_support.py"))
@@ -48,11 +48,6 @@ def test_bad_config_key_exits_2_naming_the_field(tmp_path):
     assert "rollout.max_turnz" in err and "Extra inputs are not permitted" in err
 
 
-def _ray_sessions() -> set[str]:
-    root = Path(tempfile.gettempdir()) / "ray"
-    return {p.name for p in root.glob("session_2*")} if root.is_dir() else set()
-
-
 @pytest.mark.parametrize("case, field, cause", [
     ("missing file", "envs.echo.environment", "does not exist"),
     ("missing class", "envs.echo.environment", "has no attribute 'Nope'"),
@@ -71,22 +66,26 @@ def test_what_a_config_names_is_resolved_before_ray_starts(tmp_path, case, field
         "missing policy function": [f"policy.script={echo}/policies.py:nope"],
         "missing task folder": ["envs.tasks.kind=harbor", f"envs.tasks.path={tmp_path}/no-such-suite"],
     }[case]
-    before = _ray_sessions()
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rg-", dir="/tmp"))  # where a Ray started by this run would write
     started = time.monotonic()
     proc = _cli(["rollout", "examples/echo/rollout.yaml", "--out", str(tmp_path / "out"),
-                 *[a for o in overrides for a in ("--set", o)]])
+                 *[a for o in overrides for a in ("--set", o)]], env={"RAY_TMPDIR": str(ray_tmp)})
     out, err = proc.communicate(timeout=80)
     elapsed = time.monotonic() - started
     print(f"\n{case}: exit {proc.returncode} in {elapsed:.1f} s: {err.strip()}")
     assert proc.returncode == 2, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"raygrpo: {field}: ") and cause in lines[0], err
-    assert _ray_sessions() == before  # no Ray session directory was created
+    assert list(ray_tmp.iterdir()) == []  # no Ray session was started
+    ray_tmp.rmdir()
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
 @pytest.mark.timeout(300)
-def test_ctrl_c_keeps_finished_trajectories_and_closes_every_session(tmp_path):
+def test_a_signal_keeps_finished_trajectories_and_closes_every_session(tmp_path, sig, code):
+    """Ctrl-C, and SIGTERM as `ray job stop` and `kill` send it (with Ray initialised in the driver): a partial
+    summary with `interrupted: true`, the exit code of the signal, and the server's own session count back to 0."""
     NapEnvironment.reset_counters()
     with ors_server(NapEnvironment) as server:
         config = _write_config(tmp_path / "nap.yaml", {
@@ -106,12 +105,14 @@ def test_ctrl_c_keeps_finished_trajectories_and_closes_every_session(tmp_path):
                 os.killpg(proc.pid, signal.SIGKILL)
                 _, err = proc.communicate(timeout=30)
                 pytest.fail(f"run not in the expected state: {lines()} lines, {NapEnvironment.napping} naps; {err[-3000:]}")
-            os.killpg(proc.pid, signal.SIGINT)
+            # The CLI alone gets the signal, as from `kill` or `ray job stop` (not its whole process group).
+            os.kill(proc.pid, sig)
             _, err = proc.communicate(timeout=60)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
-        assert proc.returncode == 130, err
+        assert proc.returncode == code, err
+        assert "SIGTERM received" not in err and "interrupted; partial results in" in err
         assert wait_until(lambda: server.live_sessions() == 0, 15), server.live_sessions()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] is True
@@ -119,6 +120,65 @@ def test_ctrl_c_keeps_finished_trajectories_and_closes_every_session(tmp_path):
     assert summary["status_counts"] == {"ok": 4, "cancelled": 8}
     assert summary["leaked_envs"] == 0
     assert NapEnvironment.live == 0
+
+
+@pytest.mark.timeout(180)
+def test_a_run_where_every_rollout_failed_exits_1_with_its_causes(tmp_path):
+    NapEnvironment.reset_counters()
+    with ors_server(NapEnvironment) as server:
+        config = _write_config(tmp_path / "broken.yaml", {
+            "envs": {"nap": {"kind": "ors", "url": server.url, "num_tasks": 4}},
+            "policy": {"kind": "scripted", "script": f"{SUPPORT}:broken"},
+            "rollout": {"group_size": 1},
+            "workers": {"num_env_actors": 1},
+            "ray": {"num_cpus": 2},
+        })
+        proc = _cli(["rollout", str(config), "--out", str(tmp_path / "run"), "--no-progress"])
+        out, err = proc.communicate(timeout=150)
+    assert proc.returncode == 1, err
+    assert "raygrpo: the run failed: no rollout was scored and 4 of 4 failed" in err
+    assert "status: policy_error 4" in out and "top failure causes:" in out
+    cause = next(line for line in out.splitlines() if "no answer today" in line and "e.g." not in line)
+    assert cause.split()[:2] == ["4", "policy_error"]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["failure_causes"][0]["count"] == 4
+
+
+@pytest.mark.timeout(180)
+def test_one_failure_in_many_still_exits_0(tmp_path):
+    """One session of eight dies and is not retried: 1/8 is within the default fail_fraction (0.25)."""
+    FlakyEnvironment.sessions_by_task.clear()
+    with ors_server(FlakyEnvironment) as server:
+        config = _write_config(tmp_path / "flaky.yaml", {
+            "envs": {"flaky": {"kind": "ors", "url": server.url, "indices": [0]}},
+            "policy": {"kind": "scripted", "script": f"{SUPPORT}:call_answer"},
+            "rollout": {"group_size": 8},
+            "workers": {"num_env_actors": 1, "max_retries": 0},
+            "ray": {"num_cpus": 2},
+        })
+        proc = _cli(["rollout", str(config), "--out", str(tmp_path / "run"), "--no-progress"])
+        out, err = proc.communicate(timeout=150)
+        FlakyEnvironment.sessions_by_task.clear()
+        strict = _cli(["rollout", str(config), "--out", str(tmp_path / "strict"), "--no-progress",
+                       "--set", "fail_fraction=0.1"])
+        _, strict_err = strict.communicate(timeout=150)
+    assert proc.returncode == 0, err
+    assert "status: ok 7, env_error 1" in out and "the session is gone" in out
+    assert strict.returncode == 1 and "1 of 8 rollouts failed, more than fail_fraction=0.1" in strict_err
+
+
+@pytest.mark.timeout(240)
+def test_a_learner_that_fails_reports_its_cause_in_one_line(tmp_path):
+    """The learner fails building its trainer (a batch that is no multiple of the group size): exit 1, one line."""
+    proc = _cli(["train", "examples/echo/train.yaml", "--out", str(tmp_path / "run"), "--no-progress",
+                 "--set", "trainer.per_device_train_batch_size=12", "--set", "train.eval_every=0",
+                 "--set", "workers.num_env_actors=1"])
+    out, err = proc.communicate(timeout=220)
+    assert proc.returncode == 1, err
+    [line] = [ln for ln in err.splitlines() if ln.startswith("raygrpo: ")]
+    assert "trainer: GRPOConfig rejected the settings" in line and "divisible by num_generations (8)" in line
+    assert line.endswith("(run with -v for the traceback)")
+    assert "Traceback" not in err
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["interrupted"] is False
 
 
 @pytest.mark.timeout(180)

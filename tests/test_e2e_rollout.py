@@ -100,6 +100,26 @@ def test_without_retries_a_dead_session_is_unscored_not_zero(tmp_path):
 
 
 @pytest.mark.timeout(180)
+def test_a_failure_that_repeats_identically_is_not_retried_again(tmp_path):
+    """A script that raises the same exception every time: each rollout runs twice (the first retry shows the
+    failure is not a glitch), not 1 + max_retries times. Counted by the server: one session per attempt."""
+    NapEnvironment.reset_counters()
+    with ors_server(NapEnvironment) as server:
+        summary, trajs = _run(tmp_path, data={
+            "envs": {"nap": {"kind": "ors", "url": server.url, "num_tasks": 4}},
+            "policy": {"kind": "scripted", "script": f"{SUPPORT}:broken"},
+            "rollout": {"group_size": 1},
+            "workers": {"num_env_actors": 1, "max_retries": 2},
+        })
+        assert wait_until(lambda: server.live_sessions() == 0, 10)
+    assert NapEnvironment.created == 8
+    assert summary["status_counts"] == {"policy_error": 4} and summary["retried_attempts"] == 4
+    assert sorted(t["attempt"] for t in trajs) == [1, 1, 1, 1]
+    [cause] = summary["failure_causes"]
+    assert cause["count"] == 4 and cause["status"] == "policy_error" and "no answer today" in cause["example"]
+
+
+@pytest.mark.timeout(180)
 def test_failed_run_leaves_no_session(tmp_path):
     """Every generation fails (no policy server): all rollouts end policy_error, and every session was closed."""
     with ors_server("examples/echo/env.py:EchoEnvironment") as server:

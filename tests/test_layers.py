@@ -32,7 +32,7 @@ LAYERS: list[list[str]] = [
     ["raygrpo.actors"],
     # the driver: dispatch, bringing a run up on Ray, its summary and progress
     ["raygrpo.orchestrator", "raygrpo.launch", "raygrpo.runtime", "raygrpo.session", "raygrpo.summary",
-     "raygrpo.progress"],
+     "raygrpo.outcome", "raygrpo.progress"],
     # the commands' work: resolving a config, collecting, training
     ["raygrpo.resolve", "raygrpo.collect", "raygrpo.train"],
     ["raygrpo.cli"],

@@ -65,6 +65,9 @@ class RunConfig(BaseModel):
         workers: Env pool actors and retries.
         ray: Where Ray runs.
         seed: Seed for task order, sampling and training.
+        fail_fraction: A completed run fails (exit code 1) when more than this fraction of its rollouts ended failed
+            (an environment or policy failure after retries, or a deadline), or when no rollout was scored and some
+            failed. For `raygrpo train` the rollouts are those the learner consumed.
         train: `raygrpo train` settings: sync or async mode, mixture weights, evaluation, the learner, warm-up.
         trainer: Options of TRL's `GRPOConfig` for `raygrpo train` (learning rate, batch size, `max_steps`,
             `beta`, `save_steps`, ...), validated by `GRPOConfig` itself. The fields raygrpo sets are refused here
@@ -83,6 +86,7 @@ class RunConfig(BaseModel):
     workers: WorkersConfig = Field(default_factory=WorkersConfig)
     ray: RayConfig = Field(default_factory=RayConfig)
     seed: int = 0
+    fail_fraction: float = Field(0.25, ge=0, le=1)
     train: TrainConfig = Field(default_factory=TrainConfig)
     trainer: dict[str, Any] = Field(default_factory=dict)
     eval_envs: dict[str, EnvSpec] = Field(default_factory=dict)

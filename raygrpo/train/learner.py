@@ -29,6 +29,7 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from raygrpo.config import RunConfig
 from raygrpo.orchestrator import Orchestrator
+from raygrpo.outcome import Outcomes
 from raygrpo.policy.tiny import resolve_model_path
 from raygrpo.policy.vllm_serve import trl_server_kwargs
 from raygrpo.train.evaluate import evaluate
@@ -105,6 +106,8 @@ class Learner:
         self.source = None
         self.metrics: MetricsLog | None = None
         self.rollouts: RolloutLog | None = None
+        #: How the consumed training rollouts ended (for the run's exit code and its report).
+        self.outcomes = Outcomes()
 
     # ------------------------------------------------------------------ set-up
 
@@ -207,6 +210,8 @@ class Learner:
         self.progress["phase"] = "training"
         trajs = [t for g in batch.groups for t in g.trajectories]
         score_unanswered(trajs, self.cfg.train.unanswered_reward)
+        for traj in trajs:
+            self.outcomes.add(traj)
         if self.rollouts is not None:
             for traj in trajs:
                 self.rollouts.write(traj, step=version + 1)
@@ -303,6 +308,9 @@ class Learner:
             "warmup": self.warmup_stats,
             "resumed": self.resumed,
             "final_eval": final_eval,
+            "status_counts": dict(sorted(self.outcomes.status_counts.items())),
+            "scored": self.outcomes.scored,
+            "failure_causes": self.outcomes.causes(),
             "model_dir": str(self.out / "model"),
             "checkpoint_dir": str(self.out / "checkpoints"),
         }
