@@ -1,8 +1,8 @@
 """The errors every layer raises, and one way to describe any exception in one line.
 
 The agent loop sorts failures by class into the statuses of DESIGN section 7: `EnvError` (the environment failed:
-retried, unscored), `PolicyError` (the generation server failed: retried, unscored), `RewardMissingError` (the
-episode ended without a reward: not retried). `ResolveError` is raised on the driver, before Ray starts, when
+retried, unscored), `PolicyError` (the generation server failed: retried, unscored), `TaskError` (the task itself is
+broken, e.g. its verifier wrote no reward (`RewardMissingError`): not retried, unscored, reported). `ResolveError` is raised on the driver, before Ray starts, when
 something a config names cannot be used; its message names the config field.
 """
 
@@ -17,11 +17,16 @@ class EnvError(RuntimeError):
     """
 
 
-class RewardMissingError(RuntimeError):
-    """The episode ran to its end but produced no reward (e.g. a verifier that wrote no reward file).
+class TaskError(RuntimeError):
+    """The task itself is broken: its verifier writes no reward, its image fails to build.
 
-    The rollout is kept unscored with status `no_reward` and is not retried: the model may have caused it.
+    The rollout is kept unscored with status `task_error`, is not retried (it would fail the same way), and is
+    reported, so the task can be fixed or left out.
     """
+
+
+class RewardMissingError(TaskError):
+    """The episode ran to its end but its verifier produced no reward (e.g. it wrote no reward file)."""
 
 
 class PolicyError(RuntimeError):

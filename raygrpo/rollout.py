@@ -23,7 +23,7 @@ from raygrpo.aio import run_to_end
 from raygrpo.chat import ChatRenderer, assistant_message
 from raygrpo.config.rollout import RolloutConfig
 from raygrpo.envs.base import EnvAdapter, refuse_call
-from raygrpo.errors import EnvError, PolicyError, RewardMissingError, describe
+from raygrpo.errors import EnvError, PolicyError, TaskError, describe
 from raygrpo.policy.base import GenerationContext, PolicyClient, SamplingParams, request_seed
 from raygrpo.toolcalls import ToolCallProblem, parse_tool_calls
 from raygrpo.types import Status, TaskRef, ToolCall, ToolResult, Trajectory
@@ -102,6 +102,8 @@ async def run_rollout(
         traj.status, traj.reward, traj.error = Status.ENV_ERROR, None, describe(exc)
     except PolicyError as exc:
         traj.status, traj.reward, traj.error = Status.POLICY_ERROR, None, describe(exc)
+    except TaskError as exc:  # e.g. the task's image does not build
+        traj.status, traj.reward, traj.error = Status.TASK_ERROR, None, describe(exc)
     except asyncio.CancelledError:
         traj.status, traj.reward, traj.error = Status.CANCELLED, None, "cancelled"
         raise
@@ -207,8 +209,8 @@ async def _episode(
             traj.status, traj.reward = Status.TIMEOUT, None
             traj.error = describe(exc)
             return
-        except RewardMissingError as exc:
-            traj.status, traj.reward, traj.error = Status.NO_REWARD, None, describe(exc)
+        except TaskError as exc:
+            traj.status, traj.reward, traj.error = Status.TASK_ERROR, None, describe(exc)
             return
     traj.status = status
     traj.reward = None if reward is None else float(reward)

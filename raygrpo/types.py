@@ -16,7 +16,8 @@ class Status(str, enum.Enum):
     """How a rollout ended.
 
     `OK` and `TRUNCATED` are normal endings (the model's own doing). `TIMEOUT` is a deadline of the whole rollout or
-    of its scoring (a hung verifier). `NO_REWARD`: scoring ran but produced no reward (not retried).
+    of its scoring (a hung verifier). `TASK_ERROR`: the task itself is broken (its verifier wrote no reward, its image
+    does not build): not retried, reported.
     `ENV_ERROR` and `POLICY_ERROR` are infrastructure failures: the orchestrator may retry them, and their reward is
     always None (unscored), never 0.0. `CANCELLED` marks rollouts stopped by the user (Ctrl-C).
     """
@@ -24,7 +25,7 @@ class Status(str, enum.Enum):
     OK = "ok"
     TRUNCATED = "truncated"
     TIMEOUT = "timeout"
-    NO_REWARD = "no_reward"
+    TASK_ERROR = "task_error"
     ENV_ERROR = "env_error"
     POLICY_ERROR = "policy_error"
     CANCELLED = "cancelled"

@@ -226,10 +226,10 @@ async def test_task_verifier_timeout_applies_when_the_spec_sets_none(root, tmp_p
     ],
     ids=["no-file", "empty", "garbage"],
 )
-async def test_missing_reward_is_no_reward(renderer, root, tmp_path, test_sh):
+async def test_missing_reward_is_a_task_error(renderer, root, tmp_path, test_sh):
     make_task(tmp_path / "suite", "t", test_sh=test_sh)
     traj = await rollout(spec_for(tmp_path / "suite", root), renderer, bash_script("echo ok > /app/out.txt"))
-    assert traj.status is Status.NO_REWARD and traj.reward is None
+    assert traj.status is Status.TASK_ERROR and traj.reward is None
     assert "no usable reward" in traj.error
     await nothing_left(root)
 
@@ -271,7 +271,7 @@ async def test_reward_json_reductions(renderer, root, tmp_path, reduce, key, exp
     spec = spec_for(tmp_path / "suite", root, reward_reduce=reduce, reward_key=key)
     traj = await rollout(spec, renderer, bash_script("true"))
     if expected is None:  # several entries, none named "reward", no key: reported, not guessed
-        assert traj.status is Status.NO_REWARD and "none is named 'reward'" in traj.error
+        assert traj.status is Status.TASK_ERROR and "none is named 'reward'" in traj.error
     else:
         assert traj.status is Status.OK and traj.reward == pytest.approx(expected)
 

@@ -21,15 +21,15 @@ def test_the_same_failure_of_many_rollouts_is_one_cause():
     assert cause_of("sandbox raygrpo-t-3fa9c2b1d0 died") == cause_of("sandbox raygrpo-t-77aa01bc9e died")
     outcomes = Outcomes()
     for traj in [_traj(Status.ENV_ERROR, a), _traj(Status.ENV_ERROR, b), _traj(Status.POLICY_ERROR, "PolicyError: x"),
-                 _traj(Status.OK, reward=1.0), _traj(Status.OK), _traj(Status.NO_REWARD, "no reward file")]:
+                 _traj(Status.OK, reward=1.0), _traj(Status.OK), _traj(Status.TASK_ERROR, "no reward file")]:
         outcomes.add(traj)
     causes = outcomes.causes()
     assert [(c["status"], c["count"]) for c in causes] == [("env_error", 2), ("policy_error", 1)]
     assert causes[0]["example"] == a  # the first message seen, as it was
     assert outcomes.scored == 1 and dict(outcomes.status_counts) == {"env_error": 2, "policy_error": 1, "ok": 2,
-                                                                     "no_reward": 1}
+                                                                     "task_error": 1}
     text = report(dict(outcomes.status_counts), causes)
-    assert text.splitlines()[0] == "status: env_error 2, ok 2, policy_error 1, no_reward 1"
+    assert text.splitlines()[0] == "status: env_error 2, ok 2, policy_error 1, task_error 1"
     assert "top failure causes:" in text and f"e.g. {a}" in text
 
 
@@ -39,7 +39,7 @@ def test_the_same_failure_of_many_rollouts_is_one_cause():
     ({"ok": 4}, 0, 0.25, False),                              # nothing scored, nothing failed: the model's doing
     ({"ok": 6, "timeout": 2, "env_error": 2}, 6, 0.25, True),  # 4/10 > 0.25
     ({"ok": 6, "timeout": 2, "env_error": 2}, 6, 0.5, False),
-    ({"ok": 3, "no_reward": 5}, 3, 0.25, False),              # a task that writes no reward is not infrastructure
+    ({"ok": 3, "task_error": 5}, 3, 0.25, False),              # a task that writes no reward is not infrastructure
     ({}, 0, 0.25, False),
 ])
 def test_verdict(counts, scored, fail_fraction, failed):

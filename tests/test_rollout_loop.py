@@ -200,7 +200,7 @@ def test_missing_reward_is_its_own_unscored_status(renderer):
             raise RewardMissingError("the verifier wrote no reward file")
 
     traj = _run(renderer, NoRewardEnv(), scripted(format_tool_call("submit", {})))
-    assert traj.status is Status.NO_REWARD and traj.reward is None and "no reward file" in traj.error
+    assert traj.status is Status.TASK_ERROR and traj.reward is None and "no reward file" in traj.error
 
 
 def test_scoring_past_its_deadline_is_unscored_timeout(renderer):

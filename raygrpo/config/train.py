@@ -143,7 +143,7 @@ class TrainConfig(BaseModel):
             stopped, or ran out of turns or tokens, before the environment gave a reward, e.g. it never called the
             scoring tool). None (the default) leaves it unscored: advantage 0, so GRPO neither rewards nor punishes
             it. 0.0 treats it as a failed attempt, which keeps a small model from drifting out of the tool-call
-            format. Infrastructure failures, timeouts and `no_reward` rollouts always stay unscored.
+            format. Infrastructure failures, timeouts and `task_error` rollouts always stay unscored.
     """
 
     model_config = ConfigDict(extra="forbid")

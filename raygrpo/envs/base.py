@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
-from raygrpo.errors import EnvError, RewardMissingError
+from raygrpo.errors import EnvError, RewardMissingError, TaskError
 from raygrpo.types import Observation, TaskRef, ToolResult
 
-__all__ = ["EnvAdapter", "EnvError", "EnvProvider", "RewardMissingError", "refuse_call"]
+__all__ = ["EnvAdapter", "EnvError", "EnvProvider", "RewardMissingError", "TaskError", "refuse_call"]
 
 
 @runtime_checkable
@@ -23,7 +23,7 @@ class EnvAdapter(Protocol):
     `start` opens it and returns the opening messages and the tool schemas; `call` runs one tool call (a refused call
     comes back as a `ToolResult` with `error=True`; a dead environment raises `EnvError`); `score` returns the outcome
     reward (None when nothing was scored; `RewardMissingError` when scoring ran but found no reward; `EnvError` when
-    the scorer itself broke); `close` releases everything and never raises. The adapter owns the deadlines of its own
+    the scorer itself broke); a task that is broken (an image that does not build) raises `TaskError`; `close` releases everything and never raises. The adapter owns the deadlines of its own
     operations (start, each call, scoring, close), each set on the environment's spec.
     """
 

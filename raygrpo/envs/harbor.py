@@ -13,7 +13,7 @@ Outcomes, as the agent loop (`raygrpo.rollout`) reports them:
 - the verifier crashes (cannot upload the tests, cannot read the results back, ...): `EnvError` -> `env_error`;
 - the verifier runs past its deadline: `TimeoutError` (`HarborVerifierTimeout`) -> `timeout`, not retried;
 - the verifier writes no usable reward (no file, an empty or unparsable one, a missing `reward_key`):
-  `RewardMissingError` -> `no_reward`, not retried (the model may have caused it).
+  `RewardMissingError` -> `task_error`, not retried.
 
 None of them is ever scored 0.0. Every sandbox that was started is stopped in `close()`, which is idempotent,
 never raises, and finishes in the background when its rollout is cancelled; the provider's `aclose()` stops what is
