@@ -8,7 +8,8 @@ moved, so an upgrade fails loudly at the patch instead of misbehaving later.
 - Ray: `keep_ray_on_loopback` turns off Ray's cluster mode constant so a local runtime stays on 127.0.0.1.
 - sse-starlette (pinned by openreward): `patch_sse_exit_signal` makes its shutdown watch per event loop.
 - openreward's server: `set_ors_server_log_level`, `patch_ors_idle_timeout`, `ors_session_ids`.
-- TRL: `GenerationOutputHook` overrides `GRPOTrainer._generate_and_score_completions` to adjust what it returns.
+- TRL: `GenerationOutputHook` overrides `GRPOTrainer._generate_and_score_completions` to adjust what it returns;
+  `sync_vllm_weights` pushes a trainer's weights to its vLLM server outside a generation batch.
 """
 
 from __future__ import annotations
@@ -199,3 +200,11 @@ class GenerationOutputHook:
     def adjust_generation_output(self, output: dict[str, Any]) -> dict[str, Any]:
         """Return the batch to train on; the default leaves TRL's as it is."""
         return output
+
+
+def sync_vllm_weights(trainer: Any) -> None:
+    """Push a `GRPOTrainer`'s weights to its vLLM server now (TRL does it before each generation batch, when its
+    private `_last_loaded_step` differs from the step), and record that it did, so TRL does not push them again."""
+    require("trl", "syncing a trainer's weights to vLLM outside a generation batch")
+    trainer.vllm_generation.sync_weights()
+    trainer._last_loaded_step = trainer.state.global_step

@@ -181,7 +181,11 @@ async def _episode(
         traj.logprobs.extend(turn.logprobs)
         traj.env_mask.extend([1] * len(turn.output_ids))
 
-        content, parsed = parse_tool_calls(renderer.decode(turn.output_ids))
+        # A turn that stopped by itself ends on a stop token: the template's end of turn (the eos), or another one
+        # the model's generation config stops at (Qwen2.5's <|endoftext|>). The text is what comes before it.
+        stopped_on = turn.output_ids[-1] if turn.finish_reason == "stop" and turn.output_ids else None
+        text_ids = turn.output_ids[:-1] if stopped_on is not None else turn.output_ids
+        content, parsed = parse_tool_calls(renderer.decode(text_ids))
         calls = [c for c in parsed if isinstance(c, ToolCall)]
         messages.append(assistant_message(content, calls))
         if turn.finish_reason == "length":
@@ -196,6 +200,10 @@ async def _episode(
             status = Status.OK
             break
         suffix = renderer.tool_suffix_ids(tool_messages)
+        if stopped_on is not None and stopped_on != renderer.eos_token_id:
+            # The template closes an assistant turn with its end-of-turn token; close it so before the tool results
+            # (environment glue, not trained on), so the next turn sees the conversation the template would write.
+            suffix = [renderer.eos_token_id, *suffix]
         if len(traj.prompt_ids) + len(traj.completion_ids) + len(suffix) >= config.max_total_tokens:
             break
         traj.completion_ids.extend(suffix)

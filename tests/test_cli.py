@@ -6,6 +6,7 @@ session registry is the leak check.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.e2e_support import FlakyEnvironment, NapEnvironment
@@ -32,12 +34,34 @@ def _write_config(path: Path, body: dict) -> Path:
     return path
 
 
+#: CLI processes the current test started; whatever still runs when it ends is killed with all it started.
+_started: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_cli_left_behind():
+    yield
+    while _started:
+        proc = _started.pop()
+        if proc.poll() is None:
+            try:
+                tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+            for p in tree:  # the driver, and Ray's processes under it (raylet, gcs, workers)
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    p.kill()
+            psutil.wait_procs(tree, timeout=20)
+
+
 def _cli(args: list[str], env: dict | None = None, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "raygrpo.cli", *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, **(env or {})}, start_new_session=True, **kwargs,
     )
+    _started.append(proc)
+    return proc
 
 
 @pytest.mark.timeout(60)

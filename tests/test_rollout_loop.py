@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -242,3 +243,37 @@ def test_a_start_that_raises_timeout_is_env_error(renderer):
     env = StartTimesOut()
     traj = _run(renderer, env, scripted(format_tool_call("submit", {})))
     assert traj.status is Status.ENV_ERROR and "no sandbox within 1 s" in traj.error and env.closed == 1
+
+
+def test_a_turn_that_stops_on_another_stop_token_is_closed_as_the_template_closes_it(renderer):
+    """Qwen2.5-style models also stop on <|endoftext|>. The loop then closes the turn with the template's own
+    end-of-turn token (environment glue, masked out) before the tool results, so the context the next turn is
+    generated from reads as the template writes the conversation, the model's stop token aside."""
+    from raygrpo.types import Turn
+
+    tok = renderer.tokenizer
+    other_stop = tok.convert_tokens_to_ids("<|endoftext|>")
+    assert other_stop not in (None, tok.unk_token_id) and other_stop != renderer.eos_token_id
+    texts = [format_tool_call("add", {"a": 2, "b": 3}), format_tool_call("submit", {})]
+
+    class EndOfTextPolicy:
+        policy_version = 0
+
+        async def generate(self, prompt_ids, sampling, context=None):
+            return Turn(output_ids=renderer.encode(texts[context.turn]) + [other_stop], logprobs=[-0.5] * 99,
+                        finish_reason="stop")
+
+    env = AddEnv()
+    traj = asyncio.run(run_rollout(TaskRef("add", 0), env, EndOfTextPolicy(), renderer, SamplingParams(max_tokens=512),
+                                   RolloutConfig()))
+    assert traj.status is Status.OK and traj.reward == 1.0 and env.calls[0] == ("add", {"a": 2, "b": 3})
+    first = renderer.encode(texts[0]) + [other_stop]
+    glue = [renderer.eos_token_id, *renderer.tool_suffix_ids(traj.messages[2:3])]
+    assert traj.completion_ids[: len(first) + len(glue)] == first + glue
+    assert traj.env_mask[: len(first) + len(glue)] == [1] * len(first) + [0] * len(glue)
+    # After the model's tokens: the turn closed and the tool results, as the template writes them after that turn.
+    rendered = renderer.prompt_ids(traj.messages[:3], TOOLS)
+    model_text = renderer.encode(texts[0])
+    at = next(i for i in range(len(rendered)) if rendered[i : i + len(model_text)] == model_text) + len(model_text)
+    assert rendered[at:] == glue
+    assert traj.messages[1]["content"] == "" and "<|endoftext|>" not in json.dumps(traj.messages)

@@ -186,3 +186,54 @@ def test_weights_reach_the_engine(ray_local, tiny_model_dir):
         assert ray.get(engine.policy_version.remote()) == 7
     finally:
         ray.kill(engine, no_restart=True)
+
+
+WARMUP = str(ROOT / "examples" / "echo" / "warmup.py") + ":format_examples"
+
+
+def test_with_a_kl_term_policy_and_reference_both_start_from_the_warmed_up_model(ray_local, tiny_model_dir, tmp_path):
+    """beta > 0 after a warm-up: the KL reference is the warmed model (not the files it was loaded from), so the KL of
+    the first step is 0, and stays so after --resume. The learning rate is 0 to keep the policy where it started."""
+    from raygrpo.train.run import train
+
+    out = tmp_path / "run"
+    warmup = {"examples": WARMUP, "num_examples": 64, "steps": 20, "batch_size": 8, "learning_rate": 1e-2}
+    trainer = {"beta": 0.04, "learning_rate": 0.0, "max_steps": 1, "save_steps": 1}
+    train(_config(tiny_model_dir, train={"warmup": warmup}, trainer=trainer), out, progress=False)
+    [first] = _train_lines(out)
+    assert first["kl"] is not None and first["kl"] < 1e-4, first["kl"]
+    assert (out / "reference" / "model.safetensors").exists()
+
+    train(_config(tiny_model_dir, train={"warmup": warmup}, trainer={**trainer, "max_steps": 2}), out, resume=True,
+          progress=False)
+    lines = _train_lines(out)
+    assert [r["step"] for r in lines] == [1, 2] and lines[-1]["kl"] < 1e-4, lines[-1]["kl"]
+
+
+def test_every_eval_runs_on_the_weights_it_is_labelled_with(ray_local, tiny_model_dir, tmp_path):
+    """Weights go to the engines every 2 versions, evals run every version: each eval pushes first."""
+    from raygrpo.train.run import train
+
+    out = tmp_path / "run"
+    cfg = _config(tiny_model_dir, eval_envs={"echo_test": {"kind": "ors", "environment": ECHO, "split": "test"}},
+                  train={"eval_every": 1, "weight_sync_every": 2}, trainer={"max_steps": 3, "save_steps": 100})
+    train(cfg, out, progress=False)
+    evals = [r for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "eval"]
+    assert [r["policy_version"] for r in evals] == [0, 1, 2, 3]
+    assert [r["eval_generated_by"] for r in evals] == [[0], [1], [2], [3]]
+
+
+def test_with_num_iterations_2_a_version_spans_two_steps(ray_local, tiny_model_dir, tmp_path):
+    """Each generation batch is trained on twice: one policy version (and one weight push) per batch."""
+    from raygrpo.train.run import train
+
+    out = tmp_path / "run"
+    train(_config(tiny_model_dir, trainer={"num_iterations": 2, "max_steps": 4, "save_steps": 100}), out,
+          progress=False)
+    lines = _train_lines(out)
+    assert [r["step"] for r in lines] == [1, 2, 3, 4]
+    assert [r["policy_version"] for r in lines] == [0, 1, 1, 2]
+    assert [r.get("generated_by_version") for r in lines] == [0, None, 1, None]
+    rollouts = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert {r["step"] for r in rollouts} == {1, 3}
+    assert all(set(r["policy_versions"]) == {(r["step"] - 1) // 2} for r in rollouts)

@@ -188,3 +188,39 @@ def test_config_errors_name_the_field(tmp_path, tiny_model_dir, tokenizer):
     with pytest.raises(ValueError, match=r"warmup\.examples: .*non-empty list"):
         load_examples(WarmupConfig(examples=f"{tmp_path}/bad.py:empty"))
     assert len(load_examples(WarmupConfig(examples=EXAMPLES, num_examples=5))) == 5
+
+
+@pytest.mark.timeout(120)
+def test_the_learners_warmup_prompts_are_templated_like_rollout_prompts(tmp_path, tiny_model_dir, tokenizer,
+                                                                         monkeypatch):
+    """The run's `rollout.system_prompt` opens every warm-up prompt, as it opens every rollout's."""
+    from transformers import AutoModelForCausalLM
+
+    import raygrpo.train.warmup as warmup_module
+    from raygrpo.chat import ChatRenderer
+    from raygrpo.config import load_config
+    from raygrpo.train.learner import Learner
+
+    cfg = load_config(data={
+        "envs": {"echo": {"url": "http://127.0.0.1:1"}},
+        "rollout": {"system_prompt": "You are terse."},
+        "train": {"warmup": {"examples": EXAMPLES, "num_examples": 4, "steps": 1, "batch_size": 2}},
+    })
+    seen = []
+    real = warmup_module.encode_example
+
+    def spy(renderer, ex, system_prompt=None):
+        prompt, completion = real(renderer, ex, system_prompt)
+        seen.append((ex, prompt))
+        return prompt, completion
+
+    monkeypatch.setattr(warmup_module, "encode_example", spy)
+    learner = Learner(cfg, str(tmp_path), actors=[], engines=[], tasks_by_env={}, eval_tasks=[])
+    learner.tokenizer = tokenizer
+    learner._warm_up(AutoModelForCausalLM.from_pretrained(tiny_model_dir))
+    renderer = ChatRenderer(tokenizer)
+    assert len(seen) == 4
+    for ex, prompt in seen:
+        # What the agent loop renders: the system prompt, then the environment's opening messages, with its tools.
+        assert prompt == renderer.prompt_ids([{"role": "system", "content": "You are terse."}, *ex["messages"]],
+                                             ex["tools"])

@@ -115,9 +115,35 @@ class RunConfig(BaseModel):
             raise ValueError(f"train.mixture: {unknown} are not environments in envs ({sorted(self.envs)})")
         if self.train.eval_every and not self.eval_envs:
             raise ValueError("train.eval_every is set but eval_envs is empty: nothing to evaluate")
+        if self.train.behaviour_ratio and self.policy.kind != "transformers":
+            raise ValueError(f"train.behaviour_ratio needs the sampling log-probs of a transformers engine; policy.kind "
+                             f"{self.policy.kind!r} reports none (scripted turns are certain; with vLLM TRL applies its "
+                             "own importance-sampling correction): leave it unset")
+        accumulation = _int(self.trainer.get("gradient_accumulation_steps"), 1)
+        generation = _int(self.trainer.get("steps_per_generation"), accumulation)
+        if (generation * _int(self.trainer.get("num_iterations"), 1)) % accumulation:
+            raise ValueError(f"trainer.steps_per_generation ({generation}) times trainer.num_iterations must be a "
+                             f"multiple of trainer.gradient_accumulation_steps ({accumulation}): raygrpo counts one "
+                             "policy version per generation batch, which must span whole optimizer steps")
         return self
+
+    @property
+    def steps_per_version(self) -> int:
+        """Optimizer steps between two generation batches (TRL's `steps_per_generation * num_iterations /
+        gradient_accumulation_steps`; 1 by default): one policy version spans this many steps."""
+        accumulation = _int(self.trainer.get("gradient_accumulation_steps"), 1)
+        generation = _int(self.trainer.get("steps_per_generation"), accumulation)
+        return generation * _int(self.trainer.get("num_iterations"), 1) // accumulation
 
     @property
     def base_dir(self) -> str:
         """Folder that relative paths in the config are resolved against (the config file's folder)."""
         return self._base_dir
+
+
+def _int(value: Any, default: int) -> int:
+    """A `trainer:` setting read as an integer (GRPOConfig validates it properly later)."""
+    try:
+        return default if value is None else max(1, int(value))
+    except (TypeError, ValueError):
+        return default

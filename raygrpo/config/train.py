@@ -44,6 +44,8 @@ TRAINER_DEFAULTS: dict[str, Any] = {
     "gradient_accumulation_steps": 1,
     "bf16": False,
     "disable_tqdm": True,
+    # Dropout makes a fresh group's ratio differ from 1 and clips it spuriously; TRL leaves it on by default.
+    "disable_dropout": True,
 }
 
 
@@ -135,10 +137,11 @@ class TrainConfig(BaseModel):
             the tool-call format on tasks disjoint from the training tasks.
         save_rollouts: Write every consumed trajectory (tokens, masks, messages, reward) to `OUT/rollouts.jsonl`.
         behaviour_ratio: Take PPO's ratio against the log-probs the engine sampled with (the behaviour policy)
-            instead of assuming the batch is on-policy, so TRL's clipping (`trainer.epsilon`) bounds the update a
-            stale group makes (async mode, `weight_sync_every > 1`); a fresh group's ratio stays 1. Transformers
-            engines only: with vLLM, TRL's own importance-sampling correction applies. See
-            `raygrpo.train.trainer`.
+            instead of what TRL assumes, so TRL's clipping (`trainer.epsilon`) bounds the update a stale group makes
+            (async mode, `weight_sync_every > 1`, the later passes of `trainer.num_iterations`); a fresh group's
+            ratio stays 1. None (the default) turns it on where the engine reports real sampling log-probs: the
+            transformers engine. A scripted policy reports none (its turns are certain), and with vLLM TRL applies
+            its own importance-sampling correction: `true` is refused for both. See `raygrpo.train.trainer`.
         unanswered_reward: Reward of a rollout the model itself ended unscored (status `ok` or `truncated`: it
             stopped, or ran out of turns or tokens, before the environment gave a reward, e.g. it never called the
             scoring tool). None (the default) leaves it unscored: advantage 0, so GRPO neither rewards nor punishes
@@ -156,7 +159,7 @@ class TrainConfig(BaseModel):
     learner: LearnerConfig = Field(default_factory=LearnerConfig)
     warmup: WarmupConfig | None = None
     save_rollouts: bool = True
-    behaviour_ratio: bool = True
+    behaviour_ratio: bool | None = None
     unanswered_reward: float | None = None
 
     @model_validator(mode="after")

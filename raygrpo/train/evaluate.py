@@ -6,12 +6,13 @@ from typing import Any
 
 from raygrpo.orchestrator import Orchestrator, make_groups
 from raygrpo.train.metrics import per_env_stats, reward_stats, score_unanswered
-from raygrpo.types import TaskRef
+from raygrpo.types import UNVERSIONED, TaskRef
 
 
 def evaluate(orchestrator: Orchestrator, tasks: list[TaskRef], unanswered_reward: float | None = None) -> dict[str, Any]:
-    """Run each task once (a group of 1) and return `eval_reward_mean`, `eval_scored_fraction`, `eval_rollouts`
-    and per-environment figures under `eval_envs`.
+    """Run each task once (a group of 1) and return `eval_reward_mean`, `eval_scored_fraction`, `eval_rollouts`,
+    per-environment figures under `eval_envs`, and `eval_generated_by`: the policy versions the engines reported for
+    the eval's turns (empty for policies without versions).
 
     Uses its own orchestrator so it can run while an async producer keeps the training rollouts going.
     """
@@ -23,4 +24,5 @@ def evaluate(orchestrator: Orchestrator, tasks: list[TaskRef], unanswered_reward
         "eval_scored_fraction": stats["scored_fraction"],
         "eval_rollouts": stats["rollouts"],
         "eval_envs": per_env_stats(trajectories),
+        "eval_generated_by": sorted({v for t in trajectories for v in t.policy_versions if v != UNVERSIONED}),
     }

@@ -27,6 +27,7 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 
+from raygrpo._compat import sync_vllm_weights
 from raygrpo.config import RunConfig
 from raygrpo.orchestrator import Orchestrator
 from raygrpo.outcome import Outcomes
@@ -38,7 +39,7 @@ from raygrpo.train.grpo_args import build_grpo_config
 from raygrpo.train.metrics import MetricsLog, RolloutLog, per_env_stats, plot_rewards, reward_stats, score_unanswered
 from raygrpo.train.schedule import TaskSchedule
 from raygrpo.train.source import RolloutSource
-from raygrpo.train.trainer import BehaviourGRPOTrainer
+from raygrpo.train.trainer import trainer_class
 from raygrpo.train.warmup import run_warmup
 from raygrpo.train.weights import push_weights
 from raygrpo.types import TaskRef
@@ -46,6 +47,8 @@ from raygrpo.types import TaskRef
 logger = logging.getLogger(__name__)
 
 STATE_FILE = "raygrpo_state.json"
+#: Where a warmed-up model is saved in the run folder: the start of GRPO, and its KL reference (also on resume).
+REFERENCE_DIR = "reference"
 
 
 def env_reward(prompts: list, completions: list, env_reward: list[float | None], **kwargs: Any) -> list[float | None]:
@@ -98,6 +101,8 @@ class Learner:
         self.eval_tasks = eval_tasks
         self.resume = resume
         self.group_size = cfg.rollout.group_size
+        #: Optimizer steps per generation batch: one policy version spans this many (see `RunConfig`).
+        self.steps_per_version = cfg.steps_per_version
         self._pushed_version: int | None = None
         self._evaluated: set[int] = set()
         self._step: dict[str, Any] = {}
@@ -132,7 +137,6 @@ class Learner:
         import torch
         from datasets import Dataset
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        from trl import GRPOTrainer
 
         torch.set_num_threads(max(1, int(round(self.cfg.train.learner.num_cpus))))
         # Unscored rollouts are expected (a model that never calls the scoring tool) and counted in the metrics.
@@ -144,14 +148,26 @@ class Learner:
                 f"rollout.group_size ({self.group_size})"
             )
         groups_per_step = args.generation_batch_size // self.group_size
-        model_path = resolve_model_path(self.cfg.model)
+        if args.bf16 and self.engines:
+            logger.warning("trainer.bf16 is on while the transformers engines sample in fp32: their log-probs and the "
+                           "learner's differ by up to ~1e-2 nats per token, so fresh groups' ratios are not exactly 1")
+        self.warmup_stats: dict[str, Any] | None = None
+        reference = self.out / REFERENCE_DIR
+        if checkpoint is not None and reference.is_dir():
+            model_path = str(reference)  # the warmed-up start of GRPO: the KL reference of the run being resumed
+        else:
+            model_path = resolve_model_path(self.cfg.model)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
-        self.warmup_stats: dict[str, Any] | None = None
         if self.cfg.train.warmup is not None and checkpoint is None:
             self.progress["phase"] = "warm-up"
-            self.warmup_stats = run_warmup(model, self.tokenizer, self.cfg.train.warmup)
+            self.warmup_stats = self._warm_up(model)
             logger.info("warm-up done: %s", self.warmup_stats)
+            # TRL builds its KL reference from the files the policy was loaded from: make those the warmed model's,
+            # so policy and reference both start from it (and a resumed run finds it again).
+            model.save_pretrained(reference)
+            self.tokenizer.save_pretrained(reference)
+            model = AutoModelForCausalLM.from_pretrained(reference, dtype=torch.float32)
 
         schedule = TaskSchedule(self.tasks_by_env, self.cfg.train.mixture, seed=self.cfg.seed)
         saved = json.loads((Path(checkpoint) / STATE_FILE).read_text()) if checkpoint else {}
@@ -171,10 +187,7 @@ class Learner:
         self._eval_orchestrator = Orchestrator(self.actors, workers.max_concurrent_per_actor, workers.max_retries)
         # TRL's sampler only shapes the batches: one placeholder prompt per group slot (see raygrpo.train.groups).
         dataset = Dataset.from_dict({"prompt": [f"raygrpo group slot {i}" for i in range(groups_per_step)]})
-        trainer_cls = GRPOTrainer
-        if self.cfg.train.behaviour_ratio and self.cfg.policy.kind != "vllm":
-            trainer_cls = BehaviourGRPOTrainer
-        trainer = trainer_cls(
+        trainer = trainer_class(self.cfg)(
             model=model,
             reward_funcs=[env_reward],
             args=args,
@@ -188,23 +201,38 @@ class Learner:
 
     # ------------------------------------------------------------------ the step
 
-    def _push_weights(self, trainer, version: int) -> None:
+    def _warm_up(self, model: Any) -> dict[str, Any]:
+        """The supervised format warm-up, its prompts laid out as the agent loop lays out a rollout's."""
+        return run_warmup(model, self.tokenizer, self.cfg.train.warmup, system_prompt=self.cfg.rollout.system_prompt)
+
+    def _push_weights(self, trainer, version: int, *, force: bool = False) -> None:
+        """Give the engines the learner's weights as `version`: every `weight_sync_every` versions, or now when
+        `force`d (an eval must run on the weights it is labelled with)."""
+        if self.cfg.policy.kind == "vllm":
+            if force:
+                sync_vllm_weights(trainer)  # TRL syncs the server itself before each generation batch
+            return
         if not self.engines or self._pushed_version == version:
             return
-        if self._pushed_version is not None and version % self.cfg.train.weight_sync_every:
+        if not force and self._pushed_version is not None and version % self.cfg.train.weight_sync_every:
             return
         versions = push_weights(trainer.accelerator.unwrap_model(trainer.model), self.engines, version)
         self._pushed_version = version
         logger.info("engines now at policy version %s", versions)
 
+    def version_of(self, step: int) -> int:
+        """The policy version of the weights after `step` optimizer steps: one per generation batch."""
+        return step // self.steps_per_version
+
     def _rollout_func(self, prompts: list, trainer) -> dict[str, list]:
         if len(prompts) % self.group_size:
             raise ValueError(f"TRL passed {len(prompts)} prompts, not a multiple of the group size {self.group_size}")
-        version = trainer.state.global_step
+        step = trainer.state.global_step
+        version = self.version_of(step)
         self._push_weights(trainer, version)
         every = self.cfg.train.eval_every
         if every and version % every == 0 and version not in self._evaluated:
-            self.run_eval(version)
+            self.run_eval(trainer, version)
         self.progress["phase"] = "waiting for rollouts"
         batch = self.source.next_batch(len(prompts) // self.group_size, version)
         self.progress["phase"] = "training"
@@ -214,7 +242,7 @@ class Learner:
             self.outcomes.add(traj)
         if self.rollouts is not None:
             for traj in trajs:
-                self.rollouts.write(traj, step=version + 1)
+                self.rollouts.write(traj, step=step + 1)
         self._step.update(
             generated_by_version=version,
             wait_s=batch.wait_s,
@@ -228,11 +256,13 @@ class Learner:
         )
         return to_rollout_output(batch.groups, fallback_id=int(self.tokenizer.eos_token_id))
 
-    def run_eval(self, version: int) -> dict[str, Any]:
+    def run_eval(self, trainer, version: int) -> dict[str, Any]:
+        """Evaluate the eval environments with the weights of `version` (pushed to the engines first)."""
+        self._push_weights(trainer, version, force=True)
         self.progress["phase"] = "evaluating"
         start = time.perf_counter()
         result = evaluate(self._eval_orchestrator, self.eval_tasks, self.cfg.train.unanswered_reward)
-        record = {"step": version, "kind": "eval", "policy_version": version,
+        record = {"step": trainer.state.global_step, "kind": "eval", "policy_version": version,
                   "eval_s": time.perf_counter() - start, **result}
         self._evaluated.add(version)
         if self.metrics is not None:
@@ -248,7 +278,7 @@ class Learner:
         record = {
             "step": state.global_step,
             "kind": "train",
-            "policy_version": state.global_step,
+            "policy_version": self.version_of(state.global_step),
             **step,
             "trl_reward": logs.get("reward"),
             "loss": logs.get("loss"),
@@ -285,9 +315,9 @@ class Learner:
             trainer.train(resume_from_checkpoint=checkpoint)
             final_eval = None
             every = self.cfg.train.eval_every
-            if every and trainer.state.global_step not in self._evaluated:
-                self._push_weights(trainer, trainer.state.global_step)
-                final_eval = self.run_eval(trainer.state.global_step)
+            final_version = self.version_of(trainer.state.global_step)
+            if every and final_version not in self._evaluated:
+                final_eval = self.run_eval(trainer, final_version)
         finally:
             self.source.close()
             self._eval_orchestrator.cancel()
@@ -301,7 +331,7 @@ class Learner:
         self.progress["phase"] = "done"
         return {
             "steps": trainer.state.global_step,
-            "policy_version": trainer.state.global_step,
+            "policy_version": self.version_of(trainer.state.global_step),
             "learner_seconds": time.perf_counter() - start,
             "dropped_groups_total": self.source.dropped_total,
             "task_position": self.source.schedule.position,
@@ -348,7 +378,7 @@ class _StepCallback(TrainerCallback):
             source = self.learner.source
             (folder / STATE_FILE).write_text(json.dumps({
                 "step": state.global_step,
-                "policy_version": state.global_step,
+                "policy_version": self.learner.version_of(state.global_step),
                 "schedule": source.schedule.state_dict(),
                 "dropped_groups_total": source.dropped_total,
             }))

@@ -22,10 +22,15 @@ from typing import Any
 from trl import GRPOTrainer
 
 from raygrpo._compat import GenerationOutputHook
+from raygrpo.config import RunConfig
 
 
 class BehaviourGRPOTrainer(GenerationOutputHook, GRPOTrainer):
-    """`GRPOTrainer` whose PPO ratio is taken against the rollouts' behaviour log-probs when TRL computed none.
+    """`GRPOTrainer` whose PPO ratio is taken against the log-probs the rollouts were sampled with.
+
+    Whenever the batch carries sampling log-probs, they replace TRL's old log-probs: also where TRL computes its own
+    (`num_iterations > 1`, or a generation batch that spans several optimizer steps), which would come from the
+    learner's current weights, not from the weights that generated the rollouts.
 
     Args:
         *args, **kwargs: As for `GRPOTrainer`.
@@ -33,7 +38,15 @@ class BehaviourGRPOTrainer(GenerationOutputHook, GRPOTrainer):
 
     def adjust_generation_output(self, output: dict[str, Any]) -> dict[str, Any]:
         behaviour = output.get("sampling_per_token_logps")
-        if output.get("old_per_token_logps") is None and behaviour is not None:
+        if behaviour is not None:
             # Padding and tool-result positions hold 0.0 (see raygrpo.train.groups); the loss masks them out.
             output["old_per_token_logps"] = behaviour
         return output
+
+
+def trainer_class(cfg: RunConfig) -> type[GRPOTrainer]:
+    """The trainer a run uses: `BehaviourGRPOTrainer` where the engine reports real sampling log-probs (the
+    transformers engine, unless `train.behaviour_ratio` is false), TRL's own `GRPOTrainer` otherwise (a scripted
+    policy reports log-probs of 0.0; with vLLM TRL applies its own importance-sampling correction)."""
+    wanted = cfg.train.behaviour_ratio is not False
+    return BehaviourGRPOTrainer if wanted and cfg.policy.kind == "transformers" else GRPOTrainer
