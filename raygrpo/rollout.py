@@ -14,6 +14,7 @@ tool call, scoring, close), set on the environment's spec. None is counted twice
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from contextlib import contextmanager
@@ -26,20 +27,21 @@ from raygrpo.envs.base import EnvAdapter, refuse_call
 from raygrpo.errors import EnvError, PolicyError, TaskError, describe
 from raygrpo.policy.base import GenerationContext, PolicyClient, SamplingParams, request_seed
 from raygrpo.toolcalls import ToolCallProblem, parse_tool_calls
-from raygrpo.types import Status, TaskRef, ToolCall, ToolResult, Trajectory
+from raygrpo.types import ANSWER_STEP, Status, TaskRef, ToolCall, ToolResult, Trajectory
 
 logger = logging.getLogger(__name__)
 
 
 class _Phases:
-    """Accumulates seconds per phase of a rollout."""
+    """Accumulates seconds per phase of a rollout, and remembers the phase it entered last."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {"provision": 0.0, "generate": 0.0, "tools": 0.0, "verify": 0.0}
+        self.current: str | None = None
 
     @contextmanager
     def timed(self, phase: str) -> Iterator[None]:
-        start = time.perf_counter()
+        start, self.current = time.perf_counter(), phase
         try:
             yield
         finally:
@@ -96,8 +98,11 @@ async def run_rollout(
             timeout=config.rollout_timeout_s,
         )
     except TimeoutError:
-        traj.status, traj.reward = Status.TIMEOUT, None
         traj.error = f"rollout exceeded rollout_timeout_s={config.rollout_timeout_s:g}"
+        if phases.current == "verify":  # the scorer hung after the model was done: not the model's doing
+            traj.status, traj.reward = Status.TIMEOUT, None
+        else:  # the episode's limit, reached by the model's turns as much as a turn limit is
+            traj.status, traj.reward = Status.TRUNCATED, config.truncated_reward
     except EnvError as exc:
         traj.status, traj.reward, traj.error = Status.ENV_ERROR, None, describe(exc)
     except PolicyError as exc:
@@ -160,7 +165,7 @@ async def _episode(
     traj.prompt_ids = renderer.prompt_ids(messages, obs.tools)
     tool_names = {t.get("function", t).get("name") for t in obs.tools}
 
-    status = Status.TRUNCATED  # unless the episode ends before the turn limit
+    ended = False  # before a limit: the model answered, or the environment finished the episode
     for turn_index in range(config.max_turns):
         budget = config.max_total_tokens - len(traj.prompt_ids) - len(traj.completion_ids)
         if budget <= 0:
@@ -185,19 +190,28 @@ async def _episode(
         # the model's generation config stops at (Qwen2.5's <|endoftext|>). The text is what comes before it.
         stopped_on = turn.output_ids[-1] if turn.finish_reason == "stop" and turn.output_ids else None
         text_ids = turn.output_ids[:-1] if stopped_on is not None else turn.output_ids
-        content, parsed = parse_tool_calls(renderer.decode(text_ids))
+        raw = renderer.decode(text_ids)
+        content, parsed = parse_tool_calls(raw)
         calls = [c for c in parsed if isinstance(c, ToolCall)]
-        messages.append(assistant_message(content, calls))
+        # A malformed call keeps what the model wrote in the transcript (the parsed content would drop it).
+        malformed = any(isinstance(c, ToolCallProblem) for c in parsed)
+        messages.append(assistant_message(raw.strip() if malformed else content, calls))
         if turn.finish_reason == "length":
             break  # cut off mid-turn: its tool calls may be incomplete
         if not parsed:
-            status = Status.OK  # the model answered without calling a tool
+            ended = True  # the model answered without calling a tool: an environment may score that answer
+            answer = getattr(adapter, "answer", None)
+            if answer is not None:
+                with phases.timed("tools"):
+                    result = await answer(content)
+                if result is not None:
+                    _record_step(traj, ANSWER_STEP, result)
             break
 
         tool_messages, finished = await _run_calls(traj, phases, adapter, parsed, tool_names, config)
         messages.extend(tool_messages)
         if finished:
-            status = Status.OK
+            ended = True
             break
         suffix = renderer.tool_suffix_ids(tool_messages)
         if stopped_on is not None and stopped_on != renderer.eos_token_id:
@@ -210,6 +224,9 @@ async def _episode(
         traj.logprobs.extend([0.0] * len(suffix))
         traj.env_mask.extend([0] * len(suffix))
 
+    if not ended:  # a turn or token limit: whatever the steps gave on the way, the rollout is truncated
+        traj.status, traj.reward = Status.TRUNCATED, config.truncated_reward
+        return
     with phases.timed("verify"):
         try:
             reward = await adapter.score()  # the adapter owns scoring's deadline (a verifier's timeout)
@@ -220,8 +237,10 @@ async def _episode(
         except TaskError as exc:
             traj.status, traj.reward, traj.error = Status.TASK_ERROR, None, describe(exc)
             return
-    traj.status = status
-    traj.reward = None if reward is None else float(reward)
+    if reward is None:  # the episode ended without a reward, by the model's doing
+        traj.status, traj.reward = Status.NO_ANSWER, config.unanswered_reward
+    else:
+        traj.status, traj.reward = Status.OK, float(reward)
 
 
 async def _run_calls(
@@ -245,13 +264,22 @@ async def _run_calls(
             result, name = ToolResult(call.message, error=True), "invalid_tool_call"
         elif (refused := refuse_call(call.name, call.arguments, tool_names)) is not None:
             result, name = refused, call.name
+        elif (size := len(json.dumps(call.arguments, ensure_ascii=False))) > config.max_tool_input_chars:
+            result, name = ToolResult(f"Error: the arguments of {call.name!r} are {size} characters long; at most "
+                                      f"{config.max_tool_input_chars} are accepted.", error=True), call.name
         else:
             name = call.name
             with phases.timed("tools"):
                 result = await adapter.call(call.name, call.arguments)  # the adapter owns the call's deadline
             traj.tool_calls += 1
+            _record_step(traj, name, result)
         text = truncate_text(result.text, config.max_tool_output_chars)
         tool_messages.append({"role": "tool", "name": name, "content": text})
         if result.finished:
             return tool_messages, True
     return tool_messages, False
+
+
+def _record_step(traj: Trajectory, tool: str, result: ToolResult) -> None:
+    traj.steps.append({"tool": tool, "reward": result.reward, "finished": result.finished,
+                       "metadata": result.metadata})

@@ -13,16 +13,19 @@ from typing import Any
 
 
 class Status(str, enum.Enum):
-    """How a rollout ended.
+    """How a rollout ended (DESIGN section 7).
 
-    `OK` and `TRUNCATED` are normal endings (the model's own doing). `TIMEOUT` is a deadline of the whole rollout or
-    of its scoring (a hung verifier). `TASK_ERROR`: the task itself is broken (its verifier wrote no reward, its image
-    does not build): not retried, reported.
-    `ENV_ERROR` and `POLICY_ERROR` are infrastructure failures: the orchestrator may retry them, and their reward is
-    always None (unscored), never 0.0. `CANCELLED` marks rollouts stopped by the user (Ctrl-C).
+    The model's doing, always scored unless the config masks it: `OK` (the episode ended with a reward), `NO_ANSWER`
+    (the model stopped, or the environment ended the episode, without a reward: `rollout.unanswered_reward`),
+    `TRUNCATED` (a turn, token or whole-rollout limit reached: `rollout.truncated_reward`).
+    Never scored: `TIMEOUT` (scoring ran past its deadline, e.g. a hung verifier), `TASK_ERROR` (the task itself is
+    broken: its verifier wrote no reward, its image does not build; not retried, reported), `ENV_ERROR` and
+    `POLICY_ERROR` (infrastructure failures: the orchestrator retries them; their reward is None, never 0.0) and
+    `CANCELLED` (stopped by the user).
     """
 
     OK = "ok"
+    NO_ANSWER = "no_answer"
     TRUNCATED = "truncated"
     TIMEOUT = "timeout"
     TASK_ERROR = "task_error"
@@ -83,12 +86,15 @@ class ToolResult:
         reward: Reward the call produced, if any.
         finished: True when the episode is over.
         error: True when the call was refused (unknown tool, bad arguments, environment said no); the session lives.
+        metadata: What the environment reported beside the result (an ORS tool's `metadata`), kept in the
+            trajectory's steps.
     """
 
     text: str
     reward: float | None = None
     finished: bool = False
     error: bool = False
+    metadata: dict[str, Any] | None = None
 
 
 @dataclass
@@ -143,6 +149,12 @@ class ToolCall:
     arguments: dict[str, Any]
 
 
+#: Version of a trajectory line's fields; bumped with every change to them (the README lists the fields).
+TRAJECTORY_SCHEMA_VERSION = 2
+#: `steps[].tool` of a final answer that an ORS environment's `@terminal` tool scored.
+ANSWER_STEP = "(answer)"
+
+
 @dataclass
 class Trajectory:
     """One finished rollout: tokens for the learner, messages for people, and how it went.
@@ -167,6 +179,9 @@ class Trajectory:
         worker: Name of the env pool actor that ran it.
         env_span: Wall-clock times (`time.time()`) when its environment was opened and closed; the run summary
             derives the peak of environments alive at once from these.
+        steps: One record per environment step, in order: `{tool, reward, finished, metadata}` for each tool call
+            the environment ran, and for a final answer routed to an ORS `@terminal` tool (`tool` is
+            `ANSWER_STEP`).
     """
 
     task: TaskRef
@@ -187,12 +202,14 @@ class Trajectory:
     sample: int = 0
     worker: str = ""
     env_span: tuple[float, float] | None = None
+    steps: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def scored(self) -> bool:
         return self.reward is not None
 
     def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
+        """The trajectory as one JSON line (`trajectories.jsonl`, `rollouts.jsonl`), with its `schema_version`."""
+        out = {"schema_version": TRAJECTORY_SCHEMA_VERSION, **dataclasses.asdict(self)}
         out["status"] = self.status.value
         return out

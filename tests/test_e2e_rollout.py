@@ -40,15 +40,15 @@ def _accounted(summary):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("script, reward, scored", [("right", 1.0, True), ("wrong", 0.0, True), ("silent", None, False)])
-def test_echo_example_rewards(tmp_path, script, reward, scored):
+@pytest.mark.parametrize("script, reward, status", [("right", 1.0, "ok"), ("wrong", 0.0, "ok"),
+                                                    ("silent", 0.0, "no_answer")])
+def test_echo_example_rewards(tmp_path, script, reward, status):
     summary, trajs = _run(tmp_path, "examples/echo/rollout.yaml", [f"policy.script=policies.py:{script}"])
     _accounted(summary)
     assert summary["requested"] == len(trajs) == 8 * 4
-    assert summary["reward_mean"] == reward
-    assert summary["scored"] == (summary["requested"] if scored else 0)
-    assert all(t["reward"] == reward for t in trajs)
-    assert summary["status_counts"] == {"ok": 32}
+    assert summary["reward_mean"] == reward and summary["scored"] == summary["requested"]
+    assert all(t["reward"] == reward and t["schema_version"] == 2 for t in trajs)
+    assert summary["status_counts"] == {status: 32}
     assert summary["max_concurrent_envs"] >= 2
     # Token bookkeeping as the learner will read it.
     for t in trajs:

@@ -15,7 +15,7 @@ from raygrpo.policy.base import GenerationContext, SamplingParams
 from raygrpo.policy.scripted import ScriptedPolicy
 from raygrpo.rollout import run_rollout
 from raygrpo.toolcalls import format_tool_call
-from raygrpo.types import Observation, Status, TaskRef, ToolResult
+from raygrpo.types import ANSWER_STEP, Observation, Status, TaskRef, ToolResult
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -115,9 +115,13 @@ def test_multi_turn_bookkeeping(renderer):
     assert [m["role"] for m in traj.messages] == ["user", "assistant", "tool", "assistant", "tool"]
 
 
-def test_no_tool_call_means_no_reward(renderer):
+def test_no_tool_call_means_no_answer(renderer):
+    """The model stopped without the scoring tool: `no_answer`, scored `rollout.unanswered_reward` (0.0 by default,
+    None masks it)."""
     traj = _run(renderer, AddEnv(), scripted("I think the answer is 5."))
-    assert traj.status is Status.OK and traj.reward is None and traj.turns == 1
+    assert traj.status is Status.NO_ANSWER and traj.reward == 0.0 and traj.turns == 1 and traj.steps == []
+    masked = _run(renderer, AddEnv(), scripted("I think the answer is 5."), unanswered_reward=None)
+    assert masked.status is Status.NO_ANSWER and masked.reward is None
 
 
 @pytest.mark.parametrize(
@@ -142,10 +146,14 @@ def test_oversize_tool_output_is_truncated(renderer):
     assert traj.reward == 1.0
 
 
-def test_turn_limit_truncates_but_keeps_reward_convention(renderer):
+def test_turn_limit_truncates_with_the_truncated_reward(renderer):
+    """Whatever the steps gave on the way, a rollout that hit a limit scores `rollout.truncated_reward`."""
     call = format_tool_call("add", {"a": 1, "b": 1})
     traj = _run(renderer, AddEnv(), scripted(call, call, call, call), max_turns=2)
-    assert traj.status is Status.TRUNCATED and traj.turns == 2 and traj.reward is None
+    assert traj.status is Status.TRUNCATED and traj.turns == 2 and traj.reward == 0.0
+    masked = _run(renderer, AddEnv(), scripted(call, call, call, call), max_turns=2, truncated_reward=None)
+    assert masked.status is Status.TRUNCATED and masked.reward is None
+    assert [s["tool"] for s in traj.steps] == ["add", "add"]
 
 
 def test_token_budget(renderer):
@@ -170,10 +178,11 @@ def test_the_loop_leaves_tool_deadlines_to_the_adapter(renderer):
     assert traj.messages[2]["content"] == "2" and traj.status is Status.OK and traj.reward == 1.0
 
 
-def test_rollout_deadline_is_unscored_timeout(renderer):
+def test_the_rollout_deadline_during_the_turns_truncates(renderer):
     env = AddEnv(call_delay_s=5.0)
     traj = _run(renderer, env, scripted(format_tool_call("add", {"a": 1, "b": 1})), rollout_timeout_s=0.5)
-    assert traj.status is Status.TIMEOUT and traj.reward is None and env.closed == 1
+    assert traj.status is Status.TRUNCATED and traj.reward == 0.0 and env.closed == 1
+    assert "rollout_timeout_s=0.5" in traj.error
 
 
 def test_cancellation_closes_the_environment(renderer):
@@ -277,3 +286,58 @@ def test_a_turn_that_stops_on_another_stop_token_is_closed_as_the_template_close
     at = next(i for i in range(len(rendered)) if rendered[i : i + len(model_text)] == model_text) + len(model_text)
     assert rendered[at:] == glue
     assert traj.messages[1]["content"] == "" and "<|endoftext|>" not in json.dumps(traj.messages)
+
+
+class RewardSteps(AddEnv):
+    """Like an ORS environment: `bonus` gives +0.1 and goes on, `quit` ends the episode without a reward."""
+
+    def __init__(self):
+        super().__init__()
+        self.final = None
+
+    async def call(self, name, arguments):
+        self.calls.append((name, arguments))
+        if name == "dump":  # stands in for a tool with metadata
+            return ToolResult("noted", reward=0.1, metadata={"note": "bonus"})
+        if name == "submit":
+            return ToolResult("bye", finished=True)
+        return await super().call(name, arguments)
+
+    async def score(self):
+        return self.final  # the reward of the call that finished the episode: none
+
+
+def test_an_episode_the_environment_ended_without_a_reward_is_no_answer_whatever_came_before(renderer):
+    traj = _run(renderer, RewardSteps(), scripted(format_tool_call("dump", {}), format_tool_call("submit", {})))
+    assert traj.status is Status.NO_ANSWER and traj.reward == 0.0  # not the intermediate 0.1
+    assert traj.steps == [{"tool": "dump", "reward": 0.1, "finished": False, "metadata": {"note": "bonus"}},
+                          {"tool": "submit", "reward": None, "finished": True, "metadata": None}]
+
+
+def test_a_final_answer_goes_to_the_environment_when_it_scores_answers(renderer):
+    class Terminal(AddEnv):
+        async def answer(self, text):
+            self.answered = text
+            self.reward = 1.0 if text == "5" else 0.0
+            return ToolResult("graded", reward=self.reward, finished=True)
+
+    env = Terminal()
+    traj = _run(renderer, env, scripted("5"))
+    assert env.answered == "5" and traj.status is Status.OK and traj.reward == 1.0
+    assert traj.steps == [{"tool": ANSWER_STEP, "reward": 1.0, "finished": True, "metadata": None}]
+    assert _run(renderer, Terminal(), scripted("six")).reward == 0.0
+
+
+def test_a_malformed_call_keeps_what_the_model_wrote(renderer):
+    bad = 'Let me add. <tool_call>{"name": "add", "arguments": {"a": 2</tool_call>'
+    traj = _run(renderer, AddEnv(), scripted(bad, format_tool_call("submit", {})))
+    assert traj.messages[1]["content"] == bad and "tool_calls" not in traj.messages[1]
+    assert "not valid JSON" in traj.messages[2]["content"]
+
+
+def test_arguments_longer_than_the_limit_are_refused_to_the_model(renderer):
+    env = AddEnv()
+    long_call = format_tool_call("add", {"a": 1, "b": 2, "note": "x" * 250})
+    traj = _run(renderer, env, scripted(long_call, format_tool_call("submit", {})), max_tool_input_chars=200)
+    assert env.calls == [("submit", {})] and traj.tool_calls == 1
+    assert "at most 200 are accepted" in traj.messages[2]["content"]

@@ -5,7 +5,7 @@ Each task is an expression over hidden integer operands, e.g. `(a + b) * c`. The
      `list_task_tools`) whose schema enumerates this task's operand names;
   2. compute with `calculator(expression)` (integers, + - * and parentheses);
   3. `submit(answer)`: reward 1.0 when right, 0.0 when wrong, and the episode ends.
-Only `submit` is rewarded: an episode that never submits stays unscored (None).
+Only `submit` is rewarded: an episode that never submits ends `no_answer` (`rollout.unanswered_reward`, 0.0).
 
 Serve it:  python examples/arith/env.py --port 8001        (binds 127.0.0.1)
 Use it:    envs: {arith: {kind: ors, environment: examples/arith/env.py:ArithEnvironment}}

@@ -43,11 +43,13 @@ ECHO_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {
         "name": "echo",
-        "description": (
-            "Submit a string. Reward 1.0 if it matches the target, else 0.0; either way the episode ends.\n\n"
-            "Args:\n    text: The string to echo back."
-        ),
-        "parameters": {"properties": {"text": {"type": "string"}}, "required": ["text"], "type": "object"},
+        "description": "Submit a string. Reward 1.0 if it matches the target, else 0.0; either way the episode ends.",
+        "parameters": {
+            "type": "object",
+            "properties": {"text": {"type": "string", "description": "The string to echo back."}},
+            "required": ["text"],
+        },
+        "return": {"type": "string"},
     },
 }
 

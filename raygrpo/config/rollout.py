@@ -30,9 +30,18 @@ class RolloutConfig(BaseModel):
         max_total_tokens: Most tokens per rollout, prompt and tool results included.
         max_tool_calls_per_turn: Most tool calls run from one model turn; extra calls get an error message.
         max_tool_output_chars: Tool results longer than this are cut, with a note saying so.
+        max_tool_input_chars: A tool call whose arguments (as JSON) are longer than this is not sent to the
+            environment; the model is told instead.
         rollout_timeout_s: Deadline of the episode once its environment is up: the model's turns, the tool calls
             and scoring. The environment's start (and the wait for a start slot) is not counted. Past it the rollout
-            ends unscored with status `timeout`.
+            ends `truncated`, like one that ran out of turns.
+        unanswered_reward: Reward of a rollout that ended without one, by the model's doing (status `no_answer`):
+            the model stopped without calling the scoring tool, or the environment ended the episode without a
+            reward. 0.0 (the default) counts it as a failed attempt; None leaves it unscored (advantage 0 in GRPO:
+            neither rewarded nor punished).
+        truncated_reward: Reward of a rollout that reached a turn, token or time limit (status `truncated`),
+            whatever rewards its steps gave on the way. 0.0 by default; None leaves it unscored, as DAPO's overlong
+            filtering does.
         system_prompt: Optional system message put before the environment's prompt.
     """
 
@@ -43,7 +52,10 @@ class RolloutConfig(BaseModel):
     max_total_tokens: int = Field(4096, ge=16)
     max_tool_calls_per_turn: int = Field(8, ge=1)
     max_tool_output_chars: int = Field(4000, ge=64)
+    max_tool_input_chars: int = Field(16000, ge=64)
     rollout_timeout_s: float = Field(900.0, gt=0)
+    unanswered_reward: float | None = 0.0
+    truncated_reward: float | None = 0.0
     system_prompt: str | None = None
 
     @model_validator(mode="before")

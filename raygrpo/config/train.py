@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from raygrpo.imports import ImportSpecError, is_file_spec, resolve_file, split_spec
-from raygrpo.specs.base import base_dir_of
+from raygrpo.specs.base import base_dir_of, refuse_moved_fields
 
 #: `GRPOConfig` fields raygrpo sets itself, and the run-config field (or option) that owns each.
 OWNED_TRAINER_FIELDS: dict[str, str] = {
@@ -142,11 +142,6 @@ class TrainConfig(BaseModel):
             ratio stays 1. None (the default) turns it on where the engine reports real sampling log-probs: the
             transformers engine. A scripted policy reports none (its turns are certain), and with vLLM TRL applies
             its own importance-sampling correction: `true` is refused for both. See `raygrpo.train.trainer`.
-        unanswered_reward: Reward of a rollout the model itself ended unscored (status `ok` or `truncated`: it
-            stopped, or ran out of turns or tokens, before the environment gave a reward, e.g. it never called the
-            scoring tool). None (the default) leaves it unscored: advantage 0, so GRPO neither rewards nor punishes
-            it. 0.0 treats it as a failed attempt, which keeps a small model from drifting out of the tool-call
-            format. Infrastructure failures, timeouts and `task_error` rollouts always stay unscored.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -160,7 +155,13 @@ class TrainConfig(BaseModel):
     warmup: WarmupConfig | None = None
     save_rollouts: bool = True
     behaviour_ratio: bool | None = None
-    unanswered_reward: float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_moved_fields(cls, data: Any) -> Any:
+        return refuse_moved_fields(data, {
+            "unanswered_reward": "moved to rollout.unanswered_reward (it applies to `raygrpo rollout` too; default 0.0)",
+        })
 
     @model_validator(mode="after")
     def _staleness_covers_sync_interval(self) -> TrainConfig:

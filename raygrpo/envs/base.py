@@ -21,7 +21,9 @@ class EnvAdapter(Protocol):
     """One episode of one environment.
 
     `start` opens it and returns the opening messages and the tool schemas; `call` runs one tool call (a refused call
-    comes back as a `ToolResult` with `error=True`; a dead environment raises `EnvError`); `score` returns the outcome
+    comes back as a `ToolResult` with `error=True`; a dead environment raises `EnvError`); `answer` (optional) takes
+    the model's final plain answer, for environments that score it (an ORS `@terminal` tool), and returns None where
+    the answer only ends the episode; `score` returns the outcome
     reward (None when nothing was scored; `RewardMissingError` when scoring ran but found no reward; `EnvError` when
     the scorer itself broke); a task that is broken (an image that does not build) raises `TaskError`; `close` releases everything and never raises. The adapter owns the deadlines of its own
     operations (start, each call, scoring, close), each set on the environment's spec.
@@ -30,6 +32,8 @@ class EnvAdapter(Protocol):
     async def start(self, task: TaskRef) -> Observation: ...
 
     async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult: ...
+
+    async def answer(self, text: str) -> ToolResult | None: ...
 
     async def score(self) -> float | None: ...
 

@@ -330,6 +330,10 @@ class HarborAdapter(LiveAdapter):
         finally:
             self.timings["exec"] = self.timings.get("exec", 0.0) + time.perf_counter() - began
 
+    async def answer(self, text: str) -> None:
+        """A final plain answer ends the episode; the verifier (`score`) judges the sandbox, not the text."""
+        return None
+
     async def score(self) -> float:
         """Run the task's verifier in the sandbox and reduce its rewards to one number.
 

@@ -14,7 +14,6 @@ that loop waits on the policy or is busy.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import os
 from typing import Any
@@ -22,6 +21,7 @@ from typing import Any
 from raygrpo.envs.base import EnvError, refuse_call
 from raygrpo.envs.live import LiveAdapter, LiveAdapters
 from raygrpo.envs.ors_client import api_key, make_client, sdk_environment
+from raygrpo.envs.ors_tools import blocks_text, chat_messages, tool_schemas
 from raygrpo.errors import describe, first_line
 from raygrpo.specs.ors import ORSSpec
 from raygrpo.types import Observation, TaskRef, ToolResult
@@ -168,42 +168,15 @@ class ORSProvider:
         self._live.add(adapter)
 
 
-def _tool_to_openai(tool: dict[str, Any]) -> dict[str, Any]:
-    """The SDK's `format="openai"` tools are flat (Responses API style); chat templates want the nested form."""
-    if "function" in tool:
-        fn = dict(tool["function"])
-    else:
-        fn = {k: v for k, v in tool.items() if k not in ("type", "parameters")}
-        fn["parameters"] = tool.get("parameters")
-    if not fn.get("parameters"):
-        fn["parameters"] = {"type": "object", "properties": {}}
-    # The server sends a tool's docstring verbatim (indented Args: lines included).
-    fn["description"] = inspect.cleandoc(fn.get("description") or "")
-    return {"type": "function", "function": {"name": fn["name"], "description": fn["description"],
-                                             "parameters": fn["parameters"]}}
-
-
-def _blocks_text(blocks: Any) -> str:
-    """Text of the SDK's content blocks, joined by newlines (images become a placeholder)."""
-    parts: list[str] = []
-    for block in blocks or []:
-        kind = getattr(block, "type", None) if not isinstance(block, dict) else block.get("type")
-        if kind == "text":
-            text = block.get("text") if isinstance(block, dict) else block.text
-            if text:
-                parts.append(str(text))
-        elif kind == "image":
-            parts.append("[image]")
-    return "\n".join(parts)
-
-
 class ORSAdapter(LiveAdapter):
     """One episode of one ORS task: an SDK session opened in `start` and deleted in `close`.
 
-    Outcome convention (as TRL's): `score()` is the last non-None reward any tool returned, None when nothing was
-    scored. A refused call (unknown tool, arguments that fail validation, calls after the episode finished) or one
-    that passes `tool_timeout_s` comes back as `ToolResult(error=True)` and the session lives on; a dead session
-    raises `EnvError` (`ORSSessionError`).
+    The model sees the task's messages (`get_messages`, roles kept) and its tools as TRL's integration presents them
+    (`raygrpo.envs.ors_tools`); an environment's `@terminal` tool is hidden and receives the model's final plain
+    answer (`answer`). `score()` is the episode's reward by the spec's `reward_mode` (by default the reward of the
+    call that finished the episode; None when it finished without one, or did not finish). A refused call (unknown
+    tool, arguments that fail validation, calls after the episode finished) or one that passes `tool_timeout_s` comes
+    back as `ToolResult(error=True)` and the session lives on; a dead session raises `EnvError` (`ORSSessionError`).
 
     Args:
         provider: The provider whose client (and event loop) this adapter uses; the deadlines come from its spec.
@@ -215,8 +188,11 @@ class ORSAdapter(LiveAdapter):
         self.spec = provider.spec
         self.task: TaskRef | None = None
         self.tools: list[dict[str, Any]] = []
+        self.terminal_tool: Any = None
         self._session: Any = None
-        self._reward: float | None = None
+        self._rewards: list[float] = []
+        self._final: float | None = None
+        self._finished = False
         self._dead: str | None = None
 
     # ── state ─────────────────────────────────────────────────────────────────────────────────────────────────────
@@ -265,17 +241,15 @@ class ORSAdapter(LiveAdapter):
         try:
             async with asyncio.timeout(timeout):
                 await self._sdk(self._session.__aenter__(), "open the session")
-                prompt_blocks = await self._sdk(self._session.get_prompt(), "fetch the prompt")
-                raw_tools = await self._sdk(self._session.list_tools(format="openai"), "list the tools")
+                messages = await self._sdk(self._session.get_messages(), "fetch the prompt")
+                specs = await self._sdk(self._session.list_tools(), "list the tools")
+                self.terminal_tool = await self._sdk(self._session.terminal_tool(), "find the terminal tool")
         except TimeoutError:
             self._dead = f"the session did not start within start_timeout_s={timeout:g} s"
             raise ORSTimeoutError(f"{self.label}: {self._dead}") from None
-        self.tools = [_tool_to_openai(t) for t in raw_tools]
+        self.tools = tool_schemas(specs)
         logger.debug("%s: session %s open, tools %s", self.label, self.sid, self.tool_names)
-        return Observation(
-            messages=[{"role": "user", "content": _blocks_text(prompt_blocks)}],
-            tools=[dict(t) for t in self.tools],
-        )
+        return Observation(messages=chat_messages(messages, self.spec.image_blocks), tools=[dict(t) for t in self.tools])
 
     async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
         """Run one tool call under the spec's `tool_timeout_s`.
@@ -288,8 +262,6 @@ class ORSAdapter(LiveAdapter):
             ORSSessionError: The session is dead: the tool raised on the server (`ToolFailed`), the session is gone
                 (`SessionTerminatedError`, HTTP 404/410), or the connection failed.
         """
-        from openreward.api.errors import ToolCallError
-
         if self._closed:
             raise ORSSessionError(f"{self.label}: call() after close()")
         if not self._started or self._session is None:
@@ -299,23 +271,46 @@ class ORSAdapter(LiveAdapter):
         refused = refuse_call(name, arguments, self.tool_names)
         if refused is not None:
             return refused
+        return await self._step(self._session.call_tool(name, arguments), name)
+
+    async def answer(self, text: str) -> ToolResult | None:
+        """Route the model's final plain answer to the environment's `@terminal` tool, if it has one; its reward and
+        `finished` are the episode's. None when the environment has no terminal tool (the answer just ends the
+        episode)."""
+        if self.terminal_tool is None or self._session is None or self._dead is not None:
+            return None
+        return await self._step(self._session.call_terminal_tool(text), self.terminal_tool.name)
+
+    async def _step(self, call: Any, name: str) -> ToolResult:
+        """Await one tool call under `tool_timeout_s` and record its reward."""
+        from openreward.api.errors import ToolCallError
+
         timeout = self.spec.tool_timeout_s
         try:
             async with asyncio.timeout(timeout):
-                out = await self._sdk(self._session.call_tool(name, arguments), f"call {name!r}",
-                                      passthrough=(ToolCallError,))
+                out = await self._sdk(call, f"call {name!r}", passthrough=(ToolCallError,))
         except ToolCallError as exc:
             return ToolResult(text=f"Error: {exc.detail}", error=True)
         except TimeoutError:
             return ToolResult(text=f"Error: tool {name!r} did not answer within {timeout:g} s.", error=True)
         reward = None if out.reward is None else float(out.reward)
         if reward is not None:
-            self._reward = reward
-        return ToolResult(text=_blocks_text(out.blocks), reward=reward, finished=bool(out.finished))
+            self._rewards.append(reward)
+        if out.finished and not self._finished:
+            self._finished, self._final = True, reward
+        metadata = out.metadata if isinstance(out.metadata, dict) else None
+        return ToolResult(text=blocks_text(out.blocks, self.spec.image_blocks), reward=reward,
+                          finished=bool(out.finished), metadata=metadata)
 
     async def score(self) -> float | None:
-        """The last non-None reward of the episode, or None when no tool call was scored."""
-        return self._reward
+        """The episode's reward by `reward_mode`: `final`, the reward of the call that finished the episode (None if
+        it gave none, or nothing finished it); `sum`, every reward given added up; `last`, the last one given (None
+        when no call gave one)."""
+        if self.spec.reward_mode == "final":
+            return self._final
+        if not self._rewards:
+            return None
+        return sum(self._rewards) if self.spec.reward_mode == "sum" else self._rewards[-1]
 
     def _holds_resources(self) -> bool:
         return self._session is not None

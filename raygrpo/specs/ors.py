@@ -69,6 +69,14 @@ class ORSSpec(EnvSpecBase):
             on; the server may still be running the call).
         close_timeout_s (`float`, *optional*, defaults to `30.0`):
             Deadline for closing a session (deleting it on the server); past it the server's idle reaper gets it.
+        reward_mode (`Literal["final", "sum", "last"]`, *optional*, defaults to `"final"`):
+            The episode's reward from its tool rewards: `"final"` the reward of the call that finished the episode
+            (an episode the environment ended without one, or that the model ended, is `no_answer`), `"sum"` the sum
+            of every reward given, `"last"` the last reward given. A rollout that hit a limit is `truncated` whatever
+            its steps gave.
+        image_blocks (`Literal["drop", "placeholder"]`, *optional*, defaults to `"drop"`):
+            What the model sees of an image block in a prompt or a tool result: nothing (as TRL's integration), or
+            the text `[image]`.
         include_metadata (`bool`, *optional*, defaults to `True`):
             Put each task's spec (the environment's task dict) into `TaskRef.metadata` and the dataset columns.
     """
@@ -88,6 +96,8 @@ class ORSSpec(EnvSpecBase):
     start_timeout_s: float = Field(default=60.0, gt=0)
     tool_timeout_s: float = Field(default=60.0, gt=0)
     close_timeout_s: float = Field(default=30.0, gt=0)
+    reward_mode: Literal["final", "sum", "last"] = "final"
+    image_blocks: Literal["drop", "placeholder"] = "drop"
     include_metadata: bool = True
 
     # The `environment` this spec was served from, when it is the copy made by `served_at` (display only).

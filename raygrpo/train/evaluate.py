@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from raygrpo.orchestrator import Orchestrator, make_groups
-from raygrpo.train.metrics import per_env_stats, reward_stats, score_unanswered
+from raygrpo.train.metrics import per_env_stats, reward_stats
 from raygrpo.types import UNVERSIONED, TaskRef
 
 
-def evaluate(orchestrator: Orchestrator, tasks: list[TaskRef], unanswered_reward: float | None = None) -> dict[str, Any]:
+def evaluate(orchestrator: Orchestrator, tasks: list[TaskRef]) -> dict[str, Any]:
     """Run each task once (a group of 1) and return `eval_reward_mean`, `eval_scored_fraction`, `eval_rollouts`,
     per-environment figures under `eval_envs`, and `eval_generated_by`: the policy versions the engines reported for
     the eval's turns (empty for policies without versions).
@@ -17,7 +17,6 @@ def evaluate(orchestrator: Orchestrator, tasks: list[TaskRef], unanswered_reward
     Uses its own orchestrator so it can run while an async producer keeps the training rollouts going.
     """
     trajectories = list(orchestrator.run(make_groups(tasks, 1)))
-    score_unanswered(trajectories, unanswered_reward)
     stats = reward_stats(trajectories)
     return {
         "eval_reward_mean": stats["reward_mean"],

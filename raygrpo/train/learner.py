@@ -36,7 +36,7 @@ from raygrpo.policy.vllm_serve import trl_server_kwargs
 from raygrpo.train.evaluate import evaluate
 from raygrpo.train.groups import to_rollout_output
 from raygrpo.train.grpo_args import build_grpo_config
-from raygrpo.train.metrics import MetricsLog, RolloutLog, per_env_stats, plot_rewards, reward_stats, score_unanswered
+from raygrpo.train.metrics import MetricsLog, RolloutLog, per_env_stats, plot_rewards, reward_stats
 from raygrpo.train.schedule import TaskSchedule
 from raygrpo.train.source import RolloutSource
 from raygrpo.train.trainer import trainer_class
@@ -237,7 +237,6 @@ class Learner:
         batch = self.source.next_batch(len(prompts) // self.group_size, version)
         self.progress["phase"] = "training"
         trajs = [t for g in batch.groups for t in g.trajectories]
-        score_unanswered(trajs, self.cfg.train.unanswered_reward)
         for traj in trajs:
             self.outcomes.add(traj)
         if self.rollouts is not None:
@@ -261,7 +260,7 @@ class Learner:
         self._push_weights(trainer, version, force=True)
         self.progress["phase"] = "evaluating"
         start = time.perf_counter()
-        result = evaluate(self._eval_orchestrator, self.eval_tasks, self.cfg.train.unanswered_reward)
+        result = evaluate(self._eval_orchestrator, self.eval_tasks)
         record = {"step": trainer.state.global_step, "kind": "eval", "policy_version": version,
                   "eval_s": time.perf_counter() - start, **result}
         self._evaluated.add(version)

@@ -9,16 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from raygrpo.types import Status, Trajectory
-
-
-def score_unanswered(trajectories: Iterable[Trajectory], reward: float | None) -> None:
-    """Give `reward` to rollouts the model ended unscored (status ok/truncated); see `TrainConfig.unanswered_reward`."""
-    if reward is None:
-        return
-    for traj in trajectories:
-        if traj.reward is None and traj.status in (Status.OK, Status.TRUNCATED):
-            traj.reward = reward
+from raygrpo.types import Trajectory
 
 
 def reward_stats(trajectories: Iterable[Trajectory]) -> dict[str, Any]:

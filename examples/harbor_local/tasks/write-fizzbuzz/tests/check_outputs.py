@@ -1,4 +1,7 @@
-import subprocess, sys
+import subprocess
+import sys
+
+
 def ref(n):
     return "\n".join("FizzBuzz" if i % 15 == 0 else "Fizz" if i % 3 == 0 else "Buzz" if i % 5 == 0 else str(i)
                       for i in range(1, n + 1))
