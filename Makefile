@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 OUT ?= runs/echo
 TRAIN_OUT ?= runs/echo-train
 
-.PHONY: install install-test train rollout test bench
+.PHONY: install install-test train rollout test bench docker-dev
 
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
@@ -35,6 +35,11 @@ rollout: install
 
 test: install-test
 	$(PY) -m pytest
+
+# A Docker engine for the docker backend and its tests, as root on Debian without systemd: docker.io, dockerd, the
+# compose v2 plugin, the wheelhouse and stand-in base images (scripts/docker-dev.sh; `scripts/docker-dev.sh stop`).
+docker-dev: install
+	PYTHON=$(abspath $(PY)) scripts/docker-dev.sh
 
 bench: install
 	$(PY) benchmarks/ors_throughput.py
