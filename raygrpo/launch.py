@@ -21,8 +21,10 @@ from raygrpo.actors.rate_limiter import ensure_rate_limiter
 from raygrpo.actors.vllm_server import start_vllm_server, stop_vllm_server
 from raygrpo.config import RunConfig
 from raygrpo.envs.registry import kind_of
+from raygrpo.sandbox.docker_engine import DockerUnavailable, may_have_docker
+from raygrpo.sandbox.docker_owner import run_leftovers
 from raygrpo.sandbox.reaper import OrphanReaper
-from raygrpo.sandbox.registry import ROOT_ENV, sandbox_root
+from raygrpo.sandbox.registry import ROOT_ENV, RUN_ENV, sandbox_root
 from raygrpo.specs import ORSSpec
 from raygrpo.types import TaskRef
 from raygrpo.worker import WorkerSettings
@@ -57,8 +59,9 @@ class RolloutRuntime:
         self.actors: list[tuple[str, Any]] = []
         self.final_stats: list[dict[str, Any]] = []
         self.server_live_sessions: dict[str, int] = {}
-        # Sandboxes of this run (local backend) live under their own root: leak counts and the reaper see only them.
-        self.sandbox_root = str(sandbox_root() / f"run-{uuid.uuid4().hex[:12]}")
+        #: Labels this run's docker sandboxes; local ones live under their own root: leak counts see only the run's.
+        self.run_id = f"run-{uuid.uuid4().hex[:12]}"
+        self.sandbox_root = str(sandbox_root() / self.run_id)
         self.leaked_sandboxes: int = 0
         self._reaper: OrphanReaper | None = None
 
@@ -114,7 +117,7 @@ class RolloutRuntime:
                 name=name,
                 num_cpus=cfg.workers.actor_num_cpus,
                 max_concurrency=k + 16,
-                runtime_env={"env_vars": {**job_env, ROOT_ENV: self.sandbox_root}},
+                runtime_env={"env_vars": {**job_env, ROOT_ENV: self.sandbox_root, RUN_ENV: self.run_id}},
             ).remote(settings)
             self.actors.append((name, handle))
         ray.get([h.ready.remote() for _, h in self.actors])
@@ -148,12 +151,26 @@ class RolloutRuntime:
             ray.kill(handle, no_restart=True)
         self.servers = {}
         if self._reaper is not None:
-            self.leaked_sandboxes = self._reaper.close()
+            self.leaked_sandboxes = self._reaper.close() + len(self._docker_leftovers())
             self._reaper = None
+
+    def _docker_leftovers(self) -> list[str]:
+        """This run's docker sandboxes (compose projects) that docker on this machine still has."""
+        if not may_have_docker():
+            return []
+        try:
+            left = run_leftovers(self.run_id)
+        except DockerUnavailable as exc:
+            logger.debug("docker not asked for leftovers: %s", exc)
+            return []
+        if left:
+            logger.warning("docker sandboxes of this run still there after it: %s", ", ".join(left))
+        return left
 
     @property
     def leaked_envs(self) -> int:
         """Environments still alive after shutdown: the largest of the actors' own count, the ORS servers' count of
-        live sessions, and the local sandboxes of this run still found on this machine (checked through the OS)."""
+        live sessions, and the sandboxes of this run still found on this machine: local ones through the OS, docker
+        ones (compose projects labelled with the run) through docker."""
         actor_live = sum(int(s.get("live_envs") or 0) for s in self.final_stats)
         return max(actor_live, sum(self.server_live_sessions.values()), self.leaked_sandboxes)

@@ -1,11 +1,12 @@
-"""Reaping orphaned local sandboxes: their owner process died, or stopped beating (see `raygrpo.sandbox.registry`).
+"""Reaping orphaned sandboxes: local ones whose owner process died or stopped beating (see
+`raygrpo.sandbox.registry`), and docker ones whose owner died (see `raygrpo.sandbox.docker_owner`).
 
 A sandbox is an *orphan* when its owner process is gone (same host and boot: the pid is dead or now belongs to
 another process) or its heartbeat is older than `stale_after_s`. `reap_orphans` kills an orphan's processes (its
 PID-namespace init; the kernel then kills everything else in the namespace) and removes its directory. Several
 processes may reap at once: a reaper first claims a sandbox by renaming its directory (atomic), so each orphan is
-reaped exactly once. `OrphanReaper` runs `reap_orphans` periodically from a thread: the driver runs one over its
-run's sandboxes, every env pool actor one over its node's.
+reaped exactly once. `OrphanReaper` runs both kinds of reaping periodically from a thread: the driver runs one over
+its run's sandboxes, every env pool actor one over its node's.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import threading
 import time
 from pathlib import Path
 
+from raygrpo.sandbox.docker_engine import DockerUnavailable, may_have_docker
+from raygrpo.sandbox.docker_owner import reap_docker_orphans
 from raygrpo.sandbox.registry import (
     CLAIM_PREFIX,
     DEFAULT_ROOT,
@@ -104,11 +107,12 @@ def reap_orphans(root: str | os.PathLike | None = None, stale_after_s: float = 1
 
 
 class OrphanReaper:
-    """Runs `reap_orphans(root)` every `interval_s` from a daemon thread, until `close()`.
+    """Runs `reap_orphans(root)` and, where this machine may have a Docker engine, `reap_docker_orphans()` every
+    `interval_s` from a daemon thread, until `close()`.
 
-    The driver runs one over its run's sandbox root, and every env pool actor one over its node's (sandbox dirs are
-    node-local, so each node needs a reaper of its own). A thread, not an asyncio task: a busy event loop must not
-    delay reaping, and reaping blocks on the file system.
+    The driver runs one over its run's sandbox root, and every env pool actor one over its node's (sandbox dirs and
+    docker engines are node-local, so each node needs a reaper of its own). A thread, not an asyncio task: a busy
+    event loop must not delay reaping, and reaping blocks on the file system and on docker.
 
     Args:
         root: The sandboxes' root to watch (None: `$RAYGRPO_SANDBOX_ROOT` or the default, read at each pass).
@@ -126,28 +130,35 @@ class OrphanReaper:
             self.reap()
 
     def reap(self) -> list[str]:
-        """One pass now; returns the ids reaped (logged as a warning). Never raises."""
+        """One pass now, over the local sandboxes under the root and the docker sandboxes of this host; returns the
+        ids (compose projects for docker) reaped, logged as a warning. Never raises."""
+        reaped: list[str] = []
         path = Path(self.root or os.environ.get(ROOT_ENV) or DEFAULT_ROOT)
-        if not path.is_dir():
-            return []
-        try:
-            reaped = reap_orphans(path)
-        except Exception:  # noqa: BLE001 - the reaper must keep going
-            logger.warning("reaping orphaned sandboxes under %s failed", path, exc_info=True)
-            return []
+        if path.is_dir():
+            try:
+                reaped += reap_orphans(path)
+            except Exception:  # noqa: BLE001 - the reaper must keep going
+                logger.warning("reaping orphaned sandboxes under %s failed", path, exc_info=True)
+        if may_have_docker():
+            try:
+                reaped += reap_docker_orphans()
+            except DockerUnavailable as exc:
+                logger.debug("no docker sandboxes reaped: %s", exc)
+            except Exception:  # noqa: BLE001 - the reaper must keep going
+                logger.warning("reaping orphaned docker sandboxes failed", exc_info=True)
         if reaped:
             logger.warning("reaped %d orphaned sandbox(es): %s", len(reaped), ", ".join(reaped))
         return reaped
 
     def close(self) -> int:
-        """Stop the thread, reap once more, and return how many sandboxes under the root are still alive (removing
-        the root when none is)."""
+        """Stop the thread, reap once more, and return how many local sandboxes under the root are still alive
+        (removing the root when none is)."""
         self._stop.set()
         self._thread.join(timeout=30)
+        self.reap()
         path = Path(self.root or os.environ.get(ROOT_ENV) or DEFAULT_ROOT)
         if not path.is_dir():
             return 0
-        self.reap()
         left = len(live_sandboxes(path))
         if left == 0 and self.root is not None:
             with contextlib.suppress(OSError):

@@ -36,6 +36,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_ROOT = "/tmp/raygrpo-sandboxes"
 ROOT_ENV = "RAYGRPO_SANDBOX_ROOT"
 ID_ENV = "RAYGRPO_SANDBOX_ID"
+#: The run an env pool actor's sandboxes belong to (set by the driver; docker sandboxes are labelled with it).
+RUN_ENV = "RAYGRPO_RUN_ID"
 HEARTBEAT_INTERVAL_S = 2.0
 #: A reaper renames an orphan's directory to this prefix + id + its pid to claim it (see `raygrpo.sandbox.reaper`).
 CLAIM_PREFIX = ".reaping-"
@@ -100,6 +102,20 @@ def _default_owner_id() -> str | None:
         return ctx.get_actor_name() or ctx.get_actor_id()
     except Exception:  # noqa: BLE001 - not in a worker, or Ray not initialised
         return None
+
+
+def owner_record(owner_id: str | None = None) -> dict:
+    """Who owns a sandbox this process creates now: its pid and that pid's start time (so a reused pid is not
+    mistaken for the owner), hostname, boot id, an owner id (`owner_id`, else the Ray actor name when this process
+    is an actor) and the creation time. `owner_alive` judges a record."""
+    return {
+        "pid": os.getpid(),
+        "pid_start": proc_start_time(os.getpid()),
+        "hostname": HOSTNAME,
+        "boot_id": _BOOT,
+        "owner_id": owner_id or _default_owner_id(),
+        "created": time.time(),
+    }
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -169,15 +185,7 @@ class Registration:
     def create(self) -> Path:
         """Create the directory with its owner label and heartbeat, and start beating."""
         self.dir.mkdir(parents=True, exist_ok=False)
-        owner = {
-            "pid": os.getpid(),
-            "pid_start": proc_start_time(os.getpid()),
-            "hostname": HOSTNAME,
-            "boot_id": _BOOT,
-            "owner_id": self.owner_id or _default_owner_id(),
-            "created": time.time(),
-        }
-        _write_json(self.dir / "owner.json", owner)
+        _write_json(self.dir / "owner.json", owner_record(self.owner_id))
         (self.dir / "heartbeat").touch()
         _heartbeat.add(self.dir / "heartbeat")
         return self.dir
@@ -261,6 +269,7 @@ class SandboxInfo:
 
 
 def owner_alive(owner: dict) -> bool:
+    """Whether the owner of an `owner_record` is alive (always True for another host's owner)."""
     if owner.get("hostname") != HOSTNAME:
         return True  # another host sharing the root: a pid means nothing here, the heartbeat decides
     if owner.get("boot_id") and owner.get("boot_id") != _BOOT:
