@@ -3,9 +3,10 @@ as Harbor would pass them (type, constructor kwargs, the task's environment conf
 the adapter drives the backend through Harbor's calls (start, exec with the exec timeout, the verifier's upload /
 run / download, stop with the right `delete`).
 
-No real sandbox starts here (no Docker daemon, no e2b account): the test swaps the backend class at the factory's
-loading boundary (`harbor.environments.factory._load_environment_class`) for a recording one. For docker the
-recording class subclasses Harbor's real `DockerEnvironment`, so its real constructor and definition checks run.
+No real sandbox starts here (no e2b account; real docker sandboxes are `tests/test_docker_backend.py`): the test
+swaps the backend class at the factory's loading boundary (`harbor.environments.factory._load_environment_class`) for
+a recording one. For docker the recording class subclasses Harbor's real `DockerEnvironment`, so its real constructor
+and definition checks run.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 
 from raygrpo.envs.base import RewardMissingError
 from raygrpo.envs.harbor import HarborProvider
+from raygrpo.envs.harbor_docker import OVERLAY_NAME
 from raygrpo.envs.harbor_tasks import list_harbor_tasks
 from raygrpo.provisioning import reset_gates
 from raygrpo.specs.harbor import HarborSpec
@@ -133,16 +135,22 @@ async def test_e2b_reuploads_copied_directories(loaded):
     assert off.reuploads_copied_files is False
 
 
-async def test_docker_keeps_the_image_and_gets_its_kwargs(loaded):
+async def test_docker_keeps_the_image_and_gets_its_kwargs(loaded, tmp_path):
     from harbor.models.environment_type import EnvironmentType
 
-    spec = HarborSpec(path=str(EXAMPLE_TASKS), environment_type="docker",
-                      environment_kwargs={"keep_containers": False}, max_concurrent_starts=3)
+    user_compose = tmp_path / "mine.yaml"
+    user_compose.write_text("services:\n  main:\n    environment: {A: '1'}\n")
+    spec = HarborSpec(path=str(EXAMPLE_TASKS), environment_type="docker", max_concurrent_starts=3,
+                      environment_kwargs={"keep_containers": False, "extra_docker_compose": [str(user_compose)]})
     ref = task_ref(spec)
     _, _, reward, env, gate, _ = await episode(spec, ref)
     assert loaded == [EnvironmentType.DOCKER]
     assert type(env).__mro__[2].__name__ == "DockerEnvironment"  # Harbor's real constructor ran
     assert env.init_kwargs["keep_containers"] is False and env._keep_containers is False
+    # raygrpo's compose file (an init, owner labels, the image's name) comes after the user's, in the episode's folder.
+    mine, ours = env.init_kwargs["extra_docker_compose"]
+    assert mine == str(user_compose)
+    assert Path(ours).name == OVERLAY_NAME and Path(ours).parent == Path(env.init_kwargs["trial_paths"].trial_dir)
     # `docker compose down` without --rmi: containers go, the built image stays for the next rollout.
     assert env.calls[-1] == ("stop", False)
     assert not any(c[0].startswith("upload") and c[1][1].startswith("/tmp/raygrpo-upload-") for c in env.calls)

@@ -10,6 +10,7 @@ environment is created inside `start`, on the env pool actor's loop; nothing loo
 Outcomes, as the agent loop (`raygrpo.rollout`) reports them:
 
 - the sandbox fails to start, its healthcheck fails, or it dies mid-episode: `EnvError` -> `env_error` (retried);
+- the task's image does not build (docker: a Dockerfile step fails): `TaskError` -> `task_error`, not retried;
 - the verifier crashes (cannot upload the tests, cannot read the results back, ...): `EnvError` -> `env_error`;
 - the verifier runs past its deadline: `TimeoutError` (`HarborVerifierTimeout`) -> `timeout`, not retried;
 - the verifier writes no usable reward (no file, an empty or unparsable one, a missing `reward_key`):
@@ -33,12 +34,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raygrpo.envs.base import EnvError, RewardMissingError, refuse_call
+from raygrpo.envs.harbor_docker import DockerSupport
 from raygrpo.envs.harbor_files import upload_copied_files
 from raygrpo.envs.harbor_tasks import discover_task_dirs, load_environment_class, load_task
 from raygrpo.envs.harness import load_harness
 from raygrpo.envs.live import LiveAdapter, LiveAdapters
 from raygrpo.envs.rewards import reduce_rewards
-from raygrpo.errors import describe
+from raygrpo.errors import TaskError, describe
 from raygrpo.imports import is_file_spec, split_spec
 from raygrpo.provisioning import LimiterFactory, ProvisioningGate, gate_for
 from raygrpo.sandbox.faults import wrap_environment
@@ -93,6 +95,8 @@ class HarborProvider:
         self._task_dirs: list[str] | None = None
         self._live = LiveAdapters(self.label)
         self._closed = False
+        #: raygrpo's additions to Harbor's docker backend (labels, an init, image reuse, build failures).
+        self.docker = DockerSupport(self.label) if spec.environment_type == "docker" else None
 
     def __getstate__(self) -> dict[str, Any]:
         # Sandboxes, gates and adapters are loop-bound: a pickled provider carries only its configuration.
@@ -160,17 +164,21 @@ class HarborProvider:
             raise EnvError(f"{self.label}: task index {ref.index} is out of range (the suite has {len(dirs)} tasks)")
         return dirs[ref.index]
 
-    def create_environment(self, task: Task, trial_paths: TrialPaths, session_id: str) -> BaseEnvironment:
+    async def create_environment(self, task: Task, trial_paths: TrialPaths, session_id: str) -> BaseEnvironment:
         """Build (not start) the task's sandbox through Harbor's `EnvironmentFactory`, with fault injection when
-        the spec configures it."""
+        the spec configures it (on docker, with raygrpo's compose file and the task's image once it is built)."""
         from harbor.environments.factory import EnvironmentFactory
         from harbor.models.trial.config import EnvironmentConfig as TrialEnvironmentConfig
 
+        kwargs = dict(self.spec.environment_kwargs)
+        task_env_config = task.config.environment.model_copy(deep=True)
+        if self.docker is not None:
+            task_env_config, kwargs = await self.docker.prepare(task, trial_paths.trial_dir, kwargs)
         config = TrialEnvironmentConfig(
             type=self.spec.environment_type,
             import_path=self._environment_import_path,
             delete=self.spec.stop_delete,
-            kwargs=dict(self.spec.environment_kwargs),
+            kwargs=kwargs,
         )
         env = EnvironmentFactory.create_environment_from_config(
             config=config,
@@ -178,7 +186,7 @@ class HarborProvider:
             environment_name=task.short_name,
             session_id=session_id,
             trial_paths=trial_paths,
-            task_env_config=task.config.environment.model_copy(deep=True),
+            task_env_config=task_env_config,
             logger=logger,
         )
         if self.spec.faults is not None:
@@ -239,6 +247,7 @@ class HarborAdapter(LiveAdapter):
         Raises:
             HarborStartError: Creating or starting the sandbox failed, the healthcheck failed, or the deadline
                 passed.
+            TaskError: The task's image does not build (docker: a Dockerfile step failed).
         """
         if self._started or self._closed:
             raise HarborStartError(f"{self.label}: start() may be called once, on a new adapter")
@@ -247,13 +256,17 @@ class HarborAdapter(LiveAdapter):
         self.provider._register(self)
         try:
             return await self._start(task)
-        except EnvError:
+        except (EnvError, TaskError):
             raise
         except TimeoutError:
             self._dead = f"did not start within start_timeout_s={self.spec.start_timeout_s:g}"
             raise HarborStartError(f"{self.label}: the sandbox {self._dead}") from None
         except Exception as exc:  # noqa: BLE001 - every backend fails its own way; all are start failures
             self._dead = describe(exc)
+            docker = self.provider.docker
+            broken = await docker.start_failed(self.harbor_task, exc) if docker is not None else None
+            if broken is not None:
+                raise broken from exc
             raise HarborStartError(f"{self.label}: the sandbox failed to start: {self._dead}") from exc
 
     async def _start(self, task: TaskRef) -> Observation:
@@ -267,7 +280,7 @@ class HarborAdapter(LiveAdapter):
         self._trial_paths = TrialPaths(trial_dir=Path(self._trial_dir))
         self._trial_paths.mkdir()
         self.session_id = f"{harbor_task.short_name}__{uuid.uuid4().hex[:10]}__env"
-        self.env = self.provider.create_environment(harbor_task, self._trial_paths, self.session_id)
+        self.env = await self.provider.create_environment(harbor_task, self._trial_paths, self.session_id)
         self.timings["create"] = clock() - began
 
         loop = asyncio.get_running_loop()
@@ -278,6 +291,8 @@ class HarborAdapter(LiveAdapter):
             async with asyncio.timeout_at(deadline):
                 await self.env.start(force_build=False)
             self.timings["start"] = clock() - began
+        if self.provider.docker is not None:
+            self.provider.docker.started(harbor_task)
         began = clock()
         async with asyncio.timeout_at(deadline):
             if self.spec.reuploads_copied_files:
