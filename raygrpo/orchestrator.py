@@ -30,7 +30,8 @@ logger = logging.getLogger(__name__)
 @dataclass
 class RolloutRequest:
     """One rollout to run: a task, the group it belongs to, its index in the group, which attempt this is, the
-    lowest policy version it may generate with (`SamplingParams.min_version`), and how its last attempt failed."""
+    lowest policy version it may generate with (`SamplingParams.min_version`), how its last attempt failed, and a
+    built-in acting policy (`"oracle"`, `"noop"`) to run it with instead of the run's (None: the run's)."""
 
     task: TaskRef
     group_id: str
@@ -38,6 +39,7 @@ class RolloutRequest:
     attempt: int = 0
     min_version: int = 0
     last_error: str | None = None
+    policy: str | None = None
 
 
 @dataclass
@@ -105,7 +107,7 @@ class Orchestrator:
 
     def _submit(self, slot: _Slot, request: RolloutRequest) -> None:
         ref = slot.handle.run.remote(
-            request.task, request.group_id, request.attempt, request.sample, request.min_version
+            request.task, request.group_id, request.attempt, request.sample, request.min_version, request.policy
         )
         slot.in_flight += 1
         self._pending[ref] = (slot, request)

@@ -3,8 +3,10 @@
 Loading a config only validates its fields (`raygrpo.config`). Resolving then checks what those fields point at, in
 this process, in one place: the task folders of Harbor suites, harness and backend classes, ORS environment classes,
 that `url` and `catalog` servers answer (listing their tasks), scripted policy functions, the warm-up's example
-function, and the model folder (building the tiny model if it is asked for). The first failure raises a
-`ResolveError` whose message starts with the config field; no Ray session has been started by then.
+function, and the model folder (building the tiny model if it is asked for; not for `oracle` and `noop`, which need
+no model). It also refuses what a policy cannot serve: `raygrpo train` with `oracle` or `noop`, and the oracle on
+an ORS environment. The first failure raises a `ResolveError` whose message starts with the config field; no Ray
+session has been started by then.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ def resolve_run(cfg: RunConfig, *, train: bool = False) -> ResolvedRun:
         ResolveError: Something the config names cannot be used; the message starts with the config field.
     """
     envs = {**cfg.envs, **(cfg.eval_envs if train else {})}
+    check_policy(cfg, train=train)
     tasks_by_env: dict[str, list[TaskRef] | None] = {}
     for name, spec in envs.items():
         tasks_by_env[name] = kind_of(spec).resolve(spec, name)
@@ -57,9 +60,33 @@ def resolve_run(cfg: RunConfig, *, train: bool = False) -> ResolvedRun:
         script_function(cfg.policy)
     if train and cfg.train.warmup is not None:
         examples_function(cfg.train.warmup)
-    try:
-        model_path = resolve_model_path(cfg.model)
-    except (OSError, ValueError) as exc:
-        raise ResolveError(f"model: {exc}") from None
+    model_path = cfg.model
+    if not cfg.policy.acts:  # oracle and noop write no text: they need no model or tokenizer
+        try:
+            model_path = resolve_model_path(cfg.model)
+        except (OSError, ValueError) as exc:
+            raise ResolveError(f"model: {exc}") from None
     logger.info("resolved %d environment(s): %s", len(envs), ", ".join(envs))
     return ResolvedRun(cfg=cfg, tasks_by_env=tasks_by_env, model_path=model_path)
+
+
+def check_policy(cfg: RunConfig, *, train: bool = False) -> None:
+    """Refuse what a policy cannot serve: training with a policy that writes no text (`oracle`, `noop`), and the
+    oracle on an environment without reference solutions (ORS).
+
+    Raises:
+        ResolveError: The message starts with `policy.kind`, or with the environment's field.
+    """
+    kind = cfg.policy.kind
+    if train and cfg.policy.acts:
+        raise ResolveError(
+            f"policy.kind: {kind!r} writes no text, so raygrpo train has nothing to train on: train with "
+            "policy.kind scripted, transformers or vllm (oracle and noop serve raygrpo rollout and raygrpo check)"
+        )
+    if kind == "oracle":
+        for name, spec in cfg.envs.items():
+            if spec.kind != "harbor":
+                raise ResolveError(
+                    f"envs.{name}: policy.kind 'oracle' runs a task's reference solution, and this "
+                    f"{spec.kind.upper()} environment has none (the oracle runs Harbor tasks)"
+                )

@@ -6,6 +6,12 @@ tokens with env_mask 0, and repeats until the episode is finished, the model sto
 hit. Whatever the model writes, the loop does not crash: bad calls become error messages to the model. The
 environment is always closed.
 
+A policy that writes no text (`raygrpo.policy.acting`: the oracle runs the task's reference solution, noop does
+nothing) takes a small path of its own: once the environment is up it acts on the adapter directly, what it did is
+recorded as a step (the oracle's: `SOLUTION_STEP`, with the script's exit code and the tail of its output), and the
+episode is scored as usual. No turn is generated, so nothing it runs into is the model's doing: a deadline it
+reaches is `timeout`, not `truncated`, and an environment that cannot run it is `env_error`, never 0.0.
+
 Deadlines: the loop owns the limits of the model's side (`RolloutConfig`: turns, tokens, `rollout_timeout_s` for the
 episode once its environment is up); the adapter owns the deadlines of the environment's operations (start, each
 tool call, scoring, close), set on the environment's spec. None is counted twice.
@@ -25,6 +31,7 @@ from raygrpo.chat import ChatRenderer, assistant_message
 from raygrpo.config.rollout import RolloutConfig
 from raygrpo.envs.base import EnvAdapter, refuse_call
 from raygrpo.errors import EnvError, PolicyError, TaskError, describe
+from raygrpo.policy.acting import ActingPolicy
 from raygrpo.policy.base import GenerationContext, PolicyClient, SamplingParams, request_seed
 from raygrpo.toolcalls import ToolCallProblem, parse_tool_calls
 from raygrpo.types import ANSWER_STEP, Status, TaskRef, ToolCall, ToolResult, Trajectory
@@ -59,8 +66,8 @@ def truncate_text(text: str, limit: int) -> str:
 async def run_rollout(
     task: TaskRef,
     adapter: EnvAdapter,
-    policy: PolicyClient,
-    renderer: ChatRenderer,
+    policy: PolicyClient | ActingPolicy,
+    renderer: ChatRenderer | None,
     sampling: SamplingParams,
     config: RolloutConfig,
     *,
@@ -73,8 +80,9 @@ async def run_rollout(
     Args:
         task: The task to run.
         adapter: A fresh, unstarted environment adapter; it is closed before this returns.
-        policy: The policy that writes the assistant turns.
-        renderer: Renders prompts and tool results with the run's tokenizer.
+        policy: The policy that writes the assistant turns, or an `ActingPolicy` that acts on the environment
+            directly (oracle, noop).
+        renderer: Renders prompts and tool results with the run's tokenizer (None for an acting policy).
         sampling: Sampling settings; `max_tokens` is further capped by the rollout's token budget.
         config: Limits of the rollout.
         on_env_open: Called (no arguments) right before the environment is started, for live-env accounting.
@@ -83,6 +91,7 @@ async def run_rollout(
             each turn's seed derives from it, so the G rollouts of a group do not all sample alike.
     """
     traj = Trajectory(task=task)
+    acting = isinstance(policy, ActingPolicy)
     phases = _Phases()
     started = time.perf_counter()
     if on_env_open is not None:
@@ -93,13 +102,16 @@ async def run_rollout(
                 obs = await adapter.start(task)  # the adapter owns the start's deadline
             except TimeoutError as exc:  # an adapter that reports its start deadline as a plain TimeoutError
                 raise EnvError(f"the environment did not start: {describe(exc)}") from exc
-        await asyncio.wait_for(
-            _episode(traj, obs, phases, adapter, policy, renderer, sampling, config, sample_key),
-            timeout=config.rollout_timeout_s,
-        )
+        if acting:
+            episode = _act(traj, obs, phases, adapter, policy, config)
+        else:
+            if renderer is None:
+                raise ValueError("run_rollout needs a renderer for a policy that writes text")
+            episode = _episode(traj, obs, phases, adapter, policy, renderer, sampling, config, sample_key)
+        await asyncio.wait_for(episode, timeout=config.rollout_timeout_s)
     except TimeoutError:
         traj.error = f"rollout exceeded rollout_timeout_s={config.rollout_timeout_s:g}"
-        if phases.current == "verify":  # the scorer hung after the model was done: not the model's doing
+        if phases.current == "verify" or acting:  # the scorer hung, or no model acted: not the model's doing
             traj.status, traj.reward = Status.TIMEOUT, None
         else:  # the episode's limit, reached by the model's turns as much as a turn limit is
             traj.status, traj.reward = Status.TRUNCATED, config.truncated_reward
@@ -146,6 +158,15 @@ async def _close(adapter: EnvAdapter) -> None:
         raise cancelled
 
 
+def _opening(obs: Any, config: RolloutConfig) -> list[dict[str, Any]]:
+    """The conversation an episode opens with: the run's system prompt, if any, then the environment's messages."""
+    messages: list[dict[str, Any]] = []
+    if config.system_prompt:
+        messages.append({"role": "system", "content": config.system_prompt})
+    messages.extend(obs.messages)
+    return messages
+
+
 async def _episode(
     traj: Trajectory,
     obs: Any,
@@ -157,11 +178,7 @@ async def _episode(
     config: RolloutConfig,
     sample_key: str,
 ) -> None:
-    messages: list[dict[str, Any]] = []
-    if config.system_prompt:
-        messages.append({"role": "system", "content": config.system_prompt})
-    messages.extend(obs.messages)
-    traj.messages = messages
+    messages = traj.messages = _opening(obs, config)
     traj.prompt_ids = renderer.prompt_ids(messages, obs.tools)
     tool_names = {t.get("function", t).get("name") for t in obs.tools}
 
@@ -227,6 +244,27 @@ async def _episode(
     if not ended:  # a turn or token limit: whatever the steps gave on the way, the rollout is truncated
         traj.status, traj.reward = Status.TRUNCATED, config.truncated_reward
         return
+    await _score(traj, phases, adapter, config)
+
+
+async def _act(
+    traj: Trajectory, obs: Any, phases: _Phases, adapter: EnvAdapter, policy: ActingPolicy, config: RolloutConfig
+) -> None:
+    """The episode of a policy that acts on the environment directly: act once, record it, score."""
+    traj.messages = _opening(obs, config)
+    with phases.timed("tools"):
+        try:
+            result = await policy.act(adapter)
+        except TimeoutError as exc:  # e.g. a reference solution past its deadline: unscored, not a 0.0
+            traj.status, traj.reward, traj.error = Status.TIMEOUT, None, describe(exc)
+            return
+    if result is not None:
+        _record_step(traj, policy.step, result)
+    await _score(traj, phases, adapter, config)
+
+
+async def _score(traj: Trajectory, phases: _Phases, adapter: EnvAdapter, config: RolloutConfig) -> None:
+    """Score the finished episode and set the trajectory's status and reward."""
     with phases.timed("verify"):
         try:
             reward = await adapter.score()  # the adapter owns scoring's deadline (a verifier's timeout)

@@ -153,6 +153,8 @@ class ToolCall:
 TRAJECTORY_SCHEMA_VERSION = 2
 #: `steps[].tool` of a final answer that an ORS environment's `@terminal` tool scored.
 ANSWER_STEP = "(answer)"
+#: `steps[].tool` of a task's reference solution run by the oracle policy (its metadata: `exit_code`, `output_tail`).
+SOLUTION_STEP = "(solution)"
 
 
 @dataclass

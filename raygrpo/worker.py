@@ -20,6 +20,7 @@ from raygrpo.config.policy import PolicyConfig, SamplingConfig
 from raygrpo.config.rollout import RolloutConfig
 from raygrpo.envs.base import EnvProvider
 from raygrpo.envs.registry import kind_of
+from raygrpo.policy.acting import ActingPolicy, acting_policy
 from raygrpo.policy.base import PolicyClient, SamplingParams
 from raygrpo.policy.factory import build_policy_client
 from raygrpo.policy.tiny import resolve_model_path
@@ -63,8 +64,8 @@ class RolloutWorker:
     Args:
         name: Name shown in trajectories and logs (the actor's name).
         providers: Environment name (as in the run config) to the provider that makes its adapters.
-        policy: The policy client every rollout generates with.
-        renderer: Chat renderer of the run's tokenizer.
+        policy: The policy client every rollout generates with (or the acting policy of `kind: oracle | noop`).
+        renderer: Chat renderer of the run's tokenizer; None when the policy writes no text.
         sampling: Sampling settings.
         rollout: Rollout limits.
         max_concurrent: Most rollouts (hence environments) alive at once in this worker.
@@ -74,8 +75,8 @@ class RolloutWorker:
         self,
         name: str,
         providers: dict[str, EnvProvider],
-        policy: PolicyClient,
-        renderer: ChatRenderer,
+        policy: PolicyClient | ActingPolicy,
+        renderer: ChatRenderer | None,
         sampling: SamplingParams,
         rollout: RolloutConfig,
         max_concurrent: int,
@@ -83,6 +84,7 @@ class RolloutWorker:
         self.name = name
         self.providers = providers
         self.policy = policy
+        self._acting: dict[str, ActingPolicy] = {}
         self.renderer = renderer
         self.sampling = sampling
         self.rollout = rollout
@@ -98,15 +100,18 @@ class RolloutWorker:
         """A worker for `settings`: loads the tokenizer, builds the policy client and one provider per environment.
 
         Blocking (the tokenizer loads from disk): actors call it in a thread. Providers make nothing loop-bound
-        until their first rollout.
+        until their first rollout. A policy that writes no text (`oracle`, `noop`) needs no tokenizer: none is
+        loaded.
 
         Args:
             settings: What the driver says this worker runs.
             limiters: Makes the clients of the cluster-wide create-rate limiters (see `raygrpo.provisioning`).
         """
-        from transformers import AutoTokenizer
+        tokenizer = None
+        if not settings.policy.acts:
+            from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(settings.model))
+            tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(settings.model))
         policy = build_policy_client(settings.policy, tokenizer, engines=settings.engines,
                                      worker_index=settings.worker_index, model_name=settings.model)
         providers = {name: kind_of(spec).provider(spec, name, limiters=limiters) for name, spec in settings.envs.items()}
@@ -114,7 +119,7 @@ class RolloutWorker:
             name=settings.name,
             providers=providers,
             policy=policy,
-            renderer=ChatRenderer(tokenizer),
+            renderer=ChatRenderer(tokenizer) if tokenizer is not None else None,
             sampling=settings.sampling.to_params(),
             rollout=settings.rollout,
             max_concurrent=settings.max_concurrent,
@@ -128,15 +133,26 @@ class RolloutWorker:
     def _closed(self) -> None:
         self.live_envs -= 1
 
+    def acting(self, kind: str) -> ActingPolicy:
+        """The built-in acting policy `kind` (`oracle`, `noop`), made on first use."""
+        policy = self._acting.get(kind)
+        if policy is None:
+            policy = self._acting[kind] = acting_policy(kind)
+        return policy
+
     async def run(
-        self, task: TaskRef, group_id: str = "", attempt: int = 0, sample: int = 0, min_version: int = 0
+        self, task: TaskRef, group_id: str = "", attempt: int = 0, sample: int = 0, min_version: int = 0,
+        policy: str | None = None,
     ) -> Trajectory:
         """Roll out `task` once (waiting for a free slot first) and return its trajectory.
 
         `min_version`: generate with policy weights of at least this version (`SamplingParams.min_version`).
+        `policy`: run this rollout with a built-in acting policy (`"oracle"`, `"noop"`) instead of the worker's own
+        (how `raygrpo check` runs both on the same actors).
         """
         if self.closed:
             raise RuntimeError(f"worker {self.name} is shut down")
+        chosen = self.acting(policy) if policy is not None else self.policy
         provider = self.providers.get(task.env)
         if provider is None:
             raise KeyError(f"worker {self.name} has no environment named {task.env!r}")
@@ -158,7 +174,7 @@ class RolloutWorker:
                 traj = await run_rollout(
                     task,
                     provider.adapter(),
-                    self.policy,
+                    chosen,
                     self.renderer,
                     dataclasses.replace(self.sampling, min_version=min_version) if min_version else self.sampling,
                     self.rollout,

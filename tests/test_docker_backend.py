@@ -216,8 +216,7 @@ def suite_with_a_broken_task(tmp_path) -> Path:
 def test_example_suite_on_docker_through_ray(docker_ready, ray_local, tmp_path, suite_with_a_broken_task):
     from raygrpo.collect import collect
 
-    cfg = load_config(HARBOR, ["envs.local.environment_type=docker", f"envs.local.path={suite_with_a_broken_task}",
-                               "policy.script=policies.py:right"])
+    cfg = load_config(HARBOR, ["envs.local.environment_type=docker", f"envs.local.path={suite_with_a_broken_task}"])
     summary = collect(cfg, tmp_path / "out", progress=False)
     assert summary["completed"] == summary["requested"] == 10 * 2
     assert summary["status_counts"] == {"ok": 18, "task_error": 2}
@@ -236,8 +235,8 @@ def _busy_runtime():
     from raygrpo.resolve import resolve_run
 
     cfg = load_config(HARBOR, ["envs.local.environment_type=docker", "envs.local.num_tasks=4",
-                               f"policy.script={SUPPORT}:bash_sleep", "envs.local.exec_timeout_s=600",
-                               "rollout.rollout_timeout_s=120"])
+                               "policy.kind=scripted", f"policy.script={SUPPORT}:bash_sleep",
+                               "envs.local.exec_timeout_s=600", "rollout.rollout_timeout_s=120"])
     return RolloutRuntime(cfg, resolve_run(cfg).tasks_by_env)
 
 

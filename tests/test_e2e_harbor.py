@@ -47,9 +47,12 @@ def no_os_leaks(base: Path, timeout_s: float = 10.0) -> bool:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("script, reward", [("right", 1.0), ("wrong", 0.0)])
-def test_harbor_example_scores_and_leaves_nothing(tmp_path, sandbox_base, script, reward):
-    cfg = load_config(HARBOR, [f"policy.script=policies.py:{script}"])
+@pytest.mark.parametrize("overrides, reward", [
+    ([], 1.0),  # the example's own policy: the oracle runs each task's solution/solve.sh
+    (["policy.kind=scripted", "policy.script=policies.py:wrong"], 0.0),  # a model's path: a tool call, nothing solved
+], ids=["oracle", "scripted-wrong"])
+def test_harbor_example_scores_and_leaves_nothing(tmp_path, sandbox_base, overrides, reward):
+    cfg = load_config(HARBOR, overrides)
     summary = collect(cfg, tmp_path / "out", progress=False)
     assert summary["completed"] == summary["requested"] == 9 * 2
     assert summary["status_counts"] == {"ok": 18}
@@ -93,8 +96,8 @@ def _busy_runtime(cfg_overrides):
     from raygrpo.launch import RolloutRuntime
     from raygrpo.resolve import resolve_run
 
-    cfg = load_config(HARBOR, [f"policy.script={SUPPORT}:bash_sleep", "envs.local.exec_timeout_s=600",
-                               *cfg_overrides])
+    cfg = load_config(HARBOR, ["policy.kind=scripted", f"policy.script={SUPPORT}:bash_sleep",
+                               "envs.local.exec_timeout_s=600", *cfg_overrides])
     return RolloutRuntime(cfg, resolve_run(cfg).tasks_by_env)
 
 

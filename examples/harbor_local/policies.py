@@ -1,10 +1,14 @@
-"""Scripted policies for the Harbor example suite (`policy: {kind: scripted, script: policies.py:right}`).
+"""Scripted policies for the Harbor example suite (`--set policy.kind=scripted --set policy.script=policies.py:wrong`).
+
+The suite's own config runs the built-in oracle (`policy.kind: oracle`), which uploads `solution/` and runs
+`solve.sh` as Harbor does; these go through the model's path instead (text, tool-call parsing, the `bash` tool).
 
 Each function gets the `GenerationContext` of the turn and returns the assistant's text; tool calls go through the
 same parsing path as a model's. They find the task's folder in `ctx.task.metadata["task_dir"]` (set by
 `HarborSpec.list_tasks`).
 
-- `right` replays the task's reference solution (`solution/solve.sh`) through the `bash` tool: reward 1.0.
+- `right` pastes the text of the task's `solution/solve.sh` into the `bash` tool: reward 1.0 on these tasks, whose
+  solutions need no other file of `solution/` (a solution that reads `/solution/...` needs the oracle).
 - `wrong` only looks around (`ls`): the verifier runs and finds nothing done: reward 0.0.
 - `silent` never calls a tool: the verifier still grades the untouched sandbox: reward 0.0.
 """

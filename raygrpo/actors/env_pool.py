@@ -57,10 +57,14 @@ class EnvPool:
         return self.settings.name
 
     async def run(
-        self, task: TaskRef, group_id: str = "", attempt: int = 0, sample: int = 0, min_version: int = 0
+        self, task: TaskRef, group_id: str = "", attempt: int = 0, sample: int = 0, min_version: int = 0,
+        policy: str | None = None,
     ) -> Trajectory:
+        """One rollout of `task` (see `RolloutWorker.run`; `policy` names a built-in acting policy to use instead of
+        the run's)."""
         worker = await self._ready()
-        return await worker.run(task, group_id=group_id, attempt=attempt, sample=sample, min_version=min_version)
+        return await worker.run(task, group_id=group_id, attempt=attempt, sample=sample, min_version=min_version,
+                                policy=policy)
 
     async def stats(self) -> dict[str, Any]:
         if self._worker is None:

@@ -75,13 +75,23 @@ class VLLMServeConfig(BaseModel):
         return self
 
 
+#: Policies that act on the environment directly instead of writing text: they serve `raygrpo rollout` and
+#: `raygrpo check`, never `raygrpo train` (there is nothing to train on).
+ACTING_KINDS: tuple[str, ...] = ("oracle", "noop")
+
+
 class PolicyConfig(BaseModel):
     """Which policy generates the assistant turns, and how to reach it.
 
     Args:
         kind: `"scripted"` (a Python function writes each turn: tests, benchmarks, environment debugging),
-            `"transformers"` (Ray actors running the model with `transformers`: CPU runs and development) or
-            `"vllm"` (an OpenAI-compatible vLLM server, given token ids: production on GPUs).
+            `"transformers"` (Ray actors running the model with `transformers`: CPU runs and development),
+            `"vllm"` (an OpenAI-compatible vLLM server, given token ids: production on GPUs), or one of the two
+            built-in policies that write no text and act on the environment directly (Harbor tasks): `"oracle"`
+            (what Harbor's oracle agent does: upload the task's `solution/` to `/solution` and run `solve.sh` from
+            the working directory, as the agent user, with the task's `[solution] env`) and `"noop"` (does nothing:
+            the verifier judges the untouched sandbox). Those two serve `raygrpo rollout` and `raygrpo check`;
+            `raygrpo train` refuses them.
         script: For `kind="scripted"`: the function that writes a turn, as `"pkg.module:func"` or
             `"path/to/file.py:func"` (relative to the config file's folder). It receives a
             `raygrpo.policy.base.GenerationContext` and returns the assistant's text, or None to stop talking.
@@ -100,7 +110,7 @@ class PolicyConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["scripted", "transformers", "vllm"] = "transformers"
+    kind: Literal["scripted", "transformers", "vllm", "oracle", "noop"] = "transformers"
     script: str | None = None
     num_engines: int = Field(1, ge=1)
     engine_num_cpus: float = Field(1.0, gt=0)
@@ -122,6 +132,12 @@ class PolicyConfig(BaseModel):
             raise ValueError(str(exc)) from None
         return f"{resolve_file(target, base_dir_of(info))}:{attr}" if is_file_spec(target) else value.strip()
 
+    @property
+    def acts(self) -> bool:
+        """Whether this policy acts on the environment directly (`oracle`, `noop`) instead of writing text: it needs
+        no model, no tokenizer and no engines."""
+        return self.kind in ACTING_KINDS
+
     @model_validator(mode="after")
     def _check_kind_fields(self) -> PolicyConfig:
         if self.kind == "scripted" and not self.script:
@@ -133,6 +149,11 @@ class PolicyConfig(BaseModel):
             raise ValueError(
                 "policy.url (a running server, e.g. 'http://127.0.0.1:8000') or policy.serve (raygrpo starts one) "
                 "is required when policy.kind is 'vllm'"
+            )
+        if self.acts and self.script:
+            raise ValueError(
+                f"policy.script is set but policy.kind is {self.kind!r}, which writes no text and runs no script: "
+                "set policy.kind=scripted to use the script, or leave policy.script out"
             )
         if self.url and self.serve:
             raise ValueError("give policy.url or policy.serve, not both")

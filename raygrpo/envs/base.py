@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 from raygrpo.errors import EnvError, RewardMissingError, TaskError
 from raygrpo.types import Observation, TaskRef, ToolResult
 
-__all__ = ["EnvAdapter", "EnvError", "EnvProvider", "RewardMissingError", "TaskError", "refuse_call"]
+__all__ = ["EnvAdapter", "EnvError", "EnvProvider", "RewardMissingError", "SolutionRunner", "TaskError", "refuse_call"]
 
 
 @runtime_checkable
@@ -38,6 +38,20 @@ class EnvAdapter(Protocol):
     async def score(self) -> float | None: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class SolutionRunner(Protocol):
+    """An adapter whose tasks ship a reference solution it can run in the episode's environment (Harbor's
+    `solution/solve.sh`): what the oracle policy calls instead of writing turns.
+
+    `run_solution` runs it once, after `start` and before `score`, and returns a `ToolResult` (finished) whose
+    metadata holds `exit_code` and `output_tail`; a non-zero exit code is a result, not an error (the verifier
+    judges). It raises `TaskError` when the task has no solution to run, `TimeoutError` when the solution runs past
+    its deadline, and `EnvError` when the environment failed to run it.
+    """
+
+    async def run_solution(self) -> ToolResult: ...
 
 
 @runtime_checkable

@@ -10,6 +10,7 @@ from typing import Any
 from raygrpo.config.policy import PolicyConfig
 from raygrpo.errors import ResolveError
 from raygrpo.imports import load_function
+from raygrpo.policy.acting import ActingPolicy, acting_policy
 from raygrpo.policy.base import PolicyClient
 from raygrpo.policy.engine_client import EngineClient
 from raygrpo.policy.scripted import ScriptedPolicy
@@ -35,16 +36,18 @@ def build_policy_client(
     engines: list | None = None,
     worker_index: int = 0,
     model_name: str | None = None,
-) -> PolicyClient:
-    """The `PolicyClient` a worker generates with.
+) -> PolicyClient | ActingPolicy:
+    """The `PolicyClient` a worker generates with, or the `ActingPolicy` of `kind: oracle | noop`.
 
     Args:
         cfg: The run's policy settings.
-        tokenizer: The run's tokenizer (the scripted policy encodes its text with it).
+        tokenizer: The run's tokenizer (the scripted policy encodes its text with it); None for acting policies.
         engines: Engine actor handles (required for `kind="transformers"`; see `raygrpo.actors.policy_engine`).
         worker_index: Index of the calling worker; workers are spread round-robin over the engines.
         model_name: The model name sent to vLLM when `cfg.served_model_name` is not set (the run's `model`).
     """
+    if cfg.acts:
+        return acting_policy(cfg.kind)
     if cfg.kind == "scripted":
         return ScriptedPolicy(tokenizer, script_function(cfg))
     if cfg.kind == "transformers":
