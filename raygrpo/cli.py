@@ -1,4 +1,6 @@
-"""Command line: `raygrpo rollout CONFIG ...` (collect trajectories) and `raygrpo train CONFIG ...` (GRPO)."""
+"""Command line: `raygrpo rollout CONFIG ...` (collect trajectories), `raygrpo train CONFIG ...` (GRPO) and
+`raygrpo check CONFIG | TASK_DIR` (does each Harbor task's verifier pass its reference solution and fail doing
+nothing?)."""
 
 from __future__ import annotations
 
@@ -9,9 +11,11 @@ import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from raygrpo.config import ConfigError, load_config
+from raygrpo.config import ConfigError, RunConfig, load_config
 from raygrpo.environ import apply_process_env
 from raygrpo.errors import ResolveError, describe
 from raygrpo.outcome import report, verdict
@@ -33,6 +37,23 @@ def _parser() -> argparse.ArgumentParser:
         )
         command.add_argument("--no-progress", action="store_true", help="no progress output")
     train.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    train.add_argument("--skip-broken", metavar="CHECK.json",
+                       help="leave out the tasks a `raygrpo check --json` result marks broken (logged by name)")
+    check = sub.add_parser(
+        "check", help="run each Harbor task's reference solution (oracle) and nothing (noop) and judge its verifier",
+        description="For each Harbor task: the oracle policy (the task's solution/solve.sh) must score at least "
+                    "--pass-threshold and the noop policy (nothing done) less. Exit 0 when every task is sound, 1 "
+                    "when any is broken, 2 for a bad config or argument.")
+    check.add_argument("config", metavar="CONFIG | TASK_DIR",
+                       help="a run config (YAML), or a folder: one Harbor task dir or a suite of them (checked on the "
+                            "local sandbox backend)")
+    check.add_argument("--pass-threshold", type=float, default=1.0,
+                       help="the oracle must score at least this, the noop less (default 1.0)")
+    check.add_argument("--json", dest="json_out", metavar="FILE", help="write the per-task verdicts to FILE")
+    check.add_argument("--out", help="also write the check's trajectories to OUT/trajectories.jsonl")
+    check.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config field, e.g. --set envs.tasks.environment_type=docker (repeatable)")
+    check.add_argument("--no-progress", action="store_true", help="no progress output")
     return parser
 
 
@@ -56,10 +77,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     apply_process_env()
     try:
-        cfg = load_config(args.config, args.overrides)
+        if args.command == "check":
+            from raygrpo.check import load_target
+
+            cfg = load_target(args.config, args.overrides)
+        else:
+            cfg = load_config(args.config, args.overrides)
     except ConfigError as exc:
         print(f"raygrpo: {exc}", file=sys.stderr)
         return 2
+    if args.command == "check":
+        return _check(args, cfg)
     if args.command == "train" and args.resume and not args.out:
         print("raygrpo: --resume needs --out (the run folder to continue)", file=sys.stderr)
         return 2
@@ -67,28 +95,18 @@ def main(argv: list[str] | None = None) -> int:
     # `ray job stop` and `kill` send SIGTERM: stop as cleanly as on Ctrl-C (exit 143 instead of 130).
     signal.signal(signal.SIGTERM, _terminate)
     progress = False if args.no_progress else ("bar" if sys.stderr.isatty() else "log")
-    try:
+    def work() -> dict:
         if args.command == "train":
             from raygrpo.train.run import train
 
-            summary = train(cfg, out, resume=args.resume, progress=progress)
-        else:
-            from raygrpo.collect import collect
+            return train(cfg, out, resume=args.resume, progress=progress, skip_broken=args.skip_broken)
+        from raygrpo.collect import collect
 
-            summary = collect(cfg, out, progress=progress)
-    except ResolveError as exc:
-        # Something the config names cannot be used: found before Ray started.
-        print(f"raygrpo: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"raygrpo: interrupted; partial results in {out}", file=sys.stderr)
-        return 128 + _interrupted_by
-    except Exception as exc:  # noqa: BLE001 - one clear line for the user; the traceback with -v
-        if args.verbose:
-            traceback.print_exc()
-        print(f"raygrpo: {describe(exc, limit=2000)}" + ("" if args.verbose else " (run with -v for the traceback)"),
-              file=sys.stderr)
-        return 1
+        return collect(cfg, out, progress=progress)
+
+    summary, code = _guarded(work, args.verbose, f"partial results in {out}")
+    if code is not None:
+        return code
     if args.command == "train":
         keys = ("steps", "reward_first5_mean", "reward_last5_mean", "reward_gain", "eval_reward_first",
                 "eval_reward_last", "dropped_groups_total", "wall_seconds", "leaked_envs")
@@ -103,6 +121,55 @@ def main(argv: list[str] | None = None) -> int:
     judged = verdict(summary.get("status_counts") or {}, summary.get("scored") or 0, cfg.fail_fraction)
     if judged.failed:
         print(f"raygrpo: the run failed: {judged.reason}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _guarded(work: Callable[[], Any], verbose: bool, interrupted: str) -> tuple[Any, int | None]:
+    """Run a command's work: its result and None, or None and the exit code of how it failed (2: something the
+    config names cannot be used, found before Ray started; 130 / 143: interrupted; 1: the run broke, one line with
+    the cause, the traceback too when `verbose`)."""
+    try:
+        return work(), None
+    except ResolveError as exc:
+        print(f"raygrpo: {exc}", file=sys.stderr)
+        return None, 2
+    except KeyboardInterrupt:
+        print(f"raygrpo: interrupted; {interrupted}", file=sys.stderr)
+        return None, 128 + _interrupted_by
+    except Exception as exc:  # noqa: BLE001 - one clear line for the user; the traceback with -v
+        if verbose:
+            traceback.print_exc()
+        print(f"raygrpo: {describe(exc, limit=2000)}" + ("" if verbose else " (run with -v for the traceback)"),
+              file=sys.stderr)
+        return None, 1
+
+
+def _check(args: argparse.Namespace, cfg: RunConfig) -> int:
+    """`raygrpo check`: the table on stdout, `--json`, exit 0 (all sound), 1 (a task is broken) or 2."""
+    from rich.console import Console
+
+    from raygrpo.check import render_table, run_check
+
+    if not 0 <= args.pass_threshold:
+        print("raygrpo: --pass-threshold must be a reward (>= 0)", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, _terminate)
+    progress = False if args.no_progress else ("bar" if sys.stderr.isatty() else "log")
+    result, code = _guarded(lambda: run_check(cfg, args.pass_threshold, out_dir=args.out, progress=progress),
+                            args.verbose, "the check did not finish")
+    if code is not None:
+        return code
+    Console(width=max(120, Console().width)).print(render_table(result))
+    if args.json_out:
+        result.write(args.json_out)
+        print(f"wrote {args.json_out}")
+    if result.leaked_envs:
+        print(f"raygrpo: {result.leaked_envs} sandbox(es) still alive after the check", file=sys.stderr)
+    broken = result.broken
+    if broken:
+        print(f"raygrpo: {len(broken)} of {len(result.verdicts)} task(s) broken: "
+              + ", ".join(v.task for v in broken), file=sys.stderr)
         return 1
     return 0
 

@@ -12,7 +12,9 @@ session has been started by then.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from raygrpo.config import RunConfig
 from raygrpo.envs.registry import kind_of
@@ -34,19 +36,23 @@ class ResolvedRun:
         tasks_by_env: Tasks of every environment the run serves (its `envs`, and `eval_envs` when training); None
             for an `environment` spec, whose tasks are listed once raygrpo serves it.
         model_path: The model folder (the tiny model's cache folder for `"tiny"`).
+        skipped: Tasks left out because they were asked to be skipped (`raygrpo train --skip-broken`).
     """
 
     cfg: RunConfig
     tasks_by_env: dict[str, list[TaskRef] | None]
     model_path: str
+    skipped: list[TaskRef] = field(default_factory=list)
 
 
-def resolve_run(cfg: RunConfig, *, train: bool = False) -> ResolvedRun:
+def resolve_run(cfg: RunConfig, *, train: bool = False, skip_task_dirs: Collection[str] = ()) -> ResolvedRun:
     """Resolve what `cfg` names (see the module docstring).
 
     Args:
         cfg: The validated run config.
         train: Resolve for `raygrpo train`: the `eval_envs` and the warm-up too.
+        skip_task_dirs: Task folders to leave out of every environment (the broken tasks of a `raygrpo check`);
+            each one left out is logged by name.
 
     Raises:
         ResolveError: Something the config names cannot be used; the message starts with the config field.
@@ -56,6 +62,7 @@ def resolve_run(cfg: RunConfig, *, train: bool = False) -> ResolvedRun:
     tasks_by_env: dict[str, list[TaskRef] | None] = {}
     for name, spec in envs.items():
         tasks_by_env[name] = kind_of(spec).resolve(spec, name)
+    skipped = _skip_tasks(tasks_by_env, skip_task_dirs) if skip_task_dirs else []
     if cfg.policy.kind == "scripted":
         script_function(cfg.policy)
     if train and cfg.train.warmup is not None:
@@ -67,7 +74,30 @@ def resolve_run(cfg: RunConfig, *, train: bool = False) -> ResolvedRun:
         except (OSError, ValueError) as exc:
             raise ResolveError(f"model: {exc}") from None
     logger.info("resolved %d environment(s): %s", len(envs), ", ".join(envs))
-    return ResolvedRun(cfg=cfg, tasks_by_env=tasks_by_env, model_path=model_path)
+    return ResolvedRun(cfg=cfg, tasks_by_env=tasks_by_env, model_path=model_path, skipped=skipped)
+
+
+def _skip_tasks(tasks_by_env: dict[str, list[TaskRef] | None], task_dirs: Collection[str]) -> list[TaskRef]:
+    """Drop the tasks whose folder is in `task_dirs` from `tasks_by_env` (in place), log them, return them.
+
+    Raises:
+        ResolveError: Every task of an environment would be left out.
+    """
+    wanted = {str(Path(d).resolve()) for d in task_dirs if d}
+    skipped: list[TaskRef] = []
+    for name, tasks in tasks_by_env.items():
+        if not tasks:
+            continue
+        out = [t for t in tasks if str(Path(str(t.metadata.get("task_dir") or "")).resolve()) in wanted]
+        if not out:
+            continue
+        if len(out) == len(tasks):
+            raise ResolveError(f"envs.{name}: --skip-broken leaves no task to run (all {len(tasks)} are broken)")
+        tasks_by_env[name] = [t for t in tasks if t not in out]
+        skipped.extend(out)
+        logger.warning("--skip-broken: leaving out %d broken task(s) of envs.%s: %s", len(out), name,
+                       ", ".join(str(t.metadata.get("task_name") or t.index) for t in out))
+    return skipped
 
 
 def check_policy(cfg: RunConfig, *, train: bool = False) -> None:

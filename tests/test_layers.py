@@ -33,8 +33,8 @@ LAYERS: list[list[str]] = [
     # the driver: dispatch, bringing a run up on Ray, its summary and progress
     ["raygrpo.orchestrator", "raygrpo.launch", "raygrpo.runtime", "raygrpo.session", "raygrpo.summary",
      "raygrpo.outcome", "raygrpo.progress"],
-    # the commands' work: resolving a config, collecting, training
-    ["raygrpo.resolve", "raygrpo.collect", "raygrpo.train"],
+    # the commands' work: resolving a config, collecting, checking tasks, training
+    ["raygrpo.resolve", "raygrpo.collect", "raygrpo.check", "raygrpo.train"],
     ["raygrpo.cli"],
 ]
 

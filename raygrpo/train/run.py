@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from raygrpo.actors.learner import start_learner
+from raygrpo.check import read_broken_tasks
 from raygrpo.config import RunConfig
 from raygrpo.progress import Progress, progress_mode
-from raygrpo.resolve import resolve_run
+from raygrpo.resolve import ResolvedRun, resolve_run
 from raygrpo.session import RunSession
 from raygrpo.train.metrics import read_metrics
 
@@ -47,7 +48,8 @@ def reward_change(metrics_path: Path, window: int = 5) -> dict[str, Any]:
     }
 
 
-def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, progress: bool | str = True) -> dict[str, Any]:
+def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, progress: bool | str = True,
+          skip_broken: str | Path | None = None) -> dict[str, Any]:
     """Train `cfg` and return the summary (also written to `OUT/summary.json`).
 
     Resolves what the config names first (a failure raises `ResolveError` before Ray starts), then starts a local
@@ -58,15 +60,19 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
         out_dir: The run folder.
         resume: Continue from the latest checkpoint in `out_dir/checkpoints`.
         progress: `"bar"` (or True), `"log"` (a line per step on stderr) or False.
+        skip_broken: A `raygrpo check --json` result: its broken tasks are left out of training and evaluation
+            (logged by name, listed as `skipped_tasks` in the summary); a file that is not a check result raises
+            `ResolveError` naming it.
     """
     import ray
 
-    resolved = resolve_run(cfg, train=True)
+    resolved = resolve_train(cfg, skip_broken)
     out = Path(out_dir).resolve()
     result: dict[str, Any] = {}
 
     def summarize() -> dict[str, Any]:
-        return {**result, **reward_change(out / "metrics.jsonl"), "mode": cfg.train.mode}
+        skipped = [str(t.metadata.get("task_name") or f"{t.env}/{t.index}") for t in resolved.skipped]
+        return {**result, **reward_change(out / "metrics.jsonl"), "mode": cfg.train.mode, "skipped_tasks": skipped}
 
     session = RunSession(cfg, out, resolved.tasks_by_env, actor_prefix="raygrpo-train-envpool", summarize=summarize)
     with session:
@@ -99,6 +105,16 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
         finally:
             ray.kill(learner, no_restart=True)
     return session.summary
+
+
+def resolve_train(cfg: RunConfig, skip_broken: str | Path | None = None) -> ResolvedRun:
+    """Train's resolve step: `resolve_run(cfg, train=True)`, leaving out the broken tasks of a check result.
+
+    Raises:
+        ResolveError: Something the config names cannot be used, or `skip_broken` is not a check result.
+    """
+    broken = read_broken_tasks(skip_broken) if skip_broken is not None else []
+    return resolve_run(cfg, train=True, skip_task_dirs=[v.task_dir for v in broken])
 
 
 def _step_info(p: dict[str, Any]) -> str:
