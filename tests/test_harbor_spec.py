@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
 from pathlib import Path
 
 import pytest
@@ -229,7 +230,7 @@ def _break(task, how: str) -> None:
         ("tests/test.sh", "is missing tests/test.sh"),
         ("environment/", "is missing environment/"),
         ("invalid", "task.toml is invalid"),
-        ("steps", "multi-step tasks"),
+        ("steps", "is a multi-step task (1 [[steps]]"),
     ],
 )
 def test_bad_task_dir_fails_naming_it(tmp_path, how, expected):
@@ -239,3 +240,29 @@ def test_bad_task_dir_fails_naming_it(tmp_path, how, expected):
     message = resolve_error({"path": "suite"}, base_dir=tmp_path)
     assert f"task dir {bad}" in message and expected in message
     assert message.startswith("envs.local.path: ")  # the error names the `path` field
+
+
+@pytest.mark.parametrize("shape, expected", [
+    ({"steps": 2, "verifier_mode": "shared"}, "is a multi-step task (2 [[steps]] in task.toml)"),
+    ({}, 'asks for a separate verifier environment ([verifier] environment_mode = "separate"'),
+])
+def test_task_shapes_not_run_yet_fail_at_load_naming_the_feature_and_the_task(tmp_path, shape, expected):
+    """Task dirs as `harbor tasks init` writes them: by default a separate verifier environment; with --steps a
+    multi-step task (no top-level instruction.md, which must not be what the error says)."""
+    from harbor.cli.tasks import init
+
+    make_task(tmp_path / "suite", "good")
+    init(name="acme/odd-one", tasks_dir=tmp_path / "suite", **shape)
+    message = resolve_error({"path": "suite"}, base_dir=tmp_path)
+    assert message.startswith("envs.local.path: ")
+    assert f"task dir {tmp_path / 'suite' / 'odd-one'}" in message and "task 'acme/odd-one'" in message
+    assert expected in message and "instruction.md is missing" not in message
+    assert "does not run yet" in message
+
+
+def test_a_task_dir_harbor_rejects_fails_with_harbors_reason(tmp_path):
+    bad = make_task(tmp_path / "suite", "unnamed")
+    toml = (bad / "task.toml").read_text()
+    (bad / "task.toml").write_text(re.sub(r'(?m)^name = .*$', 'name = "no-org"', toml))
+    message = resolve_error({"path": "suite"}, base_dir=tmp_path)
+    assert f"task dir {bad}: task.toml is invalid: task.name:" in message and "'org/name' format" in message

@@ -58,32 +58,53 @@ def check_task_dir(task_dir: Path) -> None:
             tasks and separate verifier environments).
     """
     from harbor.models.task.config import TaskConfig
-    from harbor.models.task.verifier_mode import resolve_task_verifier_mode
     from harbor.utils.scripts import discover_script
 
     if not (task_dir / "task.toml").is_file():
         raise ValueError(f"task dir {task_dir} is missing task.toml")
+    try:
+        config = TaskConfig.model_validate_toml((task_dir / "task.toml").read_text())
+    except Exception as exc:  # noqa: BLE001 - TOML syntax and pydantic errors alike
+        raise ValueError(f"task dir {task_dir}: task.toml is invalid: {_toml_error(exc)}") from None
+    # Shapes raygrpo does not run yet are named before the files they lay out differently are looked for (a
+    # multi-step task has no top-level instruction.md).
+    unsupported = unsupported_shape(config)
+    if unsupported is not None:
+        raise ValueError(f"task dir {task_dir}: {unsupported}")
     if not (task_dir / "instruction.md").is_file():
         raise ValueError(f"task dir {task_dir} is missing instruction.md")
     if discover_script(task_dir / "tests", "test") is None:
         raise ValueError(f"task dir {task_dir} is missing tests/test.sh")
     try:
-        config = TaskConfig.model_validate_toml((task_dir / "task.toml").read_text())
-    except Exception as exc:  # noqa: BLE001 - TOML syntax and pydantic errors alike
-        raise ValueError(f"task dir {task_dir}: task.toml is invalid: {_toml_error(exc)}") from None
-    if config.steps:
-        raise ValueError(f"task dir {task_dir}: multi-step tasks ([[steps]] in task.toml) are not supported")
-    try:
         task = load_task(str(task_dir))
     except Exception as exc:  # noqa: BLE001 - Harbor's own checks (missing files, unsafe paths)
         raise ValueError(f"task dir {task_dir}: {first_line(exc) or type(exc).__name__}") from None
-    if resolve_task_verifier_mode(task.config).value != "shared":
-        raise ValueError(f"task dir {task_dir}: a separate verifier environment ([verifier].environment) is not "
-                         "supported; the verifier runs in the task's own sandbox")
     if task.paths.discovered_test_path_for(task.config.environment.os) is None:
         raise ValueError(f"task dir {task_dir} is missing tests/test.sh")
     if not task.paths.environment_dir.is_dir() and not task.config.environment.docker_image:
         raise ValueError(f"task dir {task_dir} is missing environment/ (or [environment].docker_image in task.toml)")
+
+
+def unsupported_shape(config: Any) -> str | None:
+    """What raygrpo cannot run yet in a parsed task.toml (Harbor's `TaskConfig`), as a message naming the task and
+    the feature; None when the task's shape is supported.
+
+    Two shapes that Harbor runs are not run here yet: multi-step tasks (`[[steps]]`, each step with its own
+    instruction, tests and solution) and a separate verifier environment (`[verifier] environment_mode =
+    "separate"`, or a `[verifier.environment]` table: the default of `harbor tasks init`), where the verifier runs
+    in its own container instead of the task's sandbox.
+    """
+    from harbor.models.task.verifier_mode import resolve_task_verifier_mode
+
+    name = f"task {config.task.name!r}" if config.task is not None else "this task"
+    if config.steps:
+        return (f"{name} is a multi-step task ({len(config.steps)} [[steps]] in task.toml), which raygrpo does not run "
+                "yet: give single-step tasks (instruction.md and tests/ at the top of the task dir)")
+    if resolve_task_verifier_mode(config).value != "shared":
+        return (f"{name} asks for a separate verifier environment ([verifier] environment_mode = \"separate\", the "
+                "default of `harbor tasks init`), which raygrpo does not run yet: set environment_mode = \"shared\" "
+                "so that tests/test.sh runs in the task's own sandbox")
+    return None
 
 
 def _toml_error(exc: BaseException) -> str:
