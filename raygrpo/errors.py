@@ -2,7 +2,8 @@
 
 The agent loop sorts failures by class into the statuses of DESIGN section 7: `EnvError` (the environment failed:
 retried, unscored), `PolicyError` (the generation server failed: retried, unscored), `TaskError` (the task itself is
-broken, e.g. its verifier wrote no reward (`RewardMissingError`): not retried, unscored, reported). `ResolveError` is raised on the driver, before Ray starts, when
+broken, e.g. its verifier wrote no reward (`RewardMissingError`): not retried, unscored, reported), `VerifierError`
+(the verifier's tooling was shown broken before the model acted: retried, unscored). `ResolveError` is raised on the driver, before Ray starts, when
 something a config names cannot be used; its message names the config field.
 """
 
@@ -27,6 +28,14 @@ class TaskError(RuntimeError):
 
 class RewardMissingError(TaskError):
     """The episode ran to its end but its verifier produced no reward (e.g. it wrote no reward file)."""
+
+
+class VerifierError(RuntimeError):
+    """The verifier's own tooling could not run, as evidence gathered before the model acted shows (a command its
+    test script needs was missing when the sandbox started, a package it asks for is not there): the verdict it
+    gave cannot be the model's. Unscored with status `verifier_error` and retried; the message names what was
+    missing.
+    """
 
 
 class PolicyError(RuntimeError):

@@ -30,7 +30,7 @@ from raygrpo.aio import run_to_end
 from raygrpo.chat import ChatRenderer, assistant_message
 from raygrpo.config.rollout import RolloutConfig
 from raygrpo.envs.base import EnvAdapter, refuse_call
-from raygrpo.errors import EnvError, PolicyError, TaskError, describe
+from raygrpo.errors import EnvError, PolicyError, TaskError, VerifierError, describe
 from raygrpo.policy.acting import ActingPolicy
 from raygrpo.policy.base import GenerationContext, PolicyClient, SamplingParams, request_seed
 from raygrpo.toolcalls import ToolCallProblem, parse_tool_calls
@@ -275,6 +275,12 @@ async def _score(traj: Trajectory, phases: _Phases, adapter: EnvAdapter, config:
         except TaskError as exc:
             traj.status, traj.reward, traj.error = Status.TASK_ERROR, None, describe(exc)
             return
+        except VerifierError as exc:
+            traj.status, traj.reward, traj.error = Status.VERIFIER_ERROR, None, describe(exc)
+            return
+        finally:
+            # What the verifier left behind (Harbor: exit code, output tail, raw rewards), however scoring ended.
+            traj.verifier = getattr(adapter, "verifier", None)
     if reward is None:  # the episode ended without a reward, by the model's doing
         traj.status, traj.reward = Status.NO_ANSWER, config.unanswered_reward
     else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 from collections import Counter
 from pathlib import Path
@@ -12,9 +13,32 @@ from typing import Any
 from raygrpo.outcome import Outcomes
 from raygrpo.types import Trajectory
 
+#: Folder of a run folder holding the verifier logs trajectories carried (`HarborSpec.keep_logs`).
+VERIFIER_LOGS = "verifier_logs"
+
+
+def trajectory_line(traj: Trajectory, run_dir: Path) -> dict[str, Any]:
+    """`traj` as a JSON line for a file in `run_dir`; verifier logs it carries are written to files under
+    `run_dir/verifier_logs/<rollout>/` instead, and the line's `verifier.logs_dir` names that folder (relative to
+    `run_dir`)."""
+    line = traj.to_dict()
+    verifier = line.get("verifier")
+    if verifier and verifier.get("logs") is not None:
+        rollout = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{traj.group_id or 'rollout'}-{traj.sample}-{traj.attempt}")
+        folder = run_dir / VERIFIER_LOGS / rollout
+        for rel, text in verifier.pop("logs").items():
+            target = (folder / rel).resolve()
+            if not target.is_relative_to(folder.resolve()):  # a path from the sandbox must stay in its folder
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+        verifier["logs_dir"] = str(folder.relative_to(run_dir))
+    return line
+
 
 class TrajectoryWriter:
-    """Appends one trajectory per line to `path`, flushed as each arrives so nothing finished is lost."""
+    """Appends one trajectory per line to `path`, flushed as each arrives so nothing finished is lost; kept verifier
+    logs go to files next to it (`trajectory_line`)."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
@@ -22,7 +46,7 @@ class TrajectoryWriter:
         self._file = self.path.open("a", encoding="utf-8")
 
     def write(self, traj: Trajectory) -> None:
-        self._file.write(json.dumps(traj.to_dict(), ensure_ascii=False) + "\n")
+        self._file.write(json.dumps(trajectory_line(traj, self.path.parent), ensure_ascii=False) + "\n")
         self._file.flush()
 
     def close(self) -> None:

@@ -19,7 +19,8 @@ class Status(str, enum.Enum):
     (the model stopped, or the environment ended the episode, without a reward: `rollout.unanswered_reward`),
     `TRUNCATED` (a turn, token or whole-rollout limit reached: `rollout.truncated_reward`).
     Never scored: `TIMEOUT` (scoring ran past its deadline, e.g. a hung verifier), `TASK_ERROR` (the task itself is
-    broken: its verifier wrote no reward, its image does not build; not retried, reported), `ENV_ERROR` and
+    broken: its verifier wrote no reward, its image does not build; not retried, reported), `ENV_ERROR`,
+    `VERIFIER_ERROR` (the verifier's tooling was shown broken by evidence gathered before the model acted) and
     `POLICY_ERROR` (infrastructure failures: the orchestrator retries them; their reward is None, never 0.0) and
     `CANCELLED` (stopped by the user).
     """
@@ -30,13 +31,14 @@ class Status(str, enum.Enum):
     TIMEOUT = "timeout"
     TASK_ERROR = "task_error"
     ENV_ERROR = "env_error"
+    VERIFIER_ERROR = "verifier_error"
     POLICY_ERROR = "policy_error"
     CANCELLED = "cancelled"
 
     @property
     def is_infra_failure(self) -> bool:
         """The environment or the policy failed: the orchestrator retries it."""
-        return self in (Status.ENV_ERROR, Status.POLICY_ERROR)
+        return self in (Status.ENV_ERROR, Status.VERIFIER_ERROR, Status.POLICY_ERROR)
 
     @property
     def is_failure(self) -> bool:
@@ -150,7 +152,7 @@ class ToolCall:
 
 
 #: Version of a trajectory line's fields; bumped with every change to them (the README lists the fields).
-TRAJECTORY_SCHEMA_VERSION = 2
+TRAJECTORY_SCHEMA_VERSION = 3
 #: `steps[].tool` of a final answer that an ORS environment's `@terminal` tool scored.
 ANSWER_STEP = "(answer)"
 #: `steps[].tool` of a task's reference solution run by the oracle policy (its metadata: `exit_code`, `output_tail`).
@@ -184,6 +186,10 @@ class Trajectory:
         steps: One record per environment step, in order: `{tool, reward, finished, metadata}` for each tool call
             the environment ran, and for a final answer routed to an ORS `@terminal` tool (`tool` is
             `ANSWER_STEP`).
+        verifier: What the environment's verifier left behind, for environments that run one (Harbor):
+            `{exit_code, output_tail, rewards}` (the raw rewards before reduction) and, where the spec keeps them,
+            `logs` (the sandbox's `/logs` files; a run folder holds them under `verifier_logs/` and the line names
+            the folder as `logs_dir`). None where nothing was verified.
     """
 
     task: TaskRef
@@ -205,6 +211,7 @@ class Trajectory:
     worker: str = ""
     env_span: tuple[float, float] | None = None
     steps: list[dict[str, Any]] = field(default_factory=list)
+    verifier: dict[str, Any] | None = None
 
     @property
     def scored(self) -> bool:

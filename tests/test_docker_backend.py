@@ -37,8 +37,14 @@ from raygrpo.sandbox.docker_engine import COMPOSE_PROJECT, find
 from raygrpo.sandbox.docker_owner import RUN_LABEL, SANDBOX_LABEL, owner_of
 from raygrpo.specs.harbor import HarborSpec
 from raygrpo.types import Status
-from tests.docker_utils import docker_ready  # noqa: F401 - a fixture
-from tests.docker_utils import BASE_IMAGE, STAND_IN_LABEL, image_label, sandbox_objects, task_images
+from tests.docker_utils import (
+    BASE_IMAGE,
+    STAND_IN_LABEL,
+    docker_ready,  # noqa: F401 - a fixture
+    image_label,
+    sandbox_objects,
+    task_images,
+)
 from tests.harbor_utils import EXAMPLE_DIR, EXAMPLE_TASKS, make_task
 from tests.ors_utils import wait_until
 

@@ -158,6 +158,9 @@ async def test_dockerfile_workdir_env_and_copies(tmp_path: Path, sroot: Path, ca
     runs = [r for r in caplog.records if "RUN step" in r.getMessage()]
     assert len(runs) == 1, "skipped RUN steps are reported once per task, not per sandbox"
     assert "2 RUN step(s)" in runs[0].getMessage() and "lines 10, 19" in runs[0].getMessage()
+    # The base image is not what the sandbox runs: said once per task as well.
+    froms = [r.getMessage() for r in caplog.records if "FROM" in r.getMessage()]
+    assert len(froms) == 1 and ":2: FROM not applied" in froms[0] and "python:3.12-slim is not pulled" in froms[0]
 
 
 def test_dockerfile_errors_name_path_and_line(tmp_path: Path):

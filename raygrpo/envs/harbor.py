@@ -20,7 +20,9 @@ The oracle policy runs the task's reference solution through `run_solution` (as 
 missing `solution/solve.sh` is a `TaskError`, a solution past the task's `[agent] timeout_sec` a `TimeoutError`
 (`timeout`), a sandbox that cannot run it an `EnvError`; a solution that exits non-zero is left to the verifier.
 
-None of them is ever scored 0.0. Every sandbox that was started is stopped in `close()`, which is idempotent,
+None of them is ever scored 0.0. Whatever the outcome, what the verifier left behind (exit code, output tail, raw
+rewards, and for failed verifications the sandbox's `/logs`) is the adapter's `verifier` (`raygrpo.envs.harbor_verify`)
+and goes into the trajectory. Every sandbox that was started is stopped in `close()`, which is idempotent,
 never raises, and finishes in the background when its rollout is cancelled; the provider's `aclose()` stops what is
 still alive and waits for those background stops.
 """
@@ -42,6 +44,7 @@ from raygrpo.envs.base import EnvError, RewardMissingError, refuse_call
 from raygrpo.envs.harbor_docker import DockerSupport
 from raygrpo.envs.harbor_files import upload_copied_files
 from raygrpo.envs.harbor_tasks import discover_task_dirs, load_environment_class, load_task
+from raygrpo.envs.harbor_verify import VerifierEvidence, gather, run_verifier
 from raygrpo.envs.harness import EXEC_GRACE_S, load_harness
 from raygrpo.envs.live import LiveAdapter, LiveAdapters
 from raygrpo.envs.rewards import reduce_rewards
@@ -240,6 +243,8 @@ class HarborAdapter(LiveAdapter):
         self._tool_names: set[str] = set()
         self._start_called = False
         self._dead: str | None = None
+        self._evidence: VerifierEvidence | None = None
+        self._score_cancelled = False
 
     # ── state ─────────────────────────────────────────────────────────────────────────────────────────────────────
 
@@ -453,7 +458,9 @@ class HarborAdapter(LiveAdapter):
             raise EnvError(f"{self.label}: the sandbox failed to run the reference solution: {self._dead}") from exc
 
     async def score(self) -> float:
-        """Run the task's verifier in the sandbox and reduce its rewards to one number.
+        """Run the task's verifier in the sandbox and reduce its rewards to one number. What the verifier left
+        behind (exit code, output tail, raw rewards, and for a failed verification the sandbox's `/logs`) is in
+        `verifier` afterwards, however it ended.
 
         Raises:
             HarborVerifierTimeout: The verifier ran past `verifier_timeout_s` (or the task's own timeout).
@@ -465,43 +472,45 @@ class HarborAdapter(LiveAdapter):
             raise EnvError(f"{self.label}: score() before start()")
         if self._dead is not None:
             raise EnvError(f"{self.label}: the sandbox is dead ({self._dead})")
+        evidence = self._evidence = VerifierEvidence()
+        reward: float | None = None
+        began = time.perf_counter()
+        try:
+            reward = await self._score(evidence)
+            return reward
+        finally:
+            self.timings["verify"] = time.perf_counter() - began
+            if not self._score_cancelled:
+                keep = self.spec.keep_logs == "all" or (self.spec.keep_logs == "failed" and not (reward or 0) >= 1.0)
+                await gather(self.env, self._trial_paths, evidence, keep_logs=keep,
+                             keep_logs_kib=self.spec.keep_logs_kib, label=self.label)
+
+    async def _score(self, evidence: VerifierEvidence) -> float:
         from harbor.verifier.verifier import RewardFileEmptyError, RewardFileNotFoundError, VerifierOutputParseError
         from pydantic import ValidationError
 
         timeout = self.spec.verifier_timeout_s or self.harbor_task.config.verifier.timeout_sec
-        began = time.perf_counter()
         try:
-            result = await asyncio.wait_for(self._verify(), timeout)
+            result = await asyncio.wait_for(
+                run_verifier(self.env, self.harbor_task, self._trial_paths, evidence), timeout)
         except TimeoutError:
             raise HarborVerifierTimeout(f"{self.label}: the verifier did not finish within {timeout:g} s") from None
         except (RewardFileNotFoundError, RewardFileEmptyError, VerifierOutputParseError, ValidationError) as exc:
             raise RewardMissingError(f"{self.label}: the verifier wrote no usable reward: {describe(exc)}") from None
         except asyncio.CancelledError:
+            self._score_cancelled = True
             raise
         except EnvError:
             raise
         except Exception as exc:  # noqa: BLE001 - uploading tests, running test.sh or reading results failed
             raise HarborVerifierError(f"{self.label}: the verifier crashed: {describe(exc)}") from exc
-        finally:
-            self.timings["verify"] = time.perf_counter() - began
         return reduce_rewards(dict(result.rewards or {}), self.spec.reward_reduce, self.spec.reward_key, self.label)
 
-    async def _verify(self) -> Any:
-        from harbor.models.trial.config import VerifierConfig
-        from harbor.verifier.factory import VerifierFactory
-
-        task = self.harbor_task
-        verifier = VerifierFactory.create_verifier_from_config(
-            VerifierConfig(),
-            task=task,
-            trial_paths=self._trial_paths,
-            environment=self.env,
-            override_env=task.config.verifier.env or None,
-            logger=logger,
-        )
-        # test.sh runs as the task's verifier user, as in a Harbor trial.
-        with self.env.with_default_user(task.config.verifier.user):
-            return await verifier.verify()
+    @property
+    def verifier(self) -> dict[str, Any] | None:
+        """What the last verification left behind (`raygrpo.envs.harbor_verify.VerifierEvidence` as a dict); None
+        before `score`."""
+        return self._evidence.to_dict() if self._evidence is not None else None
 
     def _holds_resources(self) -> bool:
         return self.env is not None or self._trial_dir is not None

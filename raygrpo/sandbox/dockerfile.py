@@ -188,7 +188,9 @@ def parse_dockerfile(path: Path | str, context_dir: Path | str | None = None) ->
                 # A new build stage: nothing of the previous stage reaches the final image except via COPY --from.
                 seen_from = True
                 args, env, workdir, user, copies, skipped = {}, {}, None, None, [], []
-                skipped.append(SkippedStep(ins.line, "FROM", "no image is pulled: the sandbox sees the host's files"))
+                skipped.append(SkippedStep(ins.line, "FROM", f"{ins.args.strip()} is not pulled: the sandbox runs the "
+                                           "host's own files and tools (its python3, its pytest, if any), not the "
+                                           "image's"))
             elif ins.keyword == "ARG":
                 for word in lex(ins.args, subst, split=True, escape=escape):
                     name, eq, default = word.partition("=")
@@ -368,7 +370,7 @@ def report_skipped(plan: DockerfilePlan) -> None:
             return
         _reported.add(key)
     runs = [s.line for s in plan.skipped if s.instruction == "RUN"]
-    other = [s for s in plan.skipped if s.instruction not in ("RUN", "FROM") and s.reason != "image metadata"]
+    other = [s for s in plan.skipped if s.instruction != "RUN" and s.reason != "image metadata"]
     if runs:
         logger.warning(
             "%s: %d RUN step(s) skipped (line%s %s): the local sandbox does not build images, so the host must "

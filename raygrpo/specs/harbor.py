@@ -96,6 +96,14 @@ class HarborSpec(EnvSpecBase):
         reward_reduce (`Literal["key", "mean", "sum", "min", "max"]`, *optional*, defaults to `"key"`):
             How a `reward.json` with several named rewards becomes one number: one entry (`"key"`, see
             `reward_key`), or the mean, sum, min or max of all entries. A `reward.txt` holds one number.
+        keep_logs (`Literal["failed", "all", "none"]`, *optional*, defaults to `"failed"`):
+            Which rollouts keep the sandbox's `/logs` (the verifier's output, `ctrf.json`, what `test.sh` wrote) in
+            the run folder, under `verifier_logs/`: those whose verification did not award a reward of at least 1.0
+            (`"failed"`: a wrong answer, or a verifier that broke), every one, or none. Every trajectory carries
+            `verifier: {exit_code, output_tail, rewards}` whatever this says.
+        keep_logs_kib (`int`, *optional*, defaults to `256`):
+            Most KiB of `/logs` kept per rollout; longer files keep their end, and files past the budget are listed
+            but not kept.
         faults (`FaultConfig`, *optional*):
             Fault and latency injection around the backend (start latency, start failures, exec hangs, sandbox
             death), for benchmarks and reliability tests.
@@ -125,6 +133,8 @@ class HarborSpec(EnvSpecBase):
     max_output_chars: int = Field(default=8000, ge=64)
     reward_key: str | None = None
     reward_reduce: Literal["key", "mean", "sum", "min", "max"] = "key"
+    keep_logs: Literal["failed", "all", "none"] = "failed"
+    keep_logs_kib: int = Field(default=256, ge=1)
     faults: FaultConfig | None = None
     max_concurrent_starts: int | None = Field(default=None, ge=1)
     create_rate_per_s: float | None = Field(default=None, gt=0)

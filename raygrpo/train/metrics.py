@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from raygrpo.summary import trajectory_line
 from raygrpo.types import Trajectory
 
 
@@ -60,10 +61,11 @@ class MetricsLog:
 
 
 class RolloutLog(MetricsLog):
-    """`rollouts.jsonl`: every trajectory a step consumed (tokens, masks, messages, reward), tagged with the step."""
+    """`rollouts.jsonl`: every trajectory a step consumed (tokens, masks, messages, reward), tagged with the step;
+    kept verifier logs go to `verifier_logs/` next to it."""
 
     def write(self, traj: Trajectory, step: int) -> None:  # type: ignore[override]
-        super().write({"step": step, **traj.to_dict()})
+        super().write({"step": step, **trajectory_line(traj, self.path.parent)})
 
 
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

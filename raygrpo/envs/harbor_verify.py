@@ -1,0 +1,185 @@
+"""Running a Harbor task's verifier and keeping what it left behind: the exit code of `tests/test.sh`, the end of its
+output, the raw rewards before reduction, and (for failed verifications) the sandbox's `/logs`.
+
+A reward of 0.0 says nothing about why the tests failed: a wrong answer, or a `pytest: command not found`. The
+evidence gathered here goes into every Harbor trajectory (`Trajectory.verifier`) so that anyone reading a run can
+tell the two apart, and is what `verifier_error` verdicts are checked against.
+
+Harbor's `Verifier` discards the exit code of `test.sh` (its output goes to `/logs/verifier/test-stdout.txt`), so
+the verifier is given the sandbox behind a thin observer that records it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shlex
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from raygrpo.errors import describe
+
+if TYPE_CHECKING:
+    from harbor.environments.base import BaseEnvironment
+    from harbor.models.task.task import Task
+    from harbor.models.trial.paths import TrialPaths
+
+logger = logging.getLogger(__name__)
+
+#: Characters of `test.sh`'s output kept in every trajectory.
+OUTPUT_TAIL_CHARS = 2000
+#: Deadline for gathering the evidence after a verification (reading the output, downloading `/logs`).
+GATHER_TIMEOUT_S = 30.0
+
+
+@dataclass
+class VerifierEvidence:
+    """What one verification left behind.
+
+    Args:
+        exit_code: The exit status of `tests/test.sh`; None when it never ran to an end (it was not reached, or
+            ran past its deadline).
+        output_tail: The end of what `test.sh` printed (stdout and stderr), as Harbor saved it.
+        rewards: The verifier's rewards as written (`reward.txt` as `{"reward": x}`, `reward.json` as is), before
+            `reward_reduce`; None when none could be read.
+        logs: The sandbox's `/logs` files kept for this rollout (path relative to `/logs` -> text), when kept.
+        logs_omitted: Files of `/logs` left out because the `keep_logs_kib` budget was spent.
+    """
+
+    exit_code: int | None = None
+    output_tail: str | None = None
+    rewards: dict[str, Any] | None = None
+    logs: dict[str, str] | None = None
+    logs_omitted: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"exit_code": self.exit_code, "output_tail": self.output_tail, "rewards": self.rewards}
+        if self.logs is not None:
+            out["logs"] = self.logs
+            if self.logs_omitted:
+                out["logs_omitted"] = self.logs_omitted
+        return out
+
+
+class _RecordingEnvironment:
+    """What Harbor's verifier is given instead of the sandbox: the sandbox itself for everything, except that the
+    exit code of the `exec` running `test_command` is kept in `evidence`. The sandbox is not modified."""
+
+    def __init__(self, env: BaseEnvironment, test_command: str, evidence: VerifierEvidence) -> None:
+        self._env = env
+        self._test_command = test_command
+        self._evidence = evidence
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._env, name)
+
+    async def exec(self, command: str, *args: Any, **kwargs: Any) -> Any:
+        result = await self._env.exec(command, *args, **kwargs)
+        if command == self._test_command:
+            self._evidence.exit_code = result.return_code
+        return result
+
+
+async def run_verifier(env: BaseEnvironment, task: Task, trial_paths: TrialPaths, evidence: VerifierEvidence) -> Any:
+    """Run Harbor's verifier for `task` in `env` as the task's verifier user, recording the exit code and the raw
+    rewards in `evidence`; returns Harbor's `VerifierResult` and raises what Harbor raises."""
+    from harbor.models.trial.config import VerifierConfig
+    from harbor.verifier.factory import VerifierFactory
+
+    recording = _RecordingEnvironment(env, _test_command(env, task, trial_paths), evidence)
+    verifier = VerifierFactory.create_verifier_from_config(
+        VerifierConfig(),
+        task=task,
+        trial_paths=trial_paths,
+        environment=recording,  # type: ignore[arg-type] - the sandbox, observed
+        override_env=task.config.verifier.env or None,
+        logger=logger,
+    )
+    # test.sh runs as the task's verifier user, as in a Harbor trial.
+    with env.with_default_user(task.config.verifier.user):
+        result = await verifier.verify()
+    evidence.rewards = dict(result.rewards or {})
+    return result
+
+
+def _test_command(env: BaseEnvironment, task: Task, trial_paths: TrialPaths) -> str:
+    """The command Harbor's verifier runs `test.sh` with (as `harbor.verifier.verifier.Verifier.verify` builds it)."""
+    from harbor.models.trial.paths import EnvironmentPaths
+    from harbor.utils.scripts import build_execution_command
+
+    paths = EnvironmentPaths.for_os(env.os)
+    host_test = task.paths.discovered_test_path_for(env.os)
+    if host_test is None:
+        return ""
+    script = paths.tests_dir / host_test.relative_to(task.paths.tests_dir).as_posix()
+    stdout = paths.verifier_dir / trial_paths.test_stdout_path.relative_to(trial_paths.verifier_dir).as_posix()
+    return build_execution_command(str(script), stdout_path=str(stdout), task_os=env.os)
+
+
+async def gather(
+    env: BaseEnvironment,
+    trial_paths: TrialPaths,
+    evidence: VerifierEvidence,
+    *,
+    keep_logs: bool,
+    keep_logs_kib: int,
+    label: str,
+) -> None:
+    """Fill in the output tail (and the kept `/logs`, when `keep_logs`) after a verification, however it ended.
+    Bounded by `GATHER_TIMEOUT_S`; never raises (missing evidence is logged, not fatal)."""
+    try:
+        async with asyncio.timeout(GATHER_TIMEOUT_S):
+            evidence.output_tail = await _output_tail(env, trial_paths)
+            if keep_logs:
+                evidence.logs, evidence.logs_omitted = await _kept_logs(env, trial_paths, keep_logs_kib * 1024)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - evidence is best effort; the verdict stands without it
+        logger.warning("%s: could not gather the verifier's output: %s", label, describe(exc))
+
+
+async def _output_tail(env: BaseEnvironment, trial_paths: TrialPaths) -> str | None:
+    from harbor.models.trial.paths import EnvironmentPaths
+
+    host = trial_paths.test_stdout_path
+    if host.is_file():  # downloaded (or mounted) by the verifier
+        return _tail(host.read_bytes(), OUTPUT_TAIL_CHARS)
+    # The verifier did not get to download it (it ran past its deadline, or crashed): ask the sandbox.
+    sandbox_path = EnvironmentPaths.for_os(env.os).verifier_dir / host.name
+    result = await env.exec(f"tail -c {OUTPUT_TAIL_CHARS * 4} {shlex.quote(str(sandbox_path))}", user="root")
+    if result.return_code != 0:
+        return None
+    return _tail((result.stdout or "").encode(), OUTPUT_TAIL_CHARS)
+
+
+async def _kept_logs(env: BaseEnvironment, trial_paths: TrialPaths, budget: int) -> tuple[dict[str, str], list[str]]:
+    """The sandbox's `/logs` as `{relative path: text}` within `budget` bytes (each file keeps its end; the test
+    output first), and the files left out."""
+    from harbor.models.trial.paths import EnvironmentPaths
+
+    with tempfile.TemporaryDirectory(dir=trial_paths.trial_dir, prefix="kept-logs-") as tmp:
+        await env.download_dir(source_dir=str(EnvironmentPaths.for_os(env.os).logs_dir), target_dir=Path(tmp))
+        files = sorted((p for p in Path(tmp).rglob("*") if p.is_file()),
+                       key=lambda p: (p.name != trial_paths.test_stdout_path.name, str(p)))
+        kept: dict[str, str] = {}
+        omitted: list[str] = []
+        for path in files:
+            rel = path.relative_to(tmp).as_posix()
+            if budget <= 0:
+                omitted.append(rel)
+                continue
+            data = path.read_bytes()
+            text = _tail(data, budget)
+            kept[rel] = text
+            budget -= min(len(data), budget)
+        return kept, omitted
+
+
+def _tail(data: bytes, chars: int) -> str:
+    """The last `chars` characters of `data` (UTF-8, undecodable bytes replaced), marked when cut."""
+    text = data.decode("utf-8", errors="replace")
+    if len(text) <= chars:
+        return text
+    return "[...]\n" + text[-chars:]

@@ -1,0 +1,109 @@
+"""What a Harbor verifier leaves behind, in every trajectory and in the run folder: `test.sh`'s exit code, the end of
+its output, the raw rewards before reduction, and the sandbox's `/logs` of failed verifications (size-bounded), so
+that a `pytest: command not found` can be told apart from a wrong answer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from raygrpo.collect import collect
+from raygrpo.config import load_config
+from tests.harbor_utils import EXAMPLE_TASKS, bash_script, make_task
+from tests.test_harbor_adapter import nothing_left, renderer, rollout, root, spec_for  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.timeout(120)
+
+CHECK = """#!/bin/bash
+cat > /tmp/check_out.py <<'END'
+assert open("/app/out.txt").read().strip() == "ok", "out.txt does not say ok"
+print("1 passed")
+END
+echo "collecting the tests"
+if {runner} /tmp/check_out.py; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
+"""
+
+
+async def test_a_right_answer_keeps_exit_code_output_and_raw_rewards_but_no_logs(renderer, root, tmp_path):
+    make_task(tmp_path / "suite", "t", test_sh=CHECK.format(runner="python3"))
+    traj = await rollout(spec_for(tmp_path / "suite", root), renderer, bash_script("echo ok > /app/out.txt"))
+    assert traj.reward == 1.0, traj.error
+    verifier = traj.verifier
+    assert verifier["exit_code"] == 0 and verifier["rewards"] == {"reward": 1.0}
+    assert "collecting the tests" in verifier["output_tail"] and "1 passed" in verifier["output_tail"]
+    assert "logs" not in verifier  # keep_logs="failed": a passed verification keeps none
+    await nothing_left(root)
+
+
+async def test_a_wrong_answer_keeps_the_sandbox_logs(renderer, root, tmp_path):
+    make_task(tmp_path / "suite", "t", test_sh=CHECK.format(runner="python3")
+              + "echo extra evidence > /logs/verifier/notes.txt\nexit 3\n")
+    traj = await rollout(spec_for(tmp_path / "suite", root), renderer, bash_script("echo nope > /app/out.txt"))
+    assert traj.reward == 0.0
+    verifier = traj.verifier
+    assert verifier["exit_code"] == 3 and verifier["rewards"] == {"reward": 0.0}
+    assert "AssertionError: out.txt does not say ok" in verifier["output_tail"]
+    logs = verifier["logs"]
+    assert list(logs)[0] == "verifier/test-stdout.txt"  # the test output first
+    assert logs["verifier/notes.txt"] == "extra evidence\n" and logs["verifier/reward.txt"] == "0\n"
+    await nothing_left(root)
+
+
+async def test_a_verifier_that_cannot_run_shows_why_in_its_output(renderer, root, tmp_path):
+    """The tests' runner is missing: the reward of 0.0 test.sh writes is the verifier's verdict (nothing shows the
+    tooling was broken before the model acted), but the output says what happened."""
+    make_task(tmp_path / "suite", "t", test_sh=CHECK.format(runner="no-such-runner"))
+    traj = await rollout(spec_for(tmp_path / "suite", root), renderer, bash_script("echo ok > /app/out.txt"))
+    assert traj.reward == 0.0
+    assert "no-such-runner: command not found" in traj.verifier["output_tail"]
+    assert "no-such-runner: command not found" in traj.verifier["logs"]["verifier/test-stdout.txt"]
+    await nothing_left(root)
+
+
+async def test_no_reward_and_a_timeout_keep_their_evidence(renderer, root, tmp_path):
+    make_task(tmp_path / "suite", "silent", test_sh="#!/bin/bash\necho 'ran, but the reward line is missing'\n")
+    make_task(tmp_path / "slow", "hung", test_sh="#!/bin/bash\necho 'started the slow check'\nsleep 60\n")
+    silent = await rollout(spec_for(tmp_path / "suite", root), renderer, bash_script("echo ok > /app/out.txt"))
+    assert silent.status.value == "task_error" and silent.verifier["rewards"] is None
+    assert silent.verifier["exit_code"] == 0 and "reward line is missing" in silent.verifier["output_tail"]
+    hung = await rollout(spec_for(tmp_path / "slow", root, verifier_timeout_s=2), renderer,
+                         bash_script("echo ok > /app/out.txt"))
+    assert hung.status.value == "timeout" and hung.verifier["exit_code"] is None
+    assert "started the slow check" in hung.verifier["output_tail"]
+    await nothing_left(root)
+
+
+async def test_kept_logs_are_bounded(renderer, root, tmp_path):
+    make_task(tmp_path / "suite", "t", test_sh=(
+        "#!/bin/bash\nfor i in $(seq 1 4000); do echo \"line $i of a long test log\"; done\n"
+        "head -c 5000 /dev/zero > /logs/verifier/zeros.bin\necho 0 > /logs/verifier/reward.txt\n"))
+    traj = await rollout(spec_for(tmp_path / "suite", root, keep_logs_kib=4), renderer, bash_script("true"))
+    logs = traj.verifier["logs"]
+    assert sum(len(text) for text in logs.values()) <= 4 * 1024 + 16
+    assert logs["verifier/test-stdout.txt"].startswith("[...]\n")
+    assert logs["verifier/test-stdout.txt"].endswith("line 4000 of a long test log\n")  # the end is what is kept
+    assert set(traj.verifier["logs_omitted"]) == {"verifier/zeros.bin", "verifier/reward.txt"}
+    assert len(traj.verifier["output_tail"]) <= 2000 + 6
+    none = await rollout(spec_for(tmp_path / "suite", root, keep_logs="none"), renderer, bash_script("true"))
+    assert "logs" not in none.verifier and none.verifier["output_tail"]
+    await nothing_left(root)
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+def test_a_run_folder_holds_the_logs_of_failed_verifications(ray_local, tmp_path):
+    cfg = load_config("examples/harbor_local/rollout.yaml", [
+        f"envs.local.path={EXAMPLE_TASKS}", "envs.local.num_tasks=2", "policy.kind=scripted",
+        "policy.script=policies.py:wrong", "rollout.group_size=1"])
+    out = tmp_path / "out"
+    summary = collect(cfg, out, progress=False)
+    assert summary["completed"] == 2 and summary["reward_mean"] == 0.0
+    lines = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    for line in lines:
+        verifier = line["verifier"]
+        assert "logs" not in verifier  # the files, not the line, hold them
+        folder = out / verifier["logs_dir"]
+        assert folder.parent == out / "verifier_logs"
+        assert (folder / "verifier" / "reward.txt").read_text() == "0\n"
+        assert (folder / "verifier" / "test-stdout.txt").is_file()
