@@ -107,3 +107,65 @@ def test_a_run_folder_holds_the_logs_of_failed_verifications(ray_local, tmp_path
         assert folder.parent == out / "verifier_logs"
         assert (folder / "verifier" / "reward.txt").read_text() == "0\n"
         assert (folder / "verifier" / "test-stdout.txt").is_file()
+
+
+# ── verifier_error only on evidence gathered before the model acted ───────────────────────────────────────────────
+
+CHECKER = "#!/bin/bash\n[ \"$(cat /app/out.txt 2>/dev/null)\" = ok ]\n"
+CHECKER_TEST = """#!/bin/bash
+if check-out; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
+"""
+
+
+def checker_task(root, name: str, *, provided: bool):
+    """A task whose verifier runs `check-out`, a tool its image provides (or, broken, does not)."""
+    dockerfile = "FROM debian:bookworm-slim\nWORKDIR /app\nENV PATH=/opt/tools:$PATH\n"
+    files = {}
+    if provided:
+        dockerfile += "COPY --chmod=755 check-out /opt/tools/check-out\n"
+        files = {"check-out": CHECKER}
+    task = make_task(root, name, test_sh=CHECKER_TEST, dockerfile=dockerfile)
+    for rel, text in files.items():
+        (task / "environment" / rel).write_text(text)
+    return task
+
+
+async def test_a_model_that_deletes_the_verifiers_tool_gets_its_zero(renderer, root, tmp_path):
+    checker_task(tmp_path / "suite", "t", provided=True)
+    spec = spec_for(tmp_path / "suite", root)
+    right = await rollout(spec, renderer, bash_script("echo ok > /app/out.txt"))
+    assert right.reward == 1.0 and "tooling_missing" not in right.verifier
+    gamed = await rollout(spec, renderer, bash_script("rm /opt/tools/check-out"))
+    assert gamed.status.value == "ok" and gamed.reward == 0.0
+    assert "check-out: command not found" in gamed.verifier["output_tail"]
+    await nothing_left(root)
+
+
+async def test_an_import_error_of_the_models_module_is_its_zero(renderer, root, tmp_path):
+    make_task(tmp_path / "suite", "t", dockerfile="FROM python:3.12-slim\nWORKDIR /app\n", test_sh="""#!/bin/bash
+cd /app
+if python3 -c "import solution; assert solution.answer() == 42"; then echo 1 > /logs/verifier/reward.txt
+else echo 0 > /logs/verifier/reward.txt; fi
+""")
+    spec = spec_for(tmp_path / "suite", root)
+    missing = await rollout(spec, renderer, bash_script("true"))
+    assert missing.status.value == "ok" and missing.reward == 0.0
+    assert "No module named 'solution'" in missing.verifier["output_tail"]
+    right = await rollout(spec, renderer, bash_script("printf 'def answer():\\n    return 42\\n' > /app/solution.py"))
+    assert right.reward == 1.0
+    await nothing_left(root)
+
+
+async def test_tooling_missing_at_start_is_a_verifier_error_not_a_zero(renderer, root, tmp_path):
+    checker_task(tmp_path / "suite", "t", provided=False)
+    traj = await rollout(spec_for(tmp_path / "suite", root), renderer, bash_script("echo ok > /app/out.txt"))
+    assert traj.status.value == "verifier_error" and traj.reward is None
+    assert "the command `check-out`" in traj.error and "before the model acted" in traj.error
+    assert traj.verifier["tooling_missing"] == ["the command `check-out`"]
+    assert "check-out: command not found" in traj.verifier["output_tail"]
+    assert traj.verifier["rewards"] == {"reward": 0.0}  # what the verifier wrote, kept as evidence
+    # Told not to probe, the verifier's verdict stands, whatever it is.
+    unprobed = await rollout(spec_for(tmp_path / "suite", root, probe_verifier=False), renderer,
+                             bash_script("echo ok > /app/out.txt"))
+    assert unprobed.status.value == "ok" and unprobed.reward == 0.0 and "tooling_missing" not in unprobed.verifier
+    await nothing_left(root)

@@ -44,11 +44,11 @@ from raygrpo.envs.base import EnvError, RewardMissingError, refuse_call
 from raygrpo.envs.harbor_docker import DockerSupport
 from raygrpo.envs.harbor_files import upload_copied_files
 from raygrpo.envs.harbor_tasks import discover_task_dirs, load_environment_class, load_task
-from raygrpo.envs.harbor_verify import VerifierEvidence, gather, run_verifier
+from raygrpo.envs.harbor_verify import VerifierEvidence, gather, probe_tooling, run_verifier
 from raygrpo.envs.harness import EXEC_GRACE_S, load_harness
 from raygrpo.envs.live import LiveAdapter, LiveAdapters
 from raygrpo.envs.rewards import reduce_rewards
-from raygrpo.errors import TaskError, describe
+from raygrpo.errors import TaskError, VerifierError, describe
 from raygrpo.imports import is_file_spec, split_spec
 from raygrpo.provisioning import LimiterFactory, ProvisioningGate, gate_for
 from raygrpo.sandbox.faults import wrap_environment
@@ -109,6 +109,7 @@ class HarborProvider:
         self.harness_cls = load_harness(spec.harness)
         self._environment_import_path = _harbor_import_path(spec.environment_import_path)
         self._tasks: dict[str, Task] = {}
+        self._tooling: dict[str, list[str]] = {}
         self._task_dirs: list[str] | None = None
         self._live = LiveAdapters(self.label)
         self._closed = False
@@ -210,6 +211,17 @@ class HarborProvider:
             env = wrap_environment(env, self.spec.faults)
         return env
 
+    async def tooling_missing(self, task_dir: str, task: Task, env: BaseEnvironment) -> list[str]:
+        """What the task's `test.sh` needs and its sandboxes lack, probed in `env` (a sandbox no model has acted in
+        yet) the first time a task starts here; its later sandboxes start from the same image and reuse it."""
+        found = self._tooling.get(task_dir)
+        if found is None:
+            found = self._tooling[task_dir] = await probe_tooling(env, task)
+            if found:
+                logger.warning("%s task %s: its verifier needs what its sandbox lacks: %s; rollouts it does not award "
+                               "full reward are verifier_error", self.label, task.name, ", ".join(found))
+        return found
+
     def _register(self, adapter: HarborAdapter) -> None:
         if self._closed:
             raise EnvError(f"{self.label}: the Harbor provider is closed")
@@ -245,6 +257,7 @@ class HarborAdapter(LiveAdapter):
         self._dead: str | None = None
         self._evidence: VerifierEvidence | None = None
         self._score_cancelled = False
+        self._tooling_missing: list[str] = []
 
     # ── state ─────────────────────────────────────────────────────────────────────────────────────────────────────
 
@@ -325,6 +338,8 @@ class HarborAdapter(LiveAdapter):
             setup = getattr(self.harness, "setup", None)
             if setup is not None:
                 await setup(self.env)
+            if self.spec.probe_verifier:
+                self._tooling_missing = await self.provider.tooling_missing(task_dir, harbor_task, self.env)
         self.timings["exec"] = 0.0
         tools = copy.deepcopy(list(self.harness.tools))
         self._tool_names = {t["function"]["name"] for t in tools}
@@ -472,11 +487,16 @@ class HarborAdapter(LiveAdapter):
             raise EnvError(f"{self.label}: score() before start()")
         if self._dead is not None:
             raise EnvError(f"{self.label}: the sandbox is dead ({self._dead})")
-        evidence = self._evidence = VerifierEvidence()
+        evidence = self._evidence = VerifierEvidence(tooling_missing=list(self._tooling_missing))
         reward: float | None = None
         began = time.perf_counter()
         try:
-            reward = await self._score(evidence)
+            try:
+                reward = await self._score(evidence)
+            except RewardMissingError as exc:
+                self._check_tooling(None, exc)
+                raise
+            self._check_tooling(reward)
             return reward
         finally:
             self.timings["verify"] = time.perf_counter() - began
@@ -484,6 +504,16 @@ class HarborAdapter(LiveAdapter):
                 keep = self.spec.keep_logs == "all" or (self.spec.keep_logs == "failed" and not (reward or 0) >= 1.0)
                 await gather(self.env, self._trial_paths, evidence, keep_logs=keep,
                              keep_logs_kib=self.spec.keep_logs_kib, label=self.label)
+
+    def _check_tooling(self, reward: float | None, cause: BaseException | None = None) -> None:
+        """The verdict stands unless the probe at start showed the verifier's tooling missing and the verifier then
+        did not award full reward: then it is not the model's (`VerifierError`, status `verifier_error`)."""
+        if not self._tooling_missing or (reward is not None and reward >= 1.0):
+            return
+        verdict = f"reward {reward:g}" if reward is not None else "no reward"
+        raise VerifierError(
+            f"{self.label}: the verifier's tooling was missing before the model acted: "
+            f"{', '.join(self._tooling_missing)}; its verdict ({verdict}) is not the model's") from cause
 
     async def _score(self, evidence: VerifierEvidence) -> float:
         from harbor.verifier.verifier import RewardFileEmptyError, RewardFileNotFoundError, VerifierOutputParseError

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from raygrpo.envs.harbor_tooling import probe_command, read_probe, scan_test_script
 from raygrpo.errors import describe
 
 if TYPE_CHECKING:
@@ -46,6 +47,8 @@ class VerifierEvidence:
             `reward_reduce`; None when none could be read.
         logs: The sandbox's `/logs` files kept for this rollout (path relative to `/logs` -> text), when kept.
         logs_omitted: Files of `/logs` left out because the `keep_logs_kib` budget was spent.
+        tooling_missing: What `test.sh` needs and the sandbox lacked when it started, before the model acted
+            (`raygrpo.envs.harbor_tooling`); empty when nothing was missing or nothing was probed.
     """
 
     exit_code: int | None = None
@@ -53,9 +56,12 @@ class VerifierEvidence:
     rewards: dict[str, Any] | None = None
     logs: dict[str, str] | None = None
     logs_omitted: list[str] = field(default_factory=list)
+    tooling_missing: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"exit_code": self.exit_code, "output_tail": self.output_tail, "rewards": self.rewards}
+        if self.tooling_missing:
+            out["tooling_missing"] = self.tooling_missing
         if self.logs is not None:
             out["logs"] = self.logs
             if self.logs_omitted:
@@ -116,6 +122,22 @@ def _test_command(env: BaseEnvironment, task: Task, trial_paths: TrialPaths) -> 
     script = paths.tests_dir / host_test.relative_to(task.paths.tests_dir).as_posix()
     stdout = paths.verifier_dir / trial_paths.test_stdout_path.relative_to(trial_paths.verifier_dir).as_posix()
     return build_execution_command(str(script), stdout_path=str(stdout), task_os=env.os)
+
+
+async def probe_tooling(env: BaseEnvironment, task: Task, *, served: tuple[str, ...] = (),
+                        check_urls: bool = True) -> list[str]:
+    """What the task's `tests/test.sh` needs and the sandbox `env` lacks, checked as the task's verifier user
+    (`raygrpo.envs.harbor_tooling`); call it before the model acts. Empty when nothing is missing."""
+    host_test = task.paths.discovered_test_path_for(env.os)
+    if host_test is None:
+        return []
+    command = probe_command(scan_test_script(host_test.read_text(errors="replace")), served=served,
+                            check_urls=check_urls)
+    if command is None:
+        return []
+    with env.with_default_user(task.config.verifier.user):
+        result = await env.exec(command, timeout_sec=int(GATHER_TIMEOUT_S))
+    return read_probe(result.stdout or "")
 
 
 async def gather(

@@ -96,6 +96,11 @@ class HarborSpec(EnvSpecBase):
         reward_reduce (`Literal["key", "mean", "sum", "min", "max"]`, *optional*, defaults to `"key"`):
             How a `reward.json` with several named rewards becomes one number: one entry (`"key"`, see
             `reward_key`), or the mean, sum, min or max of all entries. A `reward.txt` holds one number.
+        probe_verifier (`bool`, *optional*, defaults to `True`):
+            When a task first starts, before any model acts in it, check that what `tests/test.sh` runs (its
+            commands, the Python packages its tests need, what it downloads) is in the sandbox. Where something is
+            missing, a rollout the verifier does not award full reward is `verifier_error` (unscored, retried),
+            not a 0.0: the verifier could not have judged it. What is missing is in `verifier.tooling_missing`.
         keep_logs (`Literal["failed", "all", "none"]`, *optional*, defaults to `"failed"`):
             Which rollouts keep the sandbox's `/logs` (the verifier's output, `ctrf.json`, what `test.sh` wrote) in
             the run folder, under `verifier_logs/`: those whose verification did not award a reward of at least 1.0
@@ -133,6 +138,7 @@ class HarborSpec(EnvSpecBase):
     max_output_chars: int = Field(default=8000, ge=64)
     reward_key: str | None = None
     reward_reduce: Literal["key", "mean", "sum", "min", "max"] = "key"
+    probe_verifier: bool = True
     keep_logs: Literal["failed", "all", "none"] = "failed"
     keep_logs_kib: int = Field(default=256, ge=1)
     faults: FaultConfig | None = None
