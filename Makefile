@@ -17,6 +17,11 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e .
+	@# The local sandbox backend's verifier toolbox (python, pytest, pytest-json-ctrf; once per machine).
+	command -v /usr/bin/python3 >/dev/null && /usr/bin/python3 -c 'import ensurepip' 2>/dev/null \
+		|| { apt-get update -qq && apt-get install -y -qq python3-venv; } \
+		|| echo "warning: install python3-venv for the local sandbox backend's verifier toolbox" >&2
+	$(PY) -m raygrpo.sandbox.toolbox || echo "warning: the verifier toolbox was not built (see above)" >&2
 	touch $@
 
 # The test runner and its plugins (the `test` extra), on top of the package.

@@ -21,6 +21,7 @@ from raygrpo.sandbox.local import (
     SandboxNotRunningError,
 )
 from raygrpo.sandbox.registry import live_sandboxes
+from raygrpo.sandbox.toolbox import toolbox_path
 from tests.sandbox_utils import (
     assert_no_leaks,
     make_env,
@@ -144,7 +145,8 @@ async def test_dockerfile_workdir_env_and_copies(tmp_path: Path, sroot: Path, ca
         lines = r.stdout.splitlines()
         assert lines[0] == "/opt/project/src"
         assert lines[1] == "test/hello world/some value 1.2"
-        assert lines[2].startswith("/opt/tool/bin:/usr/local/sbin:")
+        # The verifier toolbox first, then the Dockerfile's PATH.
+        assert lines[2].startswith(f"{toolbox_path() / 'bin'}:/opt/tool/bin:/usr/local/sbin:")
         assert lines[3:7] == ["payload", "k=v", "payload", "mode=test"]
         # /opt is a read-only host dir: made writable for WORKDIR, with every host entry still there (whatever its
         # mode: docker.io's /opt/containerd is 711) next to the sandbox's own `project`.

@@ -5,6 +5,7 @@ that a `pytest: command not found` can be told apart from a wrong answer."""
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 
@@ -168,4 +169,79 @@ async def test_tooling_missing_at_start_is_a_verifier_error_not_a_zero(renderer,
     unprobed = await rollout(spec_for(tmp_path / "suite", root, probe_verifier=False), renderer,
                              bash_script("echo ok > /app/out.txt"))
     assert unprobed.status.value == "ok" and unprobed.reward == 0.0 and "tooling_missing" not in unprobed.verifier
+    await nothing_left(root)
+
+
+# ── the local backend's verifier toolbox ──────────────────────────────────────────────────────────────────────────
+
+PYTEST_CTRF = """#!/bin/bash
+mkdir -p /logs/verifier
+cat > /tmp/test_outputs.py <<'END'
+def test_out():
+    assert open("/app/out.txt").read().strip() == "ok"
+END
+python --version
+if pytest --ctrf /logs/verifier/ctrf.json /tmp/test_outputs.py -rA; then echo 1 > /logs/verifier/reward.txt
+else echo 0 > /logs/verifier/reward.txt; fi
+"""
+
+
+async def test_pytest_with_ctrf_and_a_python_alias_come_from_the_toolbox(renderer, root, tmp_path):
+    make_task(tmp_path / "suite", "t", test_sh=PYTEST_CTRF)
+    spec = spec_for(tmp_path / "suite", root)
+    right = await rollout(spec, renderer, bash_script("echo ok > /app/out.txt"))
+    assert right.reward == 1.0, right.verifier
+    assert "1 passed" in right.verifier["output_tail"] and "Python 3" in right.verifier["output_tail"]
+    wrong = await rollout(spec, renderer, bash_script("echo no > /app/out.txt"))
+    assert wrong.reward == 0.0 and '"failed": 1' in wrong.verifier["logs"]["verifier/ctrf.json"]
+    # Without the toolbox the host's own tools are all there is (no pytest here): known before the model acts.
+    bare = await rollout(spec_for(tmp_path / "suite", root, environment_kwargs={"toolbox": False}), renderer,
+                         bash_script("echo ok > /app/out.txt"))
+    host_has_them = subprocess.run(["/usr/bin/python3", "-c", "import pytest, ctrf"], capture_output=True).returncode
+    if host_has_them != 0:
+        assert bare.status.value == "verifier_error" and "the command `pytest`" in bare.error, bare.error
+    else:  # a host with pytest and the plugin of its own
+        assert bare.reward == 1.0
+    await nothing_left(root)
+
+
+# ── offline test tooling: Harbor's download-at-test-time template ────────────────────────────────────────────────
+
+
+def harbor_template_task(root, name: str, extra_with: str = ""):
+    """A task as `harbor tasks init --verifier-mode shared` writes it, filled in: its test.sh downloads curl, the uv
+    installer and, through uvx, pytest and pytest-json-ctrf when it runs."""
+    from harbor.cli.tasks import init
+
+    init(name=f"acme/{name}", tasks_dir=root, verifier_mode="shared")
+    task = root / name
+    (task / "instruction.md").write_text("Write ok to /app/out.txt.\n")
+    (task / "tests" / "test_outputs.py").write_text(
+        'def test_out():\n    assert open("/app/out.txt").read().strip() == "ok"\n')
+    if extra_with:
+        test_sh = task / "tests" / "test.sh"
+        test_sh.write_text(test_sh.read_text().replace("--with pytest==8.4.1", f"--with pytest==8.4.1 {extra_with}"))
+    return task
+
+
+@pytest.mark.timeout(180)
+async def test_harbors_template_offline_scores_and_a_missing_package_is_named(renderer, root, tmp_path):
+    harbor_template_task(tmp_path / "suite", "tmpl")
+    harbor_template_task(tmp_path / "more", "needs-more", extra_with="--with nosuchpkg==1.0")
+    offline = spec_for(tmp_path / "suite", root, offline_tooling=True)
+    right = await rollout(offline, renderer, bash_script("echo ok > /app/out.txt"))
+    assert right.status.value == "ok" and right.reward == 1.0, right.verifier
+    assert "uv (raygrpo offline tooling) installed" in right.verifier["output_tail"]
+    wrong = await rollout(offline, renderer, bash_script("echo no > /app/out.txt"))
+    assert wrong.status.value == "ok" and wrong.reward == 0.0
+    assert '"failed": 1' in wrong.verifier["logs"]["verifier/ctrf.json"]
+    # Without it, the template cannot download here: known before the model acted, so no 0.0.
+    online = await rollout(spec_for(tmp_path / "suite", root), renderer, bash_script("echo ok > /app/out.txt"))
+    assert online.status.value == "verifier_error", online.verifier
+    assert "https://astral.sh/uv/0.9.7/install.sh (unreachable)" in online.error
+    # A package the sandbox's python3 does not have is named, not scored.
+    more = await rollout(spec_for(tmp_path / "more", root, offline_tooling=True), renderer,
+                         bash_script("echo ok > /app/out.txt"))
+    assert more.status.value == "verifier_error" and "`nosuchpkg==1.0`" in more.error
+    assert "nosuchpkg==1.0 is not installed in the sandbox's python3" in more.verifier["output_tail"]
     await nothing_left(root)

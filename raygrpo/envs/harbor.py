@@ -30,6 +30,7 @@ still alive and waits for those background stops.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import logging
 import math
@@ -52,6 +53,7 @@ from raygrpo.errors import TaskError, VerifierError, describe
 from raygrpo.imports import is_file_spec, split_spec
 from raygrpo.provisioning import LimiterFactory, ProvisioningGate, gate_for
 from raygrpo.sandbox.faults import wrap_environment
+from raygrpo.sandbox.toolbox import ToolboxError, ensure_toolbox
 from raygrpo.specs.harbor import HarborSpec
 from raygrpo.types import Observation, TaskRef, ToolResult
 
@@ -115,6 +117,10 @@ class HarborProvider:
         self._closed = False
         #: raygrpo's additions to Harbor's docker backend (labels, an init, image reuse, build failures).
         self.docker = DockerSupport(self.label) if spec.environment_type == "docker" else None
+        if spec.backend == "local" and spec.environment_kwargs.get("toolbox", True):
+            # Built once per machine; here, when the actor starts, rather than on the event loop of a first rollout.
+            with contextlib.suppress(ToolboxError):  # then each start fails saying why (an env_error)
+                ensure_toolbox()
 
     def __getstate__(self) -> dict[str, Any]:
         # Sandboxes, gates and adapters are loop-bound: a pickled provider carries only its configuration.
@@ -216,7 +222,7 @@ class HarborProvider:
         yet) the first time a task starts here; its later sandboxes start from the same image and reuse it."""
         found = self._tooling.get(task_dir)
         if found is None:
-            found = self._tooling[task_dir] = await probe_tooling(env, task)
+            found = self._tooling[task_dir] = await probe_tooling(env, task, offline_tooling=self.spec.offline_tooling)
             if found:
                 logger.warning("%s task %s: its verifier needs what its sandbox lacks: %s; rollouts it does not award "
                                "full reward are verifier_error", self.label, task.name, ", ".join(found))
@@ -522,7 +528,8 @@ class HarborAdapter(LiveAdapter):
         timeout = self.spec.verifier_timeout_s or self.harbor_task.config.verifier.timeout_sec
         try:
             result = await asyncio.wait_for(
-                run_verifier(self.env, self.harbor_task, self._trial_paths, evidence), timeout)
+                run_verifier(self.env, self.harbor_task, self._trial_paths, evidence,
+                             offline_tooling=self.spec.offline_tooling), timeout)
         except TimeoutError:
             raise HarborVerifierTimeout(f"{self.label}: the verifier did not finish within {timeout:g} s") from None
         except (RewardFileNotFoundError, RewardFileEmptyError, VerifierOutputParseError, ValidationError) as exc:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from raygrpo.envs.harbor_offline import SERVED, SERVED_URL_PART, install_shims, with_shims
 from raygrpo.envs.harbor_tooling import probe_command, read_probe, scan_test_script
 from raygrpo.errors import describe
 
@@ -73,28 +74,34 @@ class _RecordingEnvironment:
     """What Harbor's verifier is given instead of the sandbox: the sandbox itself for everything, except that the
     exit code of the `exec` running `test_command` is kept in `evidence`. The sandbox is not modified."""
 
-    def __init__(self, env: BaseEnvironment, test_command: str, evidence: VerifierEvidence) -> None:
+    def __init__(self, env: BaseEnvironment, test_command: str, evidence: VerifierEvidence, offline: bool) -> None:
         self._env = env
         self._test_command = test_command
         self._evidence = evidence
+        self._offline = offline
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._env, name)
 
     async def exec(self, command: str, *args: Any, **kwargs: Any) -> Any:
-        result = await self._env.exec(command, *args, **kwargs)
-        if command == self._test_command:
-            self._evidence.exit_code = result.return_code
+        if command != self._test_command:
+            return await self._env.exec(command, *args, **kwargs)
+        result = await self._env.exec(with_shims(command) if self._offline else command, *args, **kwargs)
+        self._evidence.exit_code = result.return_code
         return result
 
 
-async def run_verifier(env: BaseEnvironment, task: Task, trial_paths: TrialPaths, evidence: VerifierEvidence) -> Any:
+async def run_verifier(env: BaseEnvironment, task: Task, trial_paths: TrialPaths, evidence: VerifierEvidence, *,
+                       offline_tooling: bool = False) -> Any:
     """Run Harbor's verifier for `task` in `env` as the task's verifier user, recording the exit code and the raw
-    rewards in `evidence`; returns Harbor's `VerifierResult` and raises what Harbor raises."""
+    rewards in `evidence` (with `offline_tooling`, `test.sh` runs with `raygrpo.envs.harbor_offline`'s shims first on
+    its `PATH`); returns Harbor's `VerifierResult` and raises what Harbor raises."""
+    if offline_tooling:
+        await install_shims(env, trial_paths.trial_dir)
     from harbor.models.trial.config import VerifierConfig
     from harbor.verifier.factory import VerifierFactory
 
-    recording = _RecordingEnvironment(env, _test_command(env, task, trial_paths), evidence)
+    recording = _RecordingEnvironment(env, _test_command(env, task, trial_paths), evidence, offline_tooling)
     verifier = VerifierFactory.create_verifier_from_config(
         VerifierConfig(),
         task=task,
@@ -124,15 +131,17 @@ def _test_command(env: BaseEnvironment, task: Task, trial_paths: TrialPaths) -> 
     return build_execution_command(str(script), stdout_path=str(stdout), task_os=env.os)
 
 
-async def probe_tooling(env: BaseEnvironment, task: Task, *, served: tuple[str, ...] = (),
-                        check_urls: bool = True) -> list[str]:
+async def probe_tooling(env: BaseEnvironment, task: Task, *, offline_tooling: bool = False) -> list[str]:
     """What the task's `tests/test.sh` needs and the sandbox `env` lacks, checked as the task's verifier user
-    (`raygrpo.envs.harbor_tooling`); call it before the model acts. Empty when nothing is missing."""
+    (`raygrpo.envs.harbor_tooling`); with `offline_tooling`, what the shims serve is not looked for, but what they
+    need (the packages `uvx` is asked for) is. Call it before the model acts. Empty when nothing is missing."""
     host_test = task.paths.discovered_test_path_for(env.os)
     if host_test is None:
         return []
-    command = probe_command(scan_test_script(host_test.read_text(errors="replace")), served=served,
-                            check_urls=check_urls)
+    needs = scan_test_script(host_test.read_text(errors="replace"))
+    if offline_tooling:
+        needs.urls = [u for u in needs.urls if SERVED_URL_PART not in u]
+    command = probe_command(needs, served=SERVED if offline_tooling else ())
     if command is None:
         return []
     with env.with_default_user(task.config.verifier.user):

@@ -33,6 +33,9 @@ What a sandbox is:
   the init, and so, by the kernel, every process of the PID namespace (background and `setsid` ones too), then
   removes the host directory. If the owning process dies, even by SIGKILL, `--die-with-parent` takes its sandboxes
   with it; the directories left behind are removed by `raygrpo.sandbox.reaper.reap_orphans`.
+- Tools: the verifier toolbox (`raygrpo.sandbox.toolbox`: `python`, `python3`, pytest, pytest-json-ctrf in a venv
+  built once per machine) comes first on `PATH`, so test scripts find what task images usually bake in rather than
+  whatever the host has (`toolbox=False` turns it off).
 - Users: execs run as root. A requested `user` that exists in the host's `/etc/passwd` (or a numeric uid) is
   honoured with `setpriv`; an unknown user name (typically one a skipped `RUN useradd` would have created) falls
   back to root with a warning.
@@ -69,6 +72,7 @@ from raygrpo.sandbox import dockerfile as _df
 from raygrpo.sandbox import layout as _lay
 from raygrpo.sandbox import process as _proc
 from raygrpo.sandbox import registry as _reg
+from raygrpo.sandbox import toolbox as _toolbox
 from raygrpo.sandbox.layout import BWRAP, EXPOSED_DIRS, LINK_DIRS, STANDARD_WRITABLE  # noqa: F401 (re-exported)
 from raygrpo.sandbox.process import NSENTER
 from raygrpo.sandbox.process import TOOL as _TOOL
@@ -129,6 +133,10 @@ class LocalSandboxEnvironment(BaseEnvironment):
             how long `start()` waits for the sandbox's init to come up.
         max_output_bytes (`int`, defaults to `16 MiB`):
             cap on the stdout and on the stderr an exec returns (the rest is cut, with a note).
+        toolbox (`bool`, defaults to `True`):
+            put the verifier toolbox (`raygrpo.sandbox.toolbox`: a venv with `python`, `python3`, pytest and
+            pytest-json-ctrf, built once per machine) first on the sandbox's `PATH`, bound read-only; False leaves
+            the sandbox with the host's own tools only.
         **kwargs: the remaining `BaseEnvironment` arguments (`persistent_env`, `mounts`, `auto_mounts`,
             `auto_mounting`, `network_policy`, `override_*`, ...). Bind mounts are honoured; `stream` is not
             supported.
@@ -149,6 +157,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
         writable_dirs: list[str] | None = None,
         start_timeout_s: float = 30.0,
         max_output_bytes: int = 16 * 1024 * 1024,
+        toolbox: bool = True,
         **kwargs: Any,
     ):
         # Set before BaseEnvironment.__init__, which calls _validate_definition.
@@ -159,6 +168,10 @@ class LocalSandboxEnvironment(BaseEnvironment):
         self._extra_writable = list(writable_dirs or [])
         self._start_timeout_s = start_timeout_s
         self._max_output = max_output_bytes
+        try:
+            self._toolbox = _toolbox.ensure_toolbox() if toolbox else None
+        except _toolbox.ToolboxError as e:
+            raise SandboxStartError(str(e)) from None
         self._reg: _reg.Registration | None = None
         self._init = _proc.InitProcess()
         self._mount_table: list[_lay.Mount] = []
@@ -308,6 +321,8 @@ class LocalSandboxEnvironment(BaseEnvironment):
             )
         except _lay.CopyError as e:
             raise SandboxStartError(str(e)) from None
+        if self._toolbox is not None:
+            self._mount_table.append(_lay.Mount(PurePosixPath(str(self._toolbox)), "ro", self._toolbox))
 
     def _host_path(self, sandbox_path: str | PurePosixPath, *, writable_only: bool = True) -> Path | None:
         """The host path backing `sandbox_path` (see `raygrpo.sandbox.layout.host_path`), or None."""
@@ -359,6 +374,8 @@ class LocalSandboxEnvironment(BaseEnvironment):
         out = {"PATH": _df.DEFAULT_PATH, "HOME": home, "HOSTNAME": self._hostname}
         if self._plan is not None:
             out.update(self._plan.env)
+        if self._toolbox is not None:
+            out["PATH"] = f"{self._toolbox / 'bin'}:{out['PATH']}"
         out.update(self._merge_env(env) or {})
         out[_reg.ID_ENV] = self.sandbox_id
         out[_reg.ROOT_ENV] = str(self._root)

@@ -101,6 +101,13 @@ class HarborSpec(EnvSpecBase):
             commands, the Python packages its tests need, what it downloads) is in the sandbox. Where something is
             missing, a rollout the verifier does not award full reward is `verifier_error` (unscored, retried),
             not a 0.0: the verifier could not have judged it. What is missing is in `verifier.tooling_missing`.
+        offline_tooling (`bool`, *optional*, defaults to `False`):
+            Serve Harbor's download-at-test-time verifier template from what the sandbox already has, for sandboxes
+            that cannot download: during the verifier phase only, `apt-get`, `curl` of the uv installer,
+            `$HOME/.local/bin/env`, `uvx --with SPEC ... pytest` and `uv run` are shims first on `test.sh`'s `PATH`
+            (`raygrpo.envs.harbor_offline`; task files are not rewritten). The packages asked for must be in the
+            sandbox's `python3` (the local backend's toolbox, or the image's); one that is not is a
+            `verifier_error` naming it.
         keep_logs (`Literal["failed", "all", "none"]`, *optional*, defaults to `"failed"`):
             Which rollouts keep the sandbox's `/logs` (the verifier's output, `ctrf.json`, what `test.sh` wrote) in
             the run folder, under `verifier_logs/`: those whose verification did not award a reward of at least 1.0
@@ -139,6 +146,7 @@ class HarborSpec(EnvSpecBase):
     reward_key: str | None = None
     reward_reduce: Literal["key", "mean", "sum", "min", "max"] = "key"
     probe_verifier: bool = True
+    offline_tooling: bool = False
     keep_logs: Literal["failed", "all", "none"] = "failed"
     keep_logs_kib: int = Field(default=256, ge=1)
     faults: FaultConfig | None = None
