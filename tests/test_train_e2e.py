@@ -120,7 +120,8 @@ def test_mixture_shares_rewards_and_tool_masks_reach_trl(ray_local, tiny_model_d
         eval_envs={"echo_test": {"kind": "ors", "environment": ECHO, "split": "test"}},
         policy={"kind": "scripted", "script": str(ROOT / "tests" / "train_policies.py") + ":mixed"},
         sampling={"max_tokens": 96},
-        rollout={"max_turns": 8, "max_total_tokens": 2048},
+        # The `silent` quarter of echo rollouts answers nothing: left unscored here, to see None reach TRL as such.
+        rollout={"max_turns": 8, "max_total_tokens": 2048, "unanswered_reward": None},
         workers={"max_concurrent_per_actor": 16},
         train={"mixture": {"echo": 0.75, "arith": 0.25}, "eval_every": 5},
         trainer={"per_device_train_batch_size": 8, "max_steps": 10, "save_steps": 100},
