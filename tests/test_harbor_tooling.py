@@ -47,6 +47,21 @@ if [ "$COUNT" -eq 3 ]; then echo 1 > /logs/verifier/reward.txt; fi
     assert needs.urls == [] and needs.installs == []
 
 
+def test_functions_and_arithmetic_are_not_programs():
+    needs = scan_test_script("""#!/bin/bash
+fail() { echo "FAIL: $1"; echo 0 > /logs/verifier/reward.txt; exit 0; }
+function note { echo "$@"; }
+passed=0; total=0
+for case in a b; do
+  total=$((total + 1))
+  (( passed++ ))
+  [ -f "/app/$case" ] || fail "missing $case"
+done
+note "$passed/$total"
+""")
+    assert needs.commands == []
+
+
 def test_read_probe_names_what_is_missing():
     out = '{"command": "jq"}\nnoise\n{"package": "pytest==8.4.1", "found": "7.4.0"}\n{"package": "x", "found": null}\n'
     assert read_probe(out) == ["the command `jq`", "the Python package `pytest==8.4.1` (found 7.4.0)",

@@ -10,7 +10,7 @@ full reward.
 What the scan finds (a reading of the script, not a shell parser; words it cannot place are left out, not guessed):
 
 - **commands**: the first word of each simple command (after `;`, `&&`, `||`, `|`, `(`, `$(`, `then`, `do`, ...),
-  less shell keywords and builtins, variables, and the task's own scripts (`/tests/...`, relative paths), and less
+  less shell keywords and builtins, the script's own functions, arithmetic, variables, and the task's own scripts (`/tests/...`, relative paths), and less
   the programs the script installs itself (`apt-get install curl`, the uv installer's `uv` and `uvx`);
 - **python packages**: `uvx --with SPEC` specs and the tool `uvx` runs, `pytest` for `pytest`/`python -m pytest`,
   and `pytest-json-ctrf` when `--ctrf` is passed;
@@ -39,6 +39,8 @@ UV_PROGRAMS = ("uv", "uvx")
 #: What `--ctrf` needs.
 CTRF_PACKAGE = "pytest-json-ctrf"
 _HEREDOC = re.compile(r"<<-?\s*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\1")
+_FUNCTION = re.compile(r"(?m)^\s*([A-Za-z_][A-Za-z0-9_.-]*)\s*\(\)")
+_FUNCTION_KEYWORD = re.compile(r"(?m)^\s*function\s+([A-Za-z_][A-Za-z0-9_.-]*)")
 _URL = re.compile(r"https?://[^\s'\"|;&)]+")
 _PROGRAM = re.compile(r"^[A-Za-z0-9_.+-]+$|^/(usr|bin|sbin|opt)/[A-Za-z0-9_./+-]+$")
 
@@ -99,6 +101,22 @@ def _tokens(line: str) -> list[str]:
         return line.split()
 
 
+def _without_arithmetic(line: str) -> str:
+    """`line` with arithmetic (`$((...))`, `((...))`) replaced by a plain word: its names are variables."""
+    while True:
+        start = line.find("((")
+        if start == -1:
+            return line
+        depth, i = 0, start
+        while i < len(line):
+            depth += {"(": 1, ")": -1}.get(line[i], 0)
+            i += 1
+            if depth == 0:
+                break
+        word = "0" if start > 0 and line[start - 1] == "$" else "true"
+        line = line[: start - 1 if word == "0" else start] + word + line[i:]
+
+
 def _substitutions(line: str) -> list[str]:
     """The text of each `$(...)` in `line` (nested ones included, through the outer one's text)."""
     out: list[str] = []
@@ -118,7 +136,7 @@ def _substitutions(line: str) -> list[str]:
 def _simple_commands(text: str) -> list[list[str]]:
     """Each simple command of the script as its words."""
     commands: list[list[str]] = []
-    lines = _logical_lines(text)
+    lines = [_without_arithmetic(line) for line in _logical_lines(text)]
     lines += [inner for line in lines for inner in _substitutions(line)]  # `"$(cmd ...)"` inside quotes too
     for line in lines:
         current: list[str] = []
@@ -137,6 +155,7 @@ def _simple_commands(text: str) -> list[list[str]]:
 def scan_test_script(text: str) -> ToolingNeeds:
     """What the test script `text` relies on (see the module docstring)."""
     needs = ToolingNeeds()
+    functions = set(_FUNCTION.findall(text)) | set(_FUNCTION_KEYWORD.findall(text))
     installs: set[str] = set()
     runs: list[str] = []
     packages: list[str] = []
@@ -168,7 +187,7 @@ def scan_test_script(text: str) -> ToolingNeeds:
             packages.append("pytest")
         if "--ctrf" in words or any(w.startswith("--ctrf=") for w in words):
             packages.append(CTRF_PACKAGE)
-        if program in SHELL_WORDS or program.startswith(("$", "/tests/", "/solution/", "/logs/", "./", "../", "~")):
+        if program in SHELL_WORDS or program in functions or program.startswith(("$", "/tests/", "/solution/", "/logs/", "./", "../", "~")):
             continue
         if "/" in program and not program.startswith("/"):
             continue
