@@ -405,3 +405,16 @@ finally:
     root = Path(__file__).resolve().parent.parent
     done = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=150)
     assert done.returncode == 0 and "remote says 42" in done.stdout, done.stderr[-2000:]
+
+
+@pytest.mark.timeout(60)
+async def test_a_workdir_inside_another_writable_dir_exists(tmp_path: Path, sroot: Path):
+    """WORKDIR /app/work: /app is writable already, and the directory inside it must still be made."""
+    task = make_task(tmp_path, dockerfile="FROM python:3.12-slim\nWORKDIR /app/work\n")
+    env = make_env(task, tmp_path / "trials", sroot)[0]
+    await env.start(force_build=False)
+    try:
+        r = await env.exec("pwd && touch here && ls /app")
+        assert (r.return_code, r.stdout) == (0, "/app/work\nwork\n"), r.stderr
+    finally:
+        await env.stop(delete=True)

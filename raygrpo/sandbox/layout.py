@@ -199,6 +199,11 @@ def layout(
             mounts.append(Mount(p, "rw", host))
         else:
             raise ValueError(f"cannot make {p} writable in the local sandbox (under {m.target})")
+    # Wanted directories inside another writable one (a WORKDIR /app/work under /app) exist too.
+    for p in set(wanted) - set(roots):
+        host = host_of(p) if covering(p).kind == "rw" else None
+        if host is not None:
+            host.mkdir(parents=True, exist_ok=True)
     for m in user_mounts:
         target = norm(m["target"])
         source = Path(m["source"]).absolute()
