@@ -1,6 +1,6 @@
 """Harbor task folders as other people write them (`tests/harbor_wild/`, see its README), checked with `raygrpo check`:
 the oracle must score what the task's reference solution earns and noop less, on the local backend (with the
-verifier toolbox and offline tooling) and on docker; with the tooling absent from the start, the affected rollouts
+verifier toolbox, offline tooling, and the `RUN` commands that make the tasks' data) and on docker; with the tooling absent from the start, the affected rollouts
 are `verifier_error`, never a 0.0; shapes raygrpo does not run fail at load."""
 
 from __future__ import annotations
@@ -18,9 +18,6 @@ WILD = Path(__file__).with_name("harbor_wild")
 TASKS = WILD / "tasks"
 #: reward.json with named keys (fizzbuzz-named-rewards) is reduced by their mean: both must pass.
 COMMON = ["envs.tasks.offline_tooling=true", "envs.tasks.reward_reduce=mean"]
-#: Tasks whose data a Dockerfile `RUN` makes: the local backend runs no `RUN` step (and says so at start), so their
-#: reference solution fails there, which `raygrpo check` reports.
-NEEDS_RUN = {"backup-tarball-python3", "gzip-logs-init-nopytest", "release-symlink-no-mkdir"}
 #: Writes no reward at all, on purpose.
 NO_REWARD = "dedupe-emails-no-reward"
 #: Their test.sh needs pytest (or `python`), which only the toolbox gives a local sandbox.
@@ -45,8 +42,6 @@ def test_on_the_local_backend_with_the_toolbox_and_offline_tooling():
     for name, v in got.items():
         if name == NO_REWARD:
             assert (v.oracle_status, v.noop_status) == ("task_error", "task_error"), v
-        elif name in NEEDS_RUN:
-            assert v.status == "oracle_below_threshold" and v.noop_reward == 0.0, v
         else:
             assert (v.status, v.oracle_reward, v.noop_reward) == ("ok", 1.0, 0.0), v
 
@@ -68,7 +63,7 @@ def test_with_the_tooling_absent_from_the_start_nothing_is_a_false_zero():
             assert (v.oracle_status, v.noop_status) == ("verifier_error", "verifier_error"), v
             assert v.oracle_reward is None and v.noop_reward is None
             assert "before the model acted" in v.cause
-        elif name not in NEEDS_RUN:
+        else:
             assert (v.status, v.oracle_reward, v.noop_reward) == ("ok", 1.0, 0.0), v
 
 

@@ -2,7 +2,8 @@
 
 - `raygrpo.sandbox.local:LocalSandboxEnvironment`: a Harbor `BaseEnvironment` that runs each sandbox in its own
   Linux namespaces with bubblewrap (development and CI; **no security boundary for untrusted code**; no image
-  builds: it applies a Dockerfile's `WORKDIR`, `ENV` and `COPY` and skips its `RUN` steps).
+  builds: it applies a Dockerfile's `WORKDIR`, `ENV` and `COPY`, runs the `RUN` commands that make files and skips
+  those that install software).
 - `raygrpo.sandbox.null:NullEnvironment`: a backend that does nothing, for scale tests.
 - `raygrpo.sandbox.faults`: `FaultConfig`, `FaultInjectingEnvironment`, `wrap_environment` (latency, start failures
   before/after creation, exec hangs, sandbox death), around any backend.

@@ -9,7 +9,10 @@ filesystem, read-only. So it applies only the parts of a Dockerfile that describ
 - `COPY` / `ADD` of files and directories from the build context (the task's `environment/` folder), heredoc
   sources included; a relative destination is relative to `WORKDIR`; `--chown` is ignored, `--chmod` is applied.
 
-Everything else cannot be honoured and is skipped: `RUN` (the host must already provide what it installs), `USER`
+- `RUN`: the commands that make files and folders run at every sandbox start; the ones that install software are
+  skipped (the host and the verifier toolbox provide instead); see `raygrpo.sandbox.run_steps`.
+
+Everything else cannot be honoured and is skipped: `USER`
 (execs run as root unless a user is requested), `COPY --from`, `ADD` of URLs and archives, `FROM`, `CMD`,
 `ENTRYPOINT`, `EXPOSE`, ... Skipped steps are reported once per Dockerfile per process with a `logging` warning
 (`report_skipped`), not once per sandbox. Only the final build stage counts (each `FROM` starts a new one).
@@ -39,6 +42,7 @@ from raygrpo.sandbox.dockerfile_syntax import (
     lex_one,
     read_instructions,
 )
+from raygrpo.sandbox.run_steps import RunStep, plan_run
 
 __all__ = ["CopyStep", "DockerfileError", "DockerfilePlan", "SkippedStep", "load_plan", "parse_dockerfile",
            "report_skipped"]
@@ -103,7 +107,8 @@ class DockerfilePlan:
         env: the final stage's `ENV` values in order (`$VAR` references already expanded).
         copies: the final stage's `COPY`/`ADD` steps, in order.
         user: the final `USER` (not applied; recorded for the warning).
-        skipped: every instruction that was not applied.
+        skipped: every instruction that was not applied (for a `RUN`: the install commands taken out of it).
+        runs: the final stage's `RUN` commands that the sandbox runs at start (`raygrpo.sandbox.run_steps`).
     """
 
     path: Path
@@ -113,6 +118,7 @@ class DockerfilePlan:
     copies: tuple[CopyStep, ...]
     user: str | None
     skipped: tuple[SkippedStep, ...]
+    runs: tuple[RunStep, ...] = ()
 
     def writable_dirs(self) -> list[PurePosixPath]:
         """Sandbox directories that must be writable: the `WORKDIR` and every copy destination."""
@@ -179,6 +185,7 @@ def parse_dockerfile(path: Path | str, context_dir: Path | str | None = None) ->
     user: str | None = None
     copies: list[CopyStep] = []
     skipped: list[SkippedStep] = []
+    runs: list[RunStep] = []
     seen_from = False
 
     for ins in instructions:
@@ -187,7 +194,7 @@ def parse_dockerfile(path: Path | str, context_dir: Path | str | None = None) ->
             if ins.keyword == "FROM":
                 # A new build stage: nothing of the previous stage reaches the final image except via COPY --from.
                 seen_from = True
-                args, env, workdir, user, copies, skipped = {}, {}, None, None, [], []
+                args, env, workdir, user, copies, skipped, runs = {}, {}, None, None, [], [], []
                 skipped.append(SkippedStep(ins.line, "FROM", f"{ins.args.strip()} is not pulled: the sandbox runs the "
                                            "host's own files and tools (its python3, its pytest, if any), not the "
                                            "image's"))
@@ -230,7 +237,14 @@ def parse_dockerfile(path: Path | str, context_dir: Path | str | None = None) ->
                 if step is not None:
                     copies.append(step)
             elif ins.keyword == "RUN":
-                skipped.append(SkippedStep(ins.line, "RUN", "the host must already provide what it installs"))
+                run = plan_run(ins.line, ins.args, workdir, {**args, **env}) if not ins.heredocs else None
+                if run is None:
+                    skipped.append(SkippedStep(ins.line, "RUN", "a here-document RUN is not run by the local sandbox"))
+                else:
+                    if run.command:
+                        runs.append(run)
+                    if run.skipped:
+                        skipped.append(SkippedStep(ins.line, "RUN", "installs: " + "; ".join(run.skipped)))
             else:
                 # CMD, ENTRYPOINT, EXPOSE, LABEL, VOLUME, HEALTHCHECK, SHELL, STOPSIGNAL, ONBUILD, MAINTAINER:
                 # image metadata with no effect on execs.
@@ -245,6 +259,7 @@ def parse_dockerfile(path: Path | str, context_dir: Path | str | None = None) ->
         copies=tuple(copies),
         user=user,
         skipped=tuple(skipped),
+        runs=tuple(runs),
     )
 
 
@@ -369,16 +384,31 @@ def report_skipped(plan: DockerfilePlan) -> None:
         if key in _reported:
             return
         _reported.add(key)
-    runs = [s.line for s in plan.skipped if s.instruction == "RUN"]
+    installs = [s.line for s in plan.skipped if s.instruction == "RUN"]
     other = [s for s in plan.skipped if s.instruction != "RUN" and s.reason != "image metadata"]
-    if runs:
+    if installs:
         logger.warning(
-            "%s: %d RUN step(s) skipped (line%s %s): the local sandbox does not build images, so the host must "
-            "already provide what they install",
+            "%s: the install commands of %d RUN step(s) skipped (line%s %s): the local sandbox builds no image; the "
+            "host and the verifier toolbox provide what the sandbox has",
             plan.path,
-            len(runs),
-            "s" if len(runs) > 1 else "",
-            ", ".join(map(str, runs)),
+            len(installs),
+            "s" if len(installs) > 1 else "",
+            ", ".join(map(str, installs)),
         )
+    if plan.runs:
+        logger.info("%s: %d RUN step(s) run at each sandbox start (line%s %s)", plan.path, len(plan.runs),
+                    "s" if len(plan.runs) > 1 else "", ", ".join(str(r.line) for r in plan.runs))
     for s in other:
         logger.warning("%s:%d: %s not applied by the local sandbox: %s", plan.path, s.line, s.instruction, s.reason)
+
+
+def report_run_failure(plan: DockerfilePlan, step: RunStep, exit_code: int, output: str) -> None:
+    """Warn (once per `RUN` per Dockerfile per process) that a `RUN` step failed in a local sandbox."""
+    key = f"{plan.path.resolve()}:{step.line}"
+    with _lock:
+        if key in _reported:
+            return
+        _reported.add(key)
+    tail = " | ".join(output.strip().splitlines()[-3:])
+    logger.warning("%s:%d: RUN failed in the local sandbox (exit %d), which starts anyway: %s: %s", plan.path,
+                   step.line, exit_code, step.command[:200], tail[-500:])

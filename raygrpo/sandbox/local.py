@@ -20,9 +20,10 @@ What a sandbox is:
   inside a read-only host directory (say `/usr/src/app`) gets that directory replaced by a writable copy whose
   existing entries are bound back read-only. The host's `/root`, `/home` and anything else not listed are not
   visible.
-- The Dockerfile: `WORKDIR`, `ENV` and `COPY`/`ADD` of local files are applied, everything else (notably `RUN`) is
-  skipped and reported once per task; see `raygrpo.sandbox.dockerfile`. A task "runs unchanged" when its `RUN`
-  steps only install what the host already has. A `docker_image` without a Dockerfile is not pulled: the sandbox is
+- The Dockerfile: `WORKDIR`, `ENV` and `COPY`/`ADD` of local files are applied; of `RUN`, the commands that make
+  files and folders run at start, those that install software are skipped; everything else is skipped and reported
+  once per task; see `raygrpo.sandbox.dockerfile` and `raygrpo.sandbox.run_steps`. A task "runs unchanged" when what
+  its `RUN` steps install is on the host or in the verifier toolbox. A `docker_image` without a Dockerfile is not pulled: the sandbox is
   the host's files, and `environment/` is uploaded into the working directory as Harbor does for prebuilt images.
 - Processes: `start()` launches one long-lived init (`bwrap --unshare-pid --die-with-parent ... sleep infinity`);
   each `exec` enters its namespaces with `nsenter` and runs `bash -c <command>` (as Harbor's docker backend does) in
@@ -280,6 +281,17 @@ class LocalSandboxEnvironment(BaseEnvironment):
             raise
         self._state = "running"
         await self._upload_environment_dir_after_start()
+        await self._run_dockerfile_steps()
+
+    async def _run_dockerfile_steps(self) -> None:
+        """Run the Dockerfile's `RUN` commands that make files (`raygrpo.sandbox.run_steps`), in order, as root; a
+        failing one is reported once per task and the sandbox starts anyway, as the host's files are all it has."""
+        for step in self._plan.runs if self._plan is not None else ():
+            result = await self.exec(step.command, cwd=step.workdir, env=step.env, user="root",
+                                     timeout_sec=int(self._start_timeout_s))
+            if result.return_code != 0:
+                _df.report_run_failure(self._plan, step, result.return_code,
+                                       (result.stdout or "") + (result.stderr or ""))
 
     async def stop(self, delete: bool = True) -> None:
         """Kill every process of the sandbox and remove its host directory (unless `keep_dir`). Idempotent.
