@@ -52,11 +52,12 @@ async def test_a_wrong_answer_keeps_the_sandbox_logs(renderer, root, tmp_path):
 
 
 async def test_a_verifier_that_cannot_run_shows_why_in_its_output(renderer, root, tmp_path):
-    """The tests' runner is missing: the reward of 0.0 test.sh writes is the verifier's verdict (nothing shows the
-    tooling was broken before the model acted), but the output says what happened."""
+    """The tests' runner is missing from the start: the 0.0 test.sh writes is not the model's (`verifier_error`), and
+    the output and the kept logs say what happened."""
     make_task(tmp_path / "suite", "t", test_sh=CHECK.format(runner="no-such-runner"))
     traj = await rollout(spec_for(tmp_path / "suite", root), renderer, bash_script("echo ok > /app/out.txt"))
-    assert traj.reward == 0.0
+    assert traj.status.value == "verifier_error" and traj.reward is None
+    assert traj.verifier["rewards"] == {"reward": 0.0} and traj.verifier["exit_code"] == 0
     assert "no-such-runner: command not found" in traj.verifier["output_tail"]
     assert "no-such-runner: command not found" in traj.verifier["logs"]["verifier/test-stdout.txt"]
     await nothing_left(root)
