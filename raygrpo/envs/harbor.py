@@ -33,7 +33,6 @@ import asyncio
 import contextlib
 import copy
 import logging
-import math
 import shutil
 import tempfile
 import time
@@ -44,9 +43,10 @@ from typing import TYPE_CHECKING, Any
 from raygrpo.envs.base import EnvError, RewardMissingError, refuse_call
 from raygrpo.envs.harbor_docker import DockerSupport
 from raygrpo.envs.harbor_files import upload_copied_files
+from raygrpo.envs.harbor_solution import run_solution
 from raygrpo.envs.harbor_tasks import discover_task_dirs, load_environment_class, load_task
 from raygrpo.envs.harbor_verify import VerifierEvidence, gather, probe_tooling, run_verifier
-from raygrpo.envs.harness import EXEC_GRACE_S, load_harness
+from raygrpo.envs.harness import load_harness
 from raygrpo.envs.live import LiveAdapter, LiveAdapters
 from raygrpo.envs.rewards import reduce_rewards
 from raygrpo.errors import TaskError, VerifierError, describe
@@ -75,15 +75,6 @@ class HarborVerifierError(EnvError):
 
 class HarborVerifierTimeout(TimeoutError):
     """The task's verifier ran past its deadline; the rollout ends unscored with status `timeout`."""
-
-
-class HarborSolutionTimeout(TimeoutError):
-    """The task's reference solution ran past the task's `[agent] timeout_sec`; the rollout ends unscored with status
-    `timeout`."""
-
-
-#: Characters of a reference solution's output kept in its step (the end: errors usually come last).
-SOLUTION_OUTPUT_TAIL_CHARS = 2000
 
 
 class HarborProvider:
@@ -390,93 +381,26 @@ class HarborAdapter(LiveAdapter):
         return None
 
     async def run_solution(self) -> ToolResult:
-        """Run the task's reference solution in the sandbox, as Harbor's oracle agent does.
-
-        `solution/` (what the task's file filter selects) is uploaded to `/solution`, `solve.sh` is made executable
-        (as root) and run from the working directory, as the task's agent user (the adapter's default user), with
-        `DEBIAN_FRONTEND=noninteractive` and the task's `[solution] env` (host `${VAR}` templates resolved), under the
-        task's `[agent] timeout_sec` (none when unset: the rollout's own deadline still applies). A non-zero exit code
-        is a result, not an error: the verifier judges the sandbox afterwards.
-
-        Returns:
-            A finished `ToolResult`: the output's tail and `[exit code N]`, with metadata `exit_code`, `output_tail`
-            (the last `SOLUTION_OUTPUT_TAIL_CHARS` characters of stdout and stderr) and `script` (its path in the
-            sandbox).
+        """Run the task's reference solution in the sandbox, as Harbor's oracle agent does (see
+        `raygrpo.envs.harbor_solution.run_solution`, which says what it returns and raises).
 
         Raises:
-            TaskError: The task has no `solution/solve.sh` (the message names the file), its file filter excludes
-                it, or its `[solution] env` names a host variable that is not set.
-            HarborSolutionTimeout: `solve.sh` ran past the task's `[agent] timeout_sec`.
+            TaskError: The task has no runnable `solution/solve.sh`.
+            HarborSolutionTimeout (`raygrpo.envs.harbor_solution`): `solve.sh` ran past the task's `[agent] timeout_sec`.
             EnvError: The sandbox is dead, or uploading or running the solution failed (infrastructure: retried).
         """
         if not self._started or self.env is None or self.harbor_task is None:
             raise EnvError(f"{self.label}: run_solution() before start()")
         if self._dead is not None:
             raise EnvError(f"{self.label}: the sandbox is dead ({self._dead})")
-        from harbor.models.trial.paths import EnvironmentPaths
-        from harbor.utils.env import resolve_env_vars
-        from harbor.utils.file_staging import selected_directory
-        from harbor.utils.scripts import build_execution_command, needs_chmod, quote_shell_arg
-
-        task, env = self.harbor_task, self.env
-        task_os = task.config.environment.os
-        solution_dir = task.paths.solution_dir
-        solve_path = task.paths.discovered_solve_path_for(task_os) or task.paths.solve_path
-        if not solve_path.is_file():
-            raise TaskError(f"{self.label}: the task has no reference solution to run: {solve_path} is missing")
-        try:
-            task.file_filter.require_included(solve_path)
-            solution_env = resolve_env_vars(task.config.solution.env) if task.config.solution.env else {}
-        except ValueError as exc:
-            raise TaskError(f"{self.label}: cannot run the reference solution: {describe(exc)}") from None
-        env_paths = EnvironmentPaths.for_os(env.os)
-        script = str(env_paths.solution_dir / solve_path.relative_to(solution_dir).as_posix())
-        timeout = task.config.agent.timeout_sec
         began = time.perf_counter()
         try:
-            try:
-                with selected_directory(task.file_filter.select(solution_dir)) as source_dir:
-                    await env.upload_dir(source_dir=source_dir, target_dir=str(env_paths.solution_dir))
-                if needs_chmod(script):
-                    await env.exec(command=f"chmod +x {quote_shell_arg(script, task_os)}", user="root")
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the backend could not place the files: infrastructure
-                self._dead = describe(exc)
-                raise EnvError(f"{self.label}: could not upload the reference solution: {self._dead}") from exc
-            result = await self._exec_solution(build_execution_command(script, task_os=task_os), solution_env, timeout)
+            return await run_solution(self.env, self.harbor_task, self.label)
+        except EnvError as exc:
+            self._dead = str(exc)
+            raise
         finally:
             self.timings["solution"] = time.perf_counter() - began
-        output = (result.stdout or "") + (result.stderr or "")
-        tail = output[-SOLUTION_OUTPUT_TAIL_CHARS:]
-        text = (tail if not tail or tail.endswith("\n") else tail + "\n") + f"[exit code {result.return_code}]"
-        if result.return_code != 0:
-            logger.info("%s: %s exited %s", self.label, script, result.return_code)
-        return ToolResult(text=text, finished=True,
-                          metadata={"exit_code": result.return_code, "output_tail": tail, "script": script})
-
-    async def _exec_solution(self, command: str, solution_env: dict[str, str], timeout: float | None) -> Any:
-        """Run the solution's command under its deadline; a backend's timeout (a late failure, or one that says it
-        timed out) becomes `HarborSolutionTimeout`, any other failure `EnvError`."""
-        env = self.env
-        began = time.monotonic()
-        try:
-            # The task's [solution] env wins over everything else, as in Harbor's oracle.
-            with env.scoped_exec_env(solution_env):
-                run = env.exec(command=command, env={"DEBIAN_FRONTEND": "noninteractive"},
-                               timeout_sec=int(math.ceil(timeout)) if timeout else None)
-                return await (asyncio.wait_for(run, timeout + EXEC_GRACE_S) if timeout else run)
-        except asyncio.CancelledError:
-            raise
-        except (TimeoutError, asyncio.TimeoutError):
-            raise HarborSolutionTimeout(f"{self.label}: the reference solution did not finish within the task's "
-                                        f"[agent] timeout_sec={timeout:g}") from None
-        except Exception as exc:  # noqa: BLE001 - sorted below
-            if timeout and (time.monotonic() - began >= timeout - 0.05 or "timed out" in str(exc).lower()):
-                raise HarborSolutionTimeout(f"{self.label}: the reference solution did not finish within the task's "
-                                            f"[agent] timeout_sec={timeout:g}") from None
-            self._dead = describe(exc)
-            raise EnvError(f"{self.label}: the sandbox failed to run the reference solution: {self._dead}") from exc
 
     async def score(self) -> float:
         """Run the task's verifier in the sandbox and reduce its rewards to one number. What the verifier left
