@@ -33,7 +33,7 @@ from raygrpo.policy.base import SamplingParams
 from raygrpo.policy.scripted import ScriptedPolicy
 from raygrpo.provisioning import reset_gates
 from raygrpo.rollout import run_rollout
-from raygrpo.sandbox.docker_engine import COMPOSE_PROJECT, find
+from raygrpo.sandbox.docker_engine import COMPOSE_PROJECT, find, remove_images
 from raygrpo.sandbox.docker_owner import RUN_LABEL, SANDBOX_LABEL, owner_of
 from raygrpo.specs.harbor import HarborSpec
 from raygrpo.types import Status
@@ -104,6 +104,9 @@ async def test_episodes_are_labelled_run_under_an_init_reuse_the_image_and_leave
     spec = docker_spec(EXAMPLE_TASKS)
     ref = next(t for t in list_harbor_tasks(spec, "suite") if t.metadata["task_dir"].endswith("count-words"))
     solve = (Path(ref.metadata["task_dir"]) / "solution" / "solve.sh").read_text()
+    image = f"hb__{environment_content_hash(Path(ref.metadata['task_dir']) / 'environment')}"
+    # An earlier run on this machine may have left the task's image (runs keep them for the next): start without.
+    remove_images([image])
     provider = HarborProvider(spec, name="suite")
     runs = []
     try:
@@ -122,7 +125,6 @@ async def test_episodes_are_labelled_run_under_an_init_reuse_the_image_and_leave
             runs.append((project, objects, pid1.text, reward, prebuilt, dict(adapter.timings)))
     finally:
         await provider.aclose()
-    image = f"hb__{environment_content_hash(Path(ref.metadata['task_dir']) / 'environment')}"
     for i, (project, objects, pid1, reward, prebuilt, timings) in enumerate(runs):
         assert reward == 1.0
         assert sorted(o.kind for o in objects) == ["container", "network"]
