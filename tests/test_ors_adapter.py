@@ -288,7 +288,8 @@ async def test_64_concurrent_sessions(server):
     assert rewards == [1.0] * 64
     assert SleepEnvironment.napping.peak == 64, SleepEnvironment.napping.peak
     assert SleepEnvironment.live.peak == 64, SleepEnvironment.live.peak
-    assert elapsed <= 3.0, elapsed
+    # One after another: 32 s. The rest is CPU shared by client and in-process server: 2.1-3.4 s idle on 2 cores.
+    assert elapsed <= 5.0, elapsed
     assert server.live_sessions() == 0
     await provider.aclose()
 
