@@ -54,6 +54,10 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config field, e.g. --set envs.tasks.environment_type=docker (repeatable)")
     check.add_argument("--no-progress", action="store_true", help="no progress output")
+    for command in (rollout, train, check):
+        command.add_argument(
+            "--address", help="join the Ray cluster at ADDRESS (\"auto\", host:port, ray://...) instead of "
+                              "ray.address; inside `ray job submit` the job's cluster is joined by default")
     return parser
 
 
@@ -86,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"raygrpo: {exc}", file=sys.stderr)
         return 2
+    if args.address:
+        cfg.ray.address = args.address
     if args.command == "check":
         return _check(args, cfg)
     if args.command == "train" and args.resume and not args.out:

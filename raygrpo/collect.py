@@ -49,6 +49,7 @@ def collect(cfg: RunConfig, out_dir: str | Path, progress: bool | str = True) ->
                 max_in_flight_per_actor=cfg.workers.max_concurrent_per_actor,
                 max_retries=cfg.workers.max_retries,
                 on_failed_attempt=summary.add_failed_attempt,
+                routes=session.runtime.routes,
             )
             with Progress("rollouts", len(requests), progress_mode(progress)) as bar:
                 for traj in orchestrator.run(requests):

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import uuid
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any
 
 import ray
@@ -21,6 +23,9 @@ from raygrpo.actors.rate_limiter import ensure_rate_limiter
 from raygrpo.actors.vllm_server import start_vllm_server, stop_vllm_server
 from raygrpo.config import RunConfig
 from raygrpo.envs.registry import kind_of
+from raygrpo.orchestrator import Route
+from raygrpo.placement import actor_resources, check_fits
+from raygrpo.runtime import ray_info
 from raygrpo.sandbox.docker_engine import DockerUnavailable, may_have_docker
 from raygrpo.sandbox.docker_owner import run_leftovers
 from raygrpo.sandbox.reaper import OrphanReaper
@@ -30,6 +35,28 @@ from raygrpo.types import TaskRef
 from raygrpo.worker import WorkerSettings
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PoolGroup:
+    """Env pool actors that serve the same environments and ask for the same resources.
+
+    Args:
+        field: The config field that sized it (`workers`, or `envs.<name>.pool`), for placement errors.
+        prefix: Prefix of its actors' names.
+        envs: The environments its actors serve.
+        count: How many actors; k: rollouts per actor at once.
+        num_cpus, memory, resources: What each actor reserves.
+    """
+
+    field: str
+    prefix: str
+    envs: dict[str, Any]
+    count: int
+    k: int
+    num_cpus: float
+    memory: int | None = None
+    resources: dict[str, float] = dataclass_field(default_factory=dict)
 
 
 class RolloutRuntime:
@@ -57,6 +84,8 @@ class RolloutRuntime:
         self.vllm_server: Any = None
         self.engines: list[Any] = []
         self.actors: list[tuple[str, Any]] = []
+        #: Per actor name: the environments it serves and its K; pass to `Orchestrator(routes=...)`.
+        self.routes: dict[str, Route] = {}
         self.final_stats: list[dict[str, Any]] = []
         self.server_live_sessions: dict[str, int] = {}
         #: Labels this run's docker sandboxes; local ones live under their own root: leak counts see only the run's.
@@ -83,9 +112,12 @@ class RolloutRuntime:
 
     def _start(self) -> None:
         cfg = self.cfg
+        info = ray_info()
         for name, spec in self.envs.items():
             if isinstance(spec, ORSSpec) and spec.environment:
-                handle, url = start_embedded_server(spec, name)
+                # Actors on other nodes reach it only through the node's own address.
+                handle, url = start_embedded_server(spec, name, host="node" if info.joined else "127.0.0.1",
+                                                   workdir=info.workdir)
                 self.servers[name] = handle
                 self.envs[name] = spec.served_at(url)
                 logger.info("serving environment %s at %s", name, url)
@@ -97,6 +129,19 @@ class RolloutRuntime:
             if rate:
                 # Created here, by the driver, so the limiter outlives any one env pool actor.
                 ensure_rate_limiter(spec.effective_rate_limit_key, rate)
+        groups = self._pool_groups()
+        demands = {g.field: actor_resources(g.num_cpus, memory=g.memory, resources=g.resources) for g in groups}
+        if cfg.policy.kind == "transformers":
+            demands["policy.engine_resources"] = actor_resources(
+                cfg.policy.engine_num_cpus, 1.0 if cfg.policy.device.startswith("cuda") else 0.0,
+                resources=cfg.policy.engine_resources)
+        if cfg.policy.kind == "vllm" and cfg.policy.serve is not None:
+            serve = cfg.policy.serve
+            demands["policy.serve"] = actor_resources(serve.num_cpus, serve.num_gpus, resources=serve.resources)
+            if info.joined and serve.host not in ("0.0.0.0", "::"):
+                logger.warning("policy.serve.host=%s: on a cluster only actors on the server's node reach it; set "
+                               "0.0.0.0 to serve every node", serve.host)
+        check_fits(demands)
         if cfg.policy.kind == "vllm" and cfg.policy.serve is not None:
             self.vllm_server, url = start_vllm_server(cfg.policy.serve, cfg.model)
             name = cfg.policy.served_model_name or cfg.policy.serve.served_model_name or cfg.model
@@ -105,22 +150,49 @@ class RolloutRuntime:
         self.engines = start_engines(self.policy, cfg.model)
 
         self._reaper = OrphanReaper(self.sandbox_root)
-        k = cfg.workers.max_concurrent_per_actor
         job_env = dict((ray.get_runtime_context().runtime_env or {}).get("env_vars") or {})
-        for i in range(cfg.workers.num_env_actors):
-            name = f"{self.actor_prefix}-{i}"
-            settings = WorkerSettings(
-                name=name, envs=self.envs, policy=self.policy, model=cfg.model, sampling=cfg.sampling,
-                rollout=cfg.rollout, max_concurrent=k, engines=self.engines, worker_index=i,
-            )
-            handle = EnvPoolActor.options(
-                name=name,
-                num_cpus=cfg.workers.actor_num_cpus,
-                max_concurrency=k + 16,
-                runtime_env={"env_vars": {**job_env, ROOT_ENV: self.sandbox_root, RUN_ENV: self.run_id}},
-            ).remote(settings)
-            self.actors.append((name, handle))
+        index = 0
+        for group in groups:
+            for i in range(group.count):
+                name = f"{group.prefix}-{i}"
+                settings = WorkerSettings(
+                    name=name, envs=group.envs, policy=self.policy, model=cfg.model, sampling=cfg.sampling,
+                    rollout=cfg.rollout, max_concurrent=group.k, engines=self.engines, worker_index=index,
+                    workdir=info.workdir,
+                )
+                handle = EnvPoolActor.options(
+                    name=name,
+                    num_cpus=group.num_cpus,
+                    memory=group.memory,
+                    resources=group.resources or None,
+                    max_concurrency=group.k + 16,
+                    scheduling_strategy="SPREAD",  # a pool's actors on as many nodes as carry its resources
+                    runtime_env={"env_vars": {**job_env, ROOT_ENV: self.sandbox_root, RUN_ENV: self.run_id}},
+                ).remote(settings)
+                self.actors.append((name, handle))
+                self.routes[name] = Route(envs=frozenset(group.envs), capacity=group.k)
+                index += 1
+        logger.info("waiting for %d env pool actor(s) to be placed", len(self.actors))
         ray.get([h.ready.remote() for _, h in self.actors])
+
+    def _pool_groups(self) -> list[PoolGroup]:
+        """The run's env pool actor groups. Environments without `pool` share the default group (`workers:`); each
+        one with `pool` gets a group of its own."""
+        workers = self.cfg.workers
+        shared = {name: spec for name, spec in self.envs.items() if spec.pool is None}
+        groups = []
+        if shared:
+            groups.append(PoolGroup("workers", self.actor_prefix, shared, workers.num_env_actors,
+                                    workers.max_concurrent_per_actor, workers.actor_num_cpus))
+        for name, spec in self.envs.items():
+            pool = spec.pool
+            if pool is not None:
+                groups.append(PoolGroup(
+                    f"envs.{name}.pool", f"{self.actor_prefix}-{name}", {name: spec},
+                    pool.num_actors or workers.num_env_actors, pool.max_concurrent or workers.max_concurrent_per_actor,
+                    workers.actor_num_cpus if pool.num_cpus is None else pool.num_cpus,
+                    int(pool.memory) if pool.memory else None, pool.resources))
+        return groups
 
     def stop(self) -> None:
         """Shut down actors (closing every environment), then engines and embedded servers. Safe to call twice."""

@@ -42,12 +42,26 @@ class RolloutRequest:
     policy: str | None = None
 
 
+@dataclass(frozen=True)
+class Route:
+    """What one env pool actor takes: the environments it serves (None: every one) and how many rollouts at once
+    (None: the orchestrator's `max_in_flight_per_actor`)."""
+
+    envs: frozenset[str] | None = None
+    capacity: int | None = None
+
+
 @dataclass
 class _Slot:
     handle: Any
     name: str
+    capacity: int
+    envs: frozenset[str] | None = None
     in_flight: int = 0
     alive: bool = True
+
+    def takes(self, env: str) -> bool:
+        return self.alive and self.in_flight < self.capacity and (self.envs is None or env in self.envs)
 
 
 @dataclass
@@ -78,6 +92,8 @@ class Orchestrator:
         max_in_flight_per_actor: Rollouts in flight per actor (K); more wait on the driver.
         max_retries: Retries of one rollout after an infrastructure failure.
         on_failed_attempt: Called with the trajectory of each attempt that failed and will be retried.
+        routes: Per actor name, the environments it serves and its capacity (`RolloutRuntime.routes`); actors not
+            listed serve every environment, `max_in_flight_per_actor` at a time.
     """
 
     def __init__(
@@ -86,10 +102,16 @@ class Orchestrator:
         max_in_flight_per_actor: int,
         max_retries: int = 2,
         on_failed_attempt: Callable[[Trajectory], None] | None = None,
+        routes: dict[str, Route] | None = None,
     ) -> None:
         if not actors:
             raise ValueError("the orchestrator needs at least one env pool actor")
-        self.slots = [_Slot(handle=h, name=n) for n, h in actors]
+        routes = routes or {}
+        self.slots = [
+            _Slot(handle=h, name=n, envs=routes.get(n, Route()).envs,
+                  capacity=routes.get(n, Route()).capacity or max_in_flight_per_actor)
+            for n, h in actors
+        ]
         self.max_in_flight = max_in_flight_per_actor
         self.max_retries = max_retries
         self.on_failed_attempt = on_failed_attempt
@@ -101,8 +123,8 @@ class Orchestrator:
     def in_flight(self) -> int:
         return len(self._pending)
 
-    def _free_slot(self) -> _Slot | None:
-        live = [s for s in self.slots if s.alive and s.in_flight < self.max_in_flight]
+    def _free_slot(self, env: str) -> _Slot | None:
+        live = [s for s in self.slots if s.takes(env)]
         return min(live, key=lambda s: s.in_flight) if live else None
 
     def _submit(self, slot: _Slot, request: RolloutRequest) -> None:
@@ -119,20 +141,26 @@ class Orchestrator:
         return len(self._queue) + len(self._pending)
 
     def enqueue(self, requests: Iterable[RolloutRequest]) -> None:
-        """Add rollouts to run; `poll` dispatches them as actors have room."""
+        """Add rollouts to run; `poll` dispatches them as actors have room.
+
+        Raises:
+            ValueError: A rollout's environment is served by none of the actors.
+        """
+        requests = list(requests)
+        for env in {r.task.env for r in requests}:
+            if not any(s.envs is None or env in s.envs for s in self.slots):
+                raise ValueError(f"no env pool actor serves environment {env!r}")
         self._queue.extend(requests)
 
     def poll(self, timeout: float = 1.0) -> list[Trajectory]:
         """Dispatch what fits, wait up to `timeout` seconds for results, and return the final trajectories that came
         back (possibly none). Failed attempts with retries left go back to the front of the queue instead."""
-        while self._queue:
-            slot = self._free_slot()
-            if slot is None:
-                break
-            self._submit(slot, self._queue.popleft())
+        self._dispatch()
         if not self._pending:
             if self._queue:
-                raise RuntimeError("every env pool actor has died; cannot run the remaining rollouts")
+                envs = sorted({r.task.env for r in self._queue})
+                raise RuntimeError(f"every env pool actor serving {', '.join(envs)} has died; cannot run the "
+                                   f"remaining {len(self._queue)} rollout(s)")
             return []
         ready, _ = ray.wait(list(self._pending), num_returns=1, timeout=timeout)
         if ready:  # collect everything else that is already done too
@@ -151,6 +179,22 @@ class Orchestrator:
                 continue
             finals.append(traj)
         return finals
+
+    def _dispatch(self) -> None:
+        """Give queued rollouts, in order, to the least busy actor serving their environment; a rollout whose
+        actors are all full waits without holding back those of other environments."""
+        held: deque[RolloutRequest] = deque()
+        full: set[str] = set()
+        while self._queue and any(s.alive and s.in_flight < s.capacity for s in self.slots):
+            request = self._queue.popleft()
+            env = request.task.env
+            slot = None if env in full else self._free_slot(env)
+            if slot is None:
+                full.add(env)
+                held.append(request)
+                continue
+            self._submit(slot, request)
+        self._queue.extendleft(reversed(held))
 
     def _retry(self, request: RolloutRequest, traj: Trajectory) -> bool:
         """Whether to run a failed attempt again: an infrastructure failure, retries left, and not the same failure

@@ -1,16 +1,25 @@
 """Starting or joining Ray the way raygrpo needs it.
 
-Locally (`address=None`) Ray is started on this machine and kept on the loopback interface; with `address="auto"`
-(or a `ray://`/`host:port` address) raygrpo joins an existing cluster, e.g. inside a `ray job submit` job.
+Where a run goes, first match wins: an explicit address (`--address`, or `ray.address` in the config), then the
+`RAY_ADDRESS` environment variable (set for the entrypoint of a `ray job submit` job), then a local Ray started on
+this machine and kept on the loopback interface.
+
+Code and files travel the way Ray intends. Inside a job, the job's `runtime_env` (its `working_dir`) is inherited by
+every actor on every node. Joining a cluster from outside a job, the driver's working directory becomes the
+`working_dir`. A local Ray shares this machine's file system, so its workers only get the driver's import path.
+Either way, on a cluster each node unpacks the working_dir to a folder of its own: `ray_ready()` returns the driver's
+folder (`RayInfo.workdir`) so actors can map the config's absolute paths into theirs (`raygrpo.workdir`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import sys
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 from raygrpo._compat import keep_ray_on_loopback
@@ -18,22 +27,62 @@ from raygrpo.environ import PROCESS_ENV, apply_process_env
 
 logger = logging.getLogger(__name__)
 
+#: What Ray leaves out of a working_dir that raygrpo uploads itself (on top of `.gitignore`, which Ray honours).
+WORKING_DIR_EXCLUDES = [".git", ".venv", "runs", "__pycache__", "*.gguf", "*.safetensors"]
 
-def init_ray(address: str | None = None, num_cpus: int | None = None, **kwargs: Any) -> None:
-    """Start a local Ray runtime on 127.0.0.1, or join the cluster at `address`.
+
+@dataclass(frozen=True)
+class RayInfo:
+    """How this process is connected to Ray.
 
     Args:
-        address: None starts a local runtime; `"auto"` or an explicit address joins a running cluster.
-        num_cpus: CPUs a local runtime advertises (ignored when joining a cluster).
+        joined: True when the run joined an existing cluster (an address, or inside a job); False for a local Ray.
+        address: The address joined, None for a local Ray.
+        workdir: The driver's working_dir on a cluster (actors map paths under it into their own copy); None for a
+            local Ray, whose actors share this file system.
+    """
+
+    joined: bool
+    address: str | None = None
+    workdir: str | None = None
+
+
+#: Set by `init_ray`; `RayInfo(joined=False)` until then (and when Ray was started by someone else, e.g. a test).
+_INFO: RayInfo | None = None
+
+
+def in_ray_job() -> bool:
+    """True inside the entrypoint of a `ray job submit` job (Ray hands it the job's config in the environment)."""
+    from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
+
+    return RAY_JOB_CONFIG_JSON_ENV_VAR in os.environ
+
+
+def target_address(address: str | None) -> str | None:
+    """The address a run joins: `address` when given, else `RAY_ADDRESS`, else None (start a local Ray)."""
+    return address or os.environ.get("RAY_ADDRESS") or None
+
+
+def init_ray(address: str | None = None, num_cpus: int | None = None, **kwargs: Any) -> RayInfo:
+    """Start a local Ray runtime on 127.0.0.1, or join the cluster at `address` (see the module docstring).
+
+    Args:
+        address: None: join `RAY_ADDRESS` if it is set, else start a local runtime; `"auto"` or an address joins a
+            running cluster.
+        num_cpus: CPUs a local runtime advertises. A cluster's nodes advertise their own: when joining, a value
+            here is reported and not passed on (Ray refuses it).
         **kwargs: Passed on to `ray.init`.
     """
+    global _INFO
     import ray
 
     apply_process_env()
     if ray.is_initialized():
-        return
-    env_vars = {key: os.environ[key] for key in PROCESS_ENV}
+        return ray_info()
+    address = target_address(address)
     runtime_env = dict(kwargs.pop("runtime_env", None) or {})
+    env_vars = {key: os.environ[key] for key in PROCESS_ENV}
+    workdir: str | None = None
     if address is None:
         keep_ray_on_loopback()
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -41,6 +90,22 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, **kwargs: 
         paths = [os.getcwd(), *[p for p in sys.path if p and os.path.isdir(p)]]
         env_vars["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
         env_vars["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"]
+    else:
+        if num_cpus is not None:
+            logger.warning("ray.num_cpus=%d sizes a local Ray only; joining the cluster at %s, whose nodes advertise "
+                           "their own CPUs: not applied", num_cpus, address)
+        workdir = os.getcwd()
+        job_env = _job_runtime_env() if in_ray_job() else None
+        if job_env is not None:
+            # Ray merges this with the job's runtime_env and refuses a variable both set: add only what the job lacks.
+            env_vars = {k: v for k, v in env_vars.items() if k not in (job_env.get("env_vars") or {})}
+            if not job_env.get("working_dir"):
+                logger.warning("this job has no working_dir: actors on other nodes see only what their node has; "
+                               "submit with `ray job submit --working-dir .`")
+                workdir = None
+        elif "working_dir" not in runtime_env:
+            runtime_env["working_dir"] = workdir
+            runtime_env.setdefault("excludes", WORKING_DIR_EXCLUDES)
     runtime_env["env_vars"] = {**env_vars, **runtime_env.get("env_vars", {})}
     kwargs.setdefault("include_dashboard", False)
     kwargs.setdefault("logging_level", logging.WARNING)
@@ -51,14 +116,36 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, **kwargs: 
     if address is None:
         ray.init(num_cpus=num_cpus, runtime_env=runtime_env, **kwargs)
     else:
+        kwargs.pop("include_dashboard")  # a cluster's head decides whether it has a dashboard
         ray.init(address=address, runtime_env=runtime_env, **kwargs)
     if callable(own_handler):
         signal.signal(signal.SIGTERM, own_handler)
-    logger.info("Ray ready: %s", ray.get_runtime_context().gcs_address)
+    _INFO = RayInfo(joined=address is not None, address=address, workdir=workdir)
+    logger.info("Ray ready: %s (%s)", ray.get_runtime_context().gcs_address,
+                f"joined {address}" if address else "local")
+    return _INFO
+
+
+def _job_runtime_env() -> dict[str, Any]:
+    """The runtime_env the job was submitted with."""
+    from ray._private.runtime_env.constants import RAY_JOB_CONFIG_JSON_ENV_VAR
+
+    try:
+        config = json.loads(os.environ[RAY_JOB_CONFIG_JSON_ENV_VAR])
+    except (KeyError, ValueError):
+        return {}
+    return dict(config.get("runtime_env") or {})
+
+
+def ray_info() -> RayInfo:
+    """How this process is connected to Ray (see `RayInfo`)."""
+    return _INFO or RayInfo(joined=False)
 
 
 def shutdown_ray() -> None:
+    global _INFO
     import ray
 
     if ray.is_initialized():
         ray.shutdown()
+    _INFO = None

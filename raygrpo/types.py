@@ -152,7 +152,7 @@ class ToolCall:
 
 
 #: Version of a trajectory line's fields; bumped with every change to them (the README lists the fields).
-TRAJECTORY_SCHEMA_VERSION = 3
+TRAJECTORY_SCHEMA_VERSION = 4
 #: `steps[].tool` of a final answer that an ORS environment's `@terminal` tool scored.
 ANSWER_STEP = "(answer)"
 #: `steps[].tool` of a task's reference solution run by the oracle policy (its metadata: `exit_code`, `output_tail`).
@@ -181,6 +181,7 @@ class Trajectory:
         group_id: The group (G rollouts of one task) this trajectory belongs to.
         sample: Index of this rollout within its group (0..G-1).
         worker: Name of the env pool actor that ran it.
+        node: IP address of the Ray node it ran on.
         env_span: Wall-clock times (`time.time()`) when its environment was opened and closed; the run summary
             derives the peak of environments alive at once from these.
         steps: One record per environment step, in order: `{tool, reward, finished, metadata}` for each tool call
@@ -209,6 +210,7 @@ class Trajectory:
     group_id: str = ""
     sample: int = 0
     worker: str = ""
+    node: str = ""
     env_span: tuple[float, float] | None = None
     steps: list[dict[str, Any]] = field(default_factory=list)
     verifier: dict[str, Any] | None = None

@@ -45,6 +45,8 @@ class WorkerSettings:
         max_concurrent: Rollouts (hence live environments) at once in this actor (K).
         engines: Transformers engine actor handles (for `policy.kind: transformers`).
         worker_index: This actor's index; actors are spread round-robin over the engines.
+        workdir: The driver's working_dir on a cluster: the actor maps config paths under it into its own node's copy
+            (`raygrpo.workdir`). None for a local run.
     """
 
     name: str
@@ -56,6 +58,7 @@ class WorkerSettings:
     max_concurrent: int
     engines: list[Any] = field(default_factory=list)
     worker_index: int = 0
+    workdir: str | None = None
 
 
 class RolloutWorker:

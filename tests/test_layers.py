@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "raygrpo"
 LAYERS: list[list[str]] = [
     # foundations: records, errors, user-code loading, process environment, asyncio helpers, patches of libraries
     ["raygrpo", "raygrpo.types", "raygrpo.errors", "raygrpo.imports", "raygrpo.environ", "raygrpo.aio",
-     "raygrpo._compat"],
+     "raygrpo._compat", "raygrpo.workdir"],
     # pure data: environment specs and run settings
     ["raygrpo.specs", "raygrpo.config"],
     # environments, sandboxes, policies, provisioning gates, chat rendering and tool-call parsing
@@ -32,7 +32,7 @@ LAYERS: list[list[str]] = [
     ["raygrpo.actors"],
     # the driver: dispatch, bringing a run up on Ray, its summary and progress
     ["raygrpo.orchestrator", "raygrpo.launch", "raygrpo.runtime", "raygrpo.session", "raygrpo.summary",
-     "raygrpo.outcome", "raygrpo.progress"],
+     "raygrpo.outcome", "raygrpo.progress", "raygrpo.placement"],
     # the commands' work: resolving a config, collecting, checking tasks, training
     ["raygrpo.resolve", "raygrpo.collect", "raygrpo.check", "raygrpo.train"],
     ["raygrpo.cli"],

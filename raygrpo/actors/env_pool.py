@@ -4,7 +4,8 @@ Everything loop-bound (the openreward client, the policy's HTTP client) is creat
 on first use; only the `WorkerSettings` are pickled to it. Being an async actor, it runs up to `max_concurrency`
 calls at once on one loop; the worker's semaphore bounds the rollouts. It wires the worker to the cluster: sandbox
 starts draw from the cluster-wide create-rate limiters (`raygrpo.actors.rate_limiter`), and a reaper thread stops
-sandboxes on this node whose owner died.
+sandboxes on this node whose owner died. On a cluster it maps the config's paths into its node's copy of the job's
+working_dir (`raygrpo.workdir`) and records its node in every trajectory.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from raygrpo.actors.rate_limiter import RayRateLimiterClient
 from raygrpo.environ import apply_process_env
 from raygrpo.sandbox.reaper import OrphanReaper
 from raygrpo.types import TaskRef, Trajectory
+from raygrpo.workdir import relocate
 from raygrpo.worker import RolloutWorker, WorkerSettings
 
 logger = logging.getLogger(__name__)
@@ -34,7 +36,11 @@ class EnvPool:
 
     def __init__(self, settings: WorkerSettings) -> None:
         apply_process_env()
-        self.settings = settings
+        self._driver_workdir = settings.workdir
+        self.settings = relocate(settings, settings.workdir)
+        if self.settings is not settings:
+            logger.info("%s: config paths under %s mapped to %s", settings.name, settings.workdir, os.getcwd())
+        self.node = ray.util.get_node_ip_address()
         self._worker: RolloutWorker | None = None
         self._lock: asyncio.Lock | None = None
         self._reaper: OrphanReaper | None = None
@@ -63,8 +69,10 @@ class EnvPool:
         """One rollout of `task` (see `RolloutWorker.run`; `policy` names a built-in acting policy to use instead of
         the run's)."""
         worker = await self._ready()
-        return await worker.run(task, group_id=group_id, attempt=attempt, sample=sample, min_version=min_version,
-                                policy=policy)
+        traj = await worker.run(relocate(task, self._driver_workdir), group_id=group_id, attempt=attempt,
+                                sample=sample, min_version=min_version, policy=policy)
+        traj.task, traj.node = task, self.node  # the driver's paths, as it sent them
+        return traj
 
     async def stats(self) -> dict[str, Any]:
         if self._worker is None:

@@ -42,13 +42,20 @@ class LearnerActor:
     def progress(self) -> dict[str, Any]:
         return dict(self.learner.progress)
 
+    def node_ip(self) -> str:
+        """The address of the node the learner runs on (the driver logs where it was placed)."""
+        return ray.util.get_node_ip_address()
 
-def start_learner(learner: str, num_cpus: float, num_gpus: int, env_vars: dict[str, str] | None = None, **kwargs: Any):
+
+def start_learner(learner: str, num_cpus: float, num_gpus: int, env_vars: dict[str, str] | None = None,
+                  resources: dict[str, float] | None = None, **kwargs: Any):
     """Create the learner actor and return its handle; the learner is built in the actor's constructor (cheap:
-    raygrpo's loads nothing until `train()` is called)."""
+    raygrpo's loads nothing until `train()` is called). `resources` are custom resources it asks for (e.g. the
+    GPU nodes' `learner_gpu`)."""
     runtime_env = {"env_vars": {**PROCESS_ENV, **(env_vars or {})}}
     return (
         ray.remote(LearnerActor)
-        .options(num_cpus=num_cpus, num_gpus=num_gpus, max_concurrency=2, runtime_env=runtime_env)
+        .options(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources or None, max_concurrency=2,
+                 runtime_env=runtime_env)
         .remote(learner, **kwargs)
     )

@@ -4,8 +4,10 @@ The driver starts one per embedded environment (`start_embedded_server`), lists 
 pool actors the spec returned by `spec.served_at(url)`. The actor owns the server thread; killing the actor (or the
 driver's job ending) stops it, so a crashed run leaves no server behind.
 
-The server binds 127.0.0.1 by default, so env pool actors must run on the same node. For a multi-node cluster pass
-`host="0.0.0.0"`: the advertised URL then uses the node's IP address.
+The server binds 127.0.0.1 by default, so env pool actors must run on the same node. On a cluster pass
+`host="node"`: it binds the address of the node it landed on and advertises that (`"0.0.0.0"` binds every interface
+and advertises the node's address too). There its environment's file path is mapped into the node's copy of the job's
+working_dir (`workdir`, see `raygrpo.workdir`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import ray
 from raygrpo.envs.ors_server import serve_environments
 from raygrpo.errors import describe
 from raygrpo.specs.ors import ORSSpec
+from raygrpo.workdir import relocate
 
 logger = logging.getLogger(__name__)
 
@@ -31,9 +34,10 @@ class _ORSServer:
 
     Args:
         environments: Import specs (`"pkg.mod:Class"`, `"/abs/path/env.py:Class"`) of the environments to serve.
-        host: Interface to bind (127.0.0.1 unless the cluster spans nodes).
+        host: Interface to bind: 127.0.0.1 on one machine, `"node"` for this node's address on a cluster.
         port: Port to bind; 0 picks a free one.
         idle_timeout_s: Server-side idle timeout of sessions (None: openreward's 900 s).
+        workdir: The driver's working_dir on a cluster (paths under it are mapped into this node's copy).
     """
 
     def __init__(
@@ -42,9 +46,12 @@ class _ORSServer:
         host: str = "127.0.0.1",
         port: int = 0,
         idle_timeout_s: float | None = None,
+        workdir: str | None = None,
     ) -> None:
+        if host == "node":
+            host = ray.util.get_node_ip_address()
         self._running = serve_environments(
-            environments, host=host, port=port, idle_timeout_s=idle_timeout_s
+            relocate(environments, workdir), host=host, port=port, idle_timeout_s=idle_timeout_s
         )
         self._url = self._running.url
         if host in ("0.0.0.0", "::"):
@@ -76,6 +83,7 @@ def start_embedded_server(
     host: str = "127.0.0.1",
     idle_timeout_s: float | None = None,
     startup_timeout_s: float = 120.0,
+    workdir: str | None = None,
 ) -> tuple[Any, str]:
     """Start an `ORSServerActor` serving `spec.environment` and return `(actor_handle, url)`.
 
@@ -90,7 +98,7 @@ def start_embedded_server(
     if spec.environment is None:
         raise ValueError(f"envs.{name}: start_embedded_server needs an `environment` spec")
     actor = ORSServerActor.options(name=f"raygrpo-ors-{name}-{uuid.uuid4().hex[:8]}").remote(
-        [spec.environment], host=host, idle_timeout_s=idle_timeout_s
+        [spec.environment], host=host, idle_timeout_s=idle_timeout_s, workdir=workdir
     )
     try:
         url = ray.get(actor.url.remote(), timeout=startup_timeout_s)

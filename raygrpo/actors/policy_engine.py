@@ -36,6 +36,10 @@ class PolicyEngineActor:
         """Returns once the model is loaded (the actor's constructor has run)."""
         return True
 
+    async def node_ip(self) -> str:
+        """The address of the node the engine runs on (the driver logs where each actor was placed)."""
+        return ray.util.get_node_ip_address()
+
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, context: GenerationContext | None = None
     ) -> Turn:
@@ -64,6 +68,7 @@ def start_policy_engine(
     num_cpus: float = 1.0,
     num_gpus: float = 0.0,
     name: str | None = None,
+    resources: dict[str, float] | None = None,
     **engine_kwargs: Any,
 ):
     """Create a `PolicyEngineActor` and return its handle; it loads the model in the background (await `ready`).
@@ -74,10 +79,12 @@ def start_policy_engine(
             `num_threads` is given.
         num_gpus: GPUs reserved for the actor (pass `device="cuda"` with it).
         name: Optional actor name.
+        resources: Custom resources the actor asks for.
         **engine_kwargs: `device`, `max_batch_size`, `batch_wait_s`, `seed`, `dtype`, `num_threads`.
     """
     engine_kwargs.setdefault("num_threads", max(1, int(round(num_cpus))))
-    options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_concurrency": 1000}
+    options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_concurrency": 1000,
+                               "resources": resources or None}
     if name is not None:
         options["name"] = name
     return ray.remote(PolicyEngineActor).options(**options).remote(model_path, **engine_kwargs)
@@ -101,6 +108,7 @@ def start_engines(cfg: PolicyConfig, model_path: str, ready_timeout_s: float = 6
             model_path,
             num_cpus=cfg.engine_num_cpus,
             num_gpus=num_gpus,
+            resources=cfg.engine_resources,
             device=cfg.device,
             max_batch_size=cfg.max_batch_size,
             seed=i,
@@ -113,6 +121,8 @@ def start_engines(cfg: PolicyConfig, model_path: str, ready_timeout_s: float = 6
         stop_engines(handles)
         raise
     logger.info("started %d transformers engine(s) for %s", len(handles), model_path)
+    for ip in ray.get([h.node_ip.remote() for h in handles], timeout=60):
+        logger.info("placed engine on %s", ip)
     return handles
 
 

@@ -221,7 +221,8 @@ def start_vllm_server(cfg: VLLMServeConfig, model_path: str, name: str | None = 
     """
     import ray
 
-    options: dict[str, Any] = {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus, "max_restarts": 0}
+    options: dict[str, Any] = {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus, "max_restarts": 0,
+                               "resources": cfg.resources or None}
     options.update({"name": name} if name is not None else {})
     handle = ray.remote(VLLMServerActor).options(**options).remote(cfg.model_dump(), model_path)
     wait_s = cfg.startup_timeout_s + 120.0

@@ -40,6 +40,8 @@ class VLLMServeConfig(BaseModel):
         num_gpus: Ray GPUs reserved for the server actor; the server sees exactly those (`CUDA_VISIBLE_DEVICES`).
             Must cover `tensor_parallel_size`; 0 only for fake servers in tests.
         num_cpus: Ray CPUs reserved for the server actor.
+        resources: Custom resources the server actor asks for, e.g. `{learner_gpu: 1}` for the GPU nodes of
+            `cluster/`.
         log_dir: Folder (on the server's node) for the server log; None makes a temporary one.
     """
 
@@ -62,6 +64,7 @@ class VLLMServeConfig(BaseModel):
     stop_timeout_s: float = Field(30.0, ge=0)
     num_gpus: float = Field(1.0, ge=0)
     num_cpus: float = Field(1.0, ge=0)
+    resources: dict[str, float] = Field(default_factory=dict)
     log_dir: str | None = None
 
     @model_validator(mode="after")
@@ -97,6 +100,8 @@ class PolicyConfig(BaseModel):
             `raygrpo.policy.base.GenerationContext` and returns the assistant's text, or None to stop talking.
         num_engines: For `kind="transformers"`: how many engine actors to start; env pool actors are spread over them.
         engine_num_cpus: For `kind="transformers"`: CPUs reserved per engine actor (also its torch thread count).
+        engine_resources: For `kind="transformers"`: custom resources each engine actor asks for, e.g.
+            `{learner_gpu: 1}` to sit on the GPU nodes with the learner.
         max_batch_size: For `kind="transformers"`: most requests an engine generates together.
         device: For `kind="transformers"`: torch device of the engines (`"cpu"`, `"cuda"`).
         url: For `kind="vllm"`: base URL of a running vLLM server, e.g. `"http://10.0.0.5:8000"`.
@@ -114,6 +119,7 @@ class PolicyConfig(BaseModel):
     script: str | None = None
     num_engines: int = Field(1, ge=1)
     engine_num_cpus: float = Field(1.0, gt=0)
+    engine_resources: dict[str, float] = Field(default_factory=dict)
     max_batch_size: int = Field(16, ge=1)
     device: str = "cpu"
     url: str | None = None

@@ -40,9 +40,12 @@ class RayConfig(BaseModel):
     """Where Ray runs.
 
     Args:
-        address: None starts a local Ray on 127.0.0.1; `"auto"` joins the cluster this process runs in (e.g. under
-            `ray job submit`); any other value is passed to `ray.init(address=...)`.
-        num_cpus: CPUs a local Ray advertises (None: Ray's default, the machine's cores).
+        address: None joins the cluster named by the `RAY_ADDRESS` environment variable if it is set (a
+            `ray job submit` job's entrypoint has it), else starts a local Ray on 127.0.0.1; `"auto"` joins the
+            cluster this machine belongs to; any other value is passed to `ray.init(address=...)`. `--address`
+            overrides it.
+        num_cpus: CPUs a local Ray advertises (None: Ray's default, the machine's cores). A cluster's nodes advertise
+            their own: joining one, a value here is reported in the log and not applied.
     """
 
     model_config = ConfigDict(extra="forbid")

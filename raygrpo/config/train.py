@@ -107,12 +107,15 @@ class LearnerConfig(BaseModel):
     Args:
         num_gpus: GPUs of the learner actor: 0 trains on the CPU (`use_cpu=True`), 1 on one GPU.
         num_cpus: CPUs Ray reserves for the learner; also its torch thread count (rounded, at least 1).
+        resources: Custom resources the learner asks for, e.g. `{learner_gpu: 1}` to place it on the GPU node type
+            of `cluster/` (a resource no node offers and no autoscaler can add fails the run at start).
     """
 
     model_config = ConfigDict(extra="forbid")
 
     num_gpus: int = Field(0, ge=0, le=1)
     num_cpus: float = Field(1.0, gt=0)
+    resources: dict[str, float] = Field(default_factory=dict)
 
 
 class TrainConfig(BaseModel):

@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, model_validator
 
+from raygrpo.specs.pool import PoolSpec
+
 #: Fields an environment spec once had, and where that setting lives now (a config that sets one fails at load).
 MOVED_FIELDS: dict[str, str] = {
     "weight": "is not an environment setting: set each environment's share of the training groups in "
@@ -26,9 +28,12 @@ def refuse_moved_fields(data: Any, moved: dict[str, str]) -> Any:
 
 class EnvSpecBase(BaseModel):
     """Base class of environment specs: unknown fields are errors, and no input value is echoed in an error (a
-    mistyped field may hold a secret)."""
+    mistyped field may hold a secret). Every spec has `pool` (`PoolSpec`, *optional*): env pool actors of its own and
+    where they run; without it the environment shares the run's default actors (`workers:`)."""
 
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+
+    pool: PoolSpec | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -29,7 +29,7 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from raygrpo._compat import sync_vllm_weights
 from raygrpo.config import RunConfig
-from raygrpo.orchestrator import Orchestrator
+from raygrpo.orchestrator import Orchestrator, Route
 from raygrpo.outcome import Outcomes
 from raygrpo.policy.tiny import resolve_model_path
 from raygrpo.policy.vllm_serve import trl_server_kwargs
@@ -43,6 +43,7 @@ from raygrpo.train.trainer import trainer_class
 from raygrpo.train.warmup import run_warmup
 from raygrpo.train.weights import push_weights
 from raygrpo.types import TaskRef
+from raygrpo.workdir import relocate
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +82,8 @@ class Learner:
         tasks_by_env: Training tasks per environment.
         eval_tasks: Tasks evaluated every `cfg.train.eval_every` steps.
         resume: Continue from the latest checkpoint in `out_dir/checkpoints` (if any).
+        routes: Which environments each actor serves and its capacity (`RolloutRuntime.routes`).
+        workdir: The driver's working_dir on a cluster: config paths under it are mapped into this node's copy.
     """
 
     def __init__(
@@ -92,10 +95,13 @@ class Learner:
         tasks_by_env: dict[str, list[TaskRef]],
         eval_tasks: list[TaskRef],
         resume: bool = False,
+        routes: dict[str, Route] | None = None,
+        workdir: str | None = None,
     ) -> None:
-        self.cfg = cfg
+        self.cfg = relocate(cfg, workdir)
         self.out = Path(out_dir)
         self.actors = actors
+        self.routes = routes or {}
         self.engines = engines
         self.tasks_by_env = tasks_by_env
         self.eval_tasks = eval_tasks
@@ -175,7 +181,7 @@ class Learner:
             schedule.load_state_dict(saved["schedule"])
         workers = self.cfg.workers
         self.source = RolloutSource(
-            Orchestrator(self.actors, workers.max_concurrent_per_actor, workers.max_retries),
+            Orchestrator(self.actors, workers.max_concurrent_per_actor, workers.max_retries, routes=self.routes),
             schedule,
             self.group_size,
             self.cfg.train.mode,
@@ -184,7 +190,7 @@ class Learner:
             self.cfg.train.weight_sync_every,
         )
         self.source.dropped_total = int(saved.get("dropped_groups_total", 0))
-        self._eval_orchestrator = Orchestrator(self.actors, workers.max_concurrent_per_actor, workers.max_retries)
+        self._eval_orchestrator = Orchestrator(self.actors, workers.max_concurrent_per_actor, workers.max_retries, routes=self.routes)
         # TRL's sampler only shapes the batches: one placeholder prompt per group slot (see raygrpo.train.groups).
         dataset = Dataset.from_dict({"prompt": [f"raygrpo group slot {i}" for i in range(groups_per_step)]})
         trainer = trainer_class(self.cfg)(

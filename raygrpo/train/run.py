@@ -18,8 +18,10 @@ from typing import Any
 from raygrpo.actors.learner import start_learner
 from raygrpo.check import read_broken_tasks
 from raygrpo.config import RunConfig
+from raygrpo.placement import actor_resources, check_fits
 from raygrpo.progress import Progress, progress_mode
 from raygrpo.resolve import ResolvedRun, resolve_run
+from raygrpo.runtime import ray_info
 from raygrpo.session import RunSession
 from raygrpo.train.metrics import read_metrics
 
@@ -78,16 +80,20 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
     with session:
         runtime = session.runtime
         learner_cfg = cfg.train.learner
+        check_fits({"train.learner": actor_resources(learner_cfg.num_cpus, learner_cfg.num_gpus,
+                                                     resources=learner_cfg.resources)})
         job_env = dict((ray.get_runtime_context().runtime_env or {}).get("env_vars") or {})
         learner = start_learner(
             "raygrpo.train.learner:Learner", learner_cfg.num_cpus, learner_cfg.num_gpus, env_vars=job_env,
+            resources=learner_cfg.resources,
             cfg=cfg.model_copy(update={"policy": runtime.policy}),  # with the URL of a vLLM raygrpo serves
             out_dir=str(out), actors=runtime.actors, engines=runtime.engines,
             tasks_by_env={name: runtime.tasks_by_env[name] for name in cfg.envs},
             eval_tasks=[t for name in cfg.eval_envs for t in runtime.tasks_by_env[name] or []],
-            resume=resume,
+            resume=resume, routes=runtime.routes, workdir=ray_info().workdir,
         )
         try:
+            logger.info("placed learner on %s", ray.get(learner.node_ip.remote()))
             ref = learner.train.remote()
             with Progress("steps", None, progress_mode(progress), log_every_s=60.0) as bar:
                 last = (-1, "")

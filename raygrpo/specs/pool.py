@@ -1,0 +1,53 @@
+"""Where an environment's env pool actors run and what each reserves (`envs.<name>.pool`).
+
+An environment without `pool` shares the run's default env pool actors (`workers:`), which ask for nothing but a
+fraction of a CPU, so a one-machine run needs no custom resources. With `pool`, the environment gets actors of its
+own that ask Ray for what it names: docker-backed Harbor suites the docker hosts' custom resource, remote-sandbox
+(e2b) suites a light CPU share on client nodes, and an autoscaler adds the nodes that carry them.
+
+    envs:
+      swe:
+        kind: harbor
+        environment_type: docker
+        pool: {num_actors: 4, max_concurrent: 16, num_cpus: 1, memory: 2GiB, resources: {docker_host: 0.5}}
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator
+
+
+class PoolSpec(BaseModel):
+    """The env pool actors of one environment.
+
+    Args:
+        num_actors (`int`, *optional*):
+            Actors serving this environment alone (default: `workers.num_env_actors`).
+        max_concurrent (`int`, *optional*):
+            Rollouts, hence live environments, per actor at once (default: `workers.max_concurrent_per_actor`).
+        num_cpus (`float`, *optional*):
+            CPUs Ray reserves per actor (default: `workers.actor_num_cpus`).
+        memory (`ByteSize`, *optional*):
+            Memory Ray reserves per actor, in bytes or with a unit (`"2GiB"`); the node must have it free.
+        resources (`dict[str, float]`, *optional*, defaults to `{}`):
+            Custom resources per actor, e.g. `{docker_host: 0.5}`: two actors per node that carries `docker_host: 1`.
+            A resource that no node offers and no autoscaler can add fails the run at start, naming it.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_actors: int | None = Field(None, ge=1)
+    max_concurrent: int | None = Field(None, ge=1)
+    num_cpus: float | None = Field(None, ge=0)
+    memory: ByteSize | None = None
+    resources: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("resources")
+    @classmethod
+    def _positive(cls, value: dict[str, float]) -> dict[str, float]:
+        for key, amount in value.items():
+            if key in ("CPU", "GPU", "memory"):
+                raise ValueError(f"`{key}` is not a custom resource: set num_cpus / memory instead")
+            if amount <= 0:
+                raise ValueError(f"resources.{key} must be positive, got {amount}")
+        return value
