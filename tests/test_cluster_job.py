@@ -1,0 +1,303 @@
+"""`ray job submit` against a real head: the commands of cluster/README.md, run as a user runs them.
+
+A head is started with `ray start --head` on 127.0.0.1, with token authentication and the docker hosts' custom
+resource, in its own `--temp-dir` (so nothing else on the machine finds or joins it); the test stops exactly the
+processes it started. Each test copies an example to a temporary folder, submits `raygrpo rollout` from there with
+`--working-dir .` and `--runtime-env cluster/runtime_env.yaml`, deletes the local copy once the job runs (the job
+must carry everything it needs), and checks the run folder the job wrote. Leaks are counted by the OS (local
+sandboxes), docker, and the ORS server's own registry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+from raygrpo.sandbox.docker_engine import find
+from raygrpo.sandbox.docker_owner import SANDBOX_LABEL
+from raygrpo.sandbox.registry import process_env_marks
+from tests.docker_utils import docker_ready  # noqa: F401 - a fixture
+from tests.e2e_support import NapEnvironment
+from tests.ors_utils import ors_server, wait_until
+from tests.test_e2e_harbor import os_leaks
+
+REPO = Path(__file__).resolve().parent.parent
+RAY = str(Path(sys.executable).with_name("ray"))
+FAKE_SECRET = "rgfake-" + secrets.token_hex(12)
+
+pytestmark = [pytest.mark.cluster]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def job_state(status_output: str) -> str:
+    """The state `ray job status` printed: "Status for job 'ID': RUNNING" while it runs, then "Job 'ID' succeeded"
+    (or "failed", "was stopped"); the CLI colours it."""
+    out = re.sub(r"\x1b\[[0-9;]*m", "", status_output)
+    found = re.search(r"Status for job '[^']+': (\w+)|Job '[^']+' (succeeded|failed|was stopped)", out)
+    if not found:
+        return "UNKNOWN"
+    return found.group(1) or {"succeeded": "SUCCEEDED", "failed": "FAILED", "was stopped": "STOPPED"}[found.group(2)]
+
+
+@dataclass
+class Head:
+    """A running head: where to reach it and the environment every client needs (the token)."""
+
+    dashboard: str
+    temp_dir: Path
+    sandbox_base: Path
+    env: dict[str, str]
+
+    def ray(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+        """Run a `ray` CLI command against this head (from the current directory)."""
+        return subprocess.run([RAY, *args], env=self.env, capture_output=True, text=True, timeout=timeout,
+                              check=check)
+
+    def submit(self, workdir: Path, runtime_env: Path, entrypoint: list[str]) -> str:
+        """`ray job submit --no-wait` from `workdir`, as cluster/README.md shows; returns the job id."""
+        proc = subprocess.run(
+            [RAY, "job", "submit", "--address", self.dashboard, "--working-dir", ".", "--runtime-env",
+             str(runtime_env), "--no-wait", "--", *entrypoint],
+            cwd=workdir, env=self.env, capture_output=True, text=True, timeout=180)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        for line in (proc.stdout + proc.stderr).splitlines():
+            if "raysubmit_" in line:
+                return next(w.strip("'\"`.") for w in line.split() if w.strip("'\"`.").startswith("raysubmit_"))
+        raise AssertionError(f"no job id in: {proc.stdout}{proc.stderr}")
+
+    def status(self, job_id: str) -> str:
+        proc = self.ray("job", "status", "--address", self.dashboard, job_id, check=False)
+        return job_state(proc.stdout + proc.stderr)
+
+    def wait(self, job_id: str, states: set[str], timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        state = "UNKNOWN"
+        while time.monotonic() < deadline:
+            state = self.status(job_id)
+            if state in states:
+                return state
+            time.sleep(1.0)
+        raise AssertionError(f"job {job_id} still {state} after {timeout_s:g} s:\n{self.logs(job_id)[-4000:]}")
+
+    def logs(self, job_id: str) -> str:
+        proc = self.ray("job", "logs", "--address", self.dashboard, job_id, check=False)
+        return proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory) -> Iterator[Head]:
+    """`ray start --head --block` on 127.0.0.1 with token auth and `docker_host: 2`; stopped by pid at the end."""
+    temp_dir = Path(f"/tmp/rgh-{secrets.token_hex(3)}")
+    sandbox_base = tmp_path_factory.mktemp("job-sandboxes")
+    gcs_port, dash_port = _free_port(), _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update({
+        "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16),
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # keep the single-node head on loopback
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "RAYGRPO_SANDBOX_ROOT": str(sandbox_base),
+        "RAY_USAGE_STATS_ENABLED": "0",
+    })
+    proc = subprocess.Popen(
+        [RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(gcs_port),
+         "--include-dashboard", "true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash_port),
+         "--num-cpus", "4", "--resources", json.dumps({"docker_host": 2}), "--temp-dir", str(temp_dir),
+         "--disable-usage-stats"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    head = Head(dashboard=f"http://127.0.0.1:{dash_port}", temp_dir=temp_dir, sandbox_base=sandbox_base, env=env)
+    try:
+        up = wait_until(lambda: head.ray("job", "list", "--address", head.dashboard, timeout=30,
+                                         check=False).returncode == 0, 90)
+        assert up, f"the head did not answer at {head.dashboard}"
+        yield head
+    finally:
+        _stop_head(proc, temp_dir)
+
+
+def _stop_head(proc: subprocess.Popen, temp_dir: Path) -> None:
+    """Stop the head's processes: its `ray start --block` process group, then anything else that names its temp dir
+    (workers run in sessions of their own), by pid."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        pass
+    mine = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if str(temp_dir) in " ".join(p.info["cmdline"] or []):
+                mine.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    for p in mine:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(mine, timeout=15)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _copy_example(name: str, dest: Path) -> Path:
+    return Path(shutil.copytree(REPO / "examples" / name, dest / name))
+
+
+def _runtime_env(tmp_path: Path, **env_vars: str) -> Path:
+    """cluster/runtime_env.yaml, plus `env_vars` (the test's fake secret) when given."""
+    if not env_vars:
+        return REPO / "cluster" / "runtime_env.yaml"
+    data = yaml.safe_load((REPO / "cluster" / "runtime_env.yaml").read_text())
+    data["env_vars"] = {**data.get("env_vars", {}), **env_vars}
+    path = tmp_path / "runtime_env.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _run_and_delete_copy(head: Head, workdir: Path, runtime_env: Path, entrypoint: list[str],
+                         timeout_s: float = 300) -> tuple[str, str]:
+    job = head.submit(workdir, runtime_env, entrypoint)
+    head.wait(job, {"RUNNING", "SUCCEEDED", "FAILED"}, 120)
+    shutil.rmtree(workdir)  # the job must have carried everything it needs
+    state = head.wait(job, {"SUCCEEDED", "FAILED", "STOPPED"}, timeout_s)
+    return job, state
+
+
+def _lines(out: Path) -> list[dict]:
+    return [json.loads(x) for x in (out / "trajectories.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.timeout(420)
+def test_echo_rollout_as_a_job_and_a_secret_left_nowhere(head, tmp_path):
+    """The echo example submitted from a copy: rewards as on one machine (the right answer: 1.0 everywhere); a fake
+    secret given through the runtime_env reaches the environment's sessions but appears nowhere in the run folder,
+    the job's driver log or the workers' logs."""
+    workdir = _copy_example("echo", tmp_path)
+    out = tmp_path / "out"
+    runtime_env = _runtime_env(tmp_path, RAYGRPO_TEST_TOKEN=FAKE_SECRET)
+    job, state = _run_and_delete_copy(head, workdir, runtime_env, [
+        "raygrpo", "rollout", "rollout.yaml", "--out", str(out),
+        "--set", 'envs.echo.secrets={"api_token": "RAYGRPO_TEST_TOKEN"}'])
+    logs = head.logs(job)
+    assert state == "SUCCEEDED", logs[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["requested"] == summary["completed"] == 32 and summary["leaked_envs"] == 0
+    assert summary["reward_mean"] == 1.0 and summary["status_counts"] == {"ok": 32}
+    assert {t["node"] for t in _lines(out)} == {"127.0.0.1"}
+    assert "ray.num_cpus=4 sizes a local Ray only" in logs  # the example's setting is reported, not dropped
+    worker_logs = [p for p in (head.temp_dir / "session_latest" / "logs").glob("*")
+                   if p.is_file() and p.name.startswith(("worker-", "python-core-worker"))]
+    assert worker_logs
+    places = [*(p for p in out.rglob("*") if p.is_file()), *worker_logs]
+    leaked = [str(p) for p in places if FAKE_SECRET in p.read_text(errors="replace")]
+    assert leaked == [] and FAKE_SECRET not in logs
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.usefixtures("docker_ready")
+def test_harbor_rollout_on_docker_as_a_job(head, tmp_path):
+    """The Harbor example on the docker backend, its env pool actors asking for the docker hosts' resource."""
+    from tests.docker_utils import sandbox_objects
+
+    workdir = _copy_example("harbor_local", tmp_path)
+    out = tmp_path / "out"
+    job, state = _run_and_delete_copy(head, workdir, _runtime_env(tmp_path), [
+        "raygrpo", "rollout", "rollout.yaml", "--out", str(out), "--no-progress",
+        "--set", "envs.local.environment_type=docker", "--set", "rollout.group_size=1",
+        "--set", 'envs.local.pool={"num_actors": 2, "max_concurrent": 4, "resources": {"docker_host": 1}}'],
+        timeout_s=480)
+    assert state == "SUCCEEDED", head.logs(job)[-4000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["requested"] == summary["completed"] == 9 and summary["leaked_envs"] == 0
+    assert summary["reward_mean"] == 1.0
+    assert {t["worker"] for t in _lines(out)} <= {"raygrpo-envpool-local-0", "raygrpo-envpool-local-1"}
+    assert sandbox_objects() == []
+
+
+BUSY = '''
+from raygrpo.toolcalls import format_tool_call
+
+
+def busy(ctx):
+    """Keep every rollout busy: Harbor sandboxes sleep, ORS sessions nap (the job is stopped meanwhile)."""
+    if any(m.get("role") == "tool" for m in ctx.messages):
+        return "Done."
+    if ctx.task.env == "nap":
+        return format_tool_call("nap", {"seconds": 120})
+    return format_tool_call("bash", {"command": "sleep 300 & sleep 300"})
+'''
+
+
+def live_sandboxes(base: Path) -> int:
+    """Sandboxes under `base` with a live process, as the OS shows them (each sandbox's processes carry its id)."""
+    return len({sid for _, (root, sid) in process_env_marks().items() if root and root.startswith(str(base))})
+
+
+@pytest.mark.timeout(480)
+@pytest.mark.usefixtures("docker_ready")
+def test_job_stop_mid_batch_leaves_nothing(head, tmp_path):
+    """72 Harbor sandboxes on the local backend, 16 on docker and 16 ORS sessions busy, then `ray job stop`: the job
+    stops within Ray's wait (raised to 60 s by cluster/runtime_env.yaml), writes a partial summary with
+    `interrupted: true`, and the OS, docker and the ORS server hold nothing of it."""
+    from tests.docker_utils import sandbox_objects
+
+    NapEnvironment.reset_counters()
+    workdir = _copy_example("harbor_local", tmp_path)
+    (workdir / "busy.py").write_text(BUSY)
+    out = tmp_path / "out"
+    with ors_server(NapEnvironment) as server:
+        job = head.submit(workdir, _runtime_env(tmp_path), [
+            "raygrpo", "rollout", "rollout.yaml", "--out", str(out), "--no-progress",
+            "--set", "policy.kind=scripted", "--set", "policy.script=busy.py:busy",
+            "--set", "rollout.group_size=8", "--set", "envs.local.exec_timeout_s=600",
+            "--set", "envs.local.max_concurrent_starts=16",
+            "--set", "workers.num_env_actors=2", "--set", "workers.max_concurrent_per_actor=48",
+            "--set", f'envs.nap={{"kind": "ors", "url": "{server.url}", "num_tasks": 2}}',
+            "--set", 'envs.dock={"kind": "harbor", "path": "tasks", "environment_type": "docker", "num_tasks": 2, '
+                     '"exec_timeout_s": 600, "pool": {"num_actors": 1, "max_concurrent": 16, '
+                     '"resources": {"docker_host": 1}}}'])
+
+        def containers() -> int:
+            return len(find([SANDBOX_LABEL], kinds=("container",)))  # the busy sleeps keep them running
+
+        busy = wait_until(lambda: live_sandboxes(head.sandbox_base) >= 64 and NapEnvironment.napping >= 16
+                          and containers() >= 16, 300)
+        live = live_sandboxes(head.sandbox_base) + containers()
+        began = time.monotonic()
+        stopped = head.ray("job", "stop", "--address", head.dashboard, job, timeout=120, check=False)
+        state = head.wait(job, {"STOPPED", "FAILED", "SUCCEEDED"}, 90)
+        took = time.monotonic() - began
+        print(f"\nray job stop with {live} live sandboxes (local and docker) and {NapEnvironment.napping} ORS naps: "
+              f"{took:.1f} s")
+        assert busy, (os_leaks(head.sandbox_base), NapEnvironment.napping, head.logs(job)[-3000:])
+        assert state == "STOPPED", stopped.stdout + stopped.stderr
+        assert wait_until(lambda: server.live_sessions() == 0, 30), server.live_sessions()
+    assert wait_until(lambda: os_leaks(head.sandbox_base) == ([], []), 30), os_leaks(head.sandbox_base)
+    assert wait_until(lambda: sandbox_objects() == [], 30), sandbox_objects()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["leaked_envs"] == 0
+    assert summary["requested"] == 72 + 16 + 16 and summary["completed"] < summary["requested"]
+    assert took < 60, took
