@@ -59,11 +59,29 @@ def job_state(status_output: str) -> str:
     return found.group(1) or {"succeeded": "SUCCEEDED", "failed": "FAILED", "was stopped": "STOPPED"}[found.group(2)]
 
 
+def submit_job(args: list[str], cwd: Path, env: dict[str, str]) -> str:
+    """`ray job submit ARGS` from `cwd`; returns the job id. A head that has just started may answer before its
+    node's job agent has registered ("No available agent to submit job"): that answer is retried for up to 2
+    minutes, as Ray's message asks."""
+    deadline = time.monotonic() + 120
+    while True:
+        proc = subprocess.run([RAY, "job", "submit", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=180)
+        if "No available agent" not in proc.stderr + proc.stdout or time.monotonic() > deadline:
+            break
+        time.sleep(2.0)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    found = re.search(r"raysubmit_\w+", proc.stdout + proc.stderr)
+    assert found, proc.stdout + proc.stderr
+    return found.group(0)
+
+
 @dataclass
 class Head:
     """A running head: where to reach it and the environment every client needs (the token)."""
 
     dashboard: str
+    gcs: str
     temp_dir: Path
     sandbox_base: Path
     env: dict[str, str]
@@ -75,15 +93,8 @@ class Head:
 
     def submit(self, workdir: Path, runtime_env: Path, entrypoint: list[str]) -> str:
         """`ray job submit --no-wait` from `workdir`, as cluster/README.md shows; returns the job id."""
-        proc = subprocess.run(
-            [RAY, "job", "submit", "--address", self.dashboard, "--working-dir", ".", "--runtime-env",
-             str(runtime_env), "--no-wait", "--", *entrypoint],
-            cwd=workdir, env=self.env, capture_output=True, text=True, timeout=180)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        for line in (proc.stdout + proc.stderr).splitlines():
-            if "raysubmit_" in line:
-                return next(w.strip("'\"`.") for w in line.split() if w.strip("'\"`.").startswith("raysubmit_"))
-        raise AssertionError(f"no job id in: {proc.stdout}{proc.stderr}")
+        return submit_job(["--address", self.dashboard, "--working-dir", ".", "--runtime-env", str(runtime_env),
+                           "--no-wait", "--", *entrypoint], workdir, self.env)
 
     def status(self, job_id: str) -> str:
         proc = self.ray("job", "status", "--address", self.dashboard, job_id, check=False)
@@ -124,7 +135,8 @@ def head(tmp_path_factory) -> Iterator[Head]:
          "--num-cpus", "4", "--resources", json.dumps({"docker_host": 2}), "--temp-dir", str(temp_dir),
          "--disable-usage-stats"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    head = Head(dashboard=f"http://127.0.0.1:{dash_port}", temp_dir=temp_dir, sandbox_base=sandbox_base, env=env)
+    head = Head(dashboard=f"http://127.0.0.1:{dash_port}", gcs=f"127.0.0.1:{gcs_port}", temp_dir=temp_dir,
+                sandbox_base=sandbox_base, env=env)
     try:
         up = wait_until(lambda: head.ray("job", "list", "--address", head.dashboard, timeout=30,
                                          check=False).returncode == 0, 90)
@@ -208,12 +220,28 @@ def test_echo_rollout_as_a_job_and_a_secret_left_nowhere(head, tmp_path):
     assert summary["reward_mean"] == 1.0 and summary["status_counts"] == {"ok": 32}
     assert {t["node"] for t in _lines(out)} == {"127.0.0.1"}
     assert "ray.num_cpus=4 sizes a local Ray only" in logs  # the example's setting is reported, not dropped
+    assert re.search(r"rollouts 32/32", logs)  # progress lines in `ray job logs`
     worker_logs = [p for p in (head.temp_dir / "session_latest" / "logs").glob("*")
                    if p.is_file() and p.name.startswith(("worker-", "python-core-worker"))]
     assert worker_logs
     places = [*(p for p in out.rglob("*") if p.is_file()), *worker_logs]
     leaked = [str(p) for p in places if FAKE_SECRET in p.read_text(errors="replace")]
     assert leaked == [] and FAKE_SECRET not in logs
+
+
+@pytest.mark.timeout(300)
+def test_address_joins_the_cluster_from_outside_a_job(head, tmp_path):
+    """`raygrpo rollout --address HOST:PORT` from a shell, not a job: it joins the head (the example's `ray.num_cpus`
+    is reported as not applied, which only a joined run does) and the driver's folder travels as the working_dir."""
+    workdir = _copy_example("echo", tmp_path)
+    out = tmp_path / "out"
+    proc = subprocess.run([str(Path(sys.executable).with_name("raygrpo")), "rollout", "rollout.yaml", "--address",
+                           head.gcs, "--out", str(out), "--no-progress"],
+                          cwd=workdir, env=head.env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert f"joining the cluster at {head.gcs}" in proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["completed"] == 32 and summary["reward_mean"] == 1.0 and summary["leaked_envs"] == 0
 
 
 @pytest.mark.timeout(600)

@@ -24,7 +24,7 @@ import pytest
 
 from raygrpo.types import Status
 from tests.netns_cluster import NetnsCluster, NodeSpec, netns_ready  # noqa: F401 - a fixture
-from tests.test_cluster_job import job_state
+from tests.test_cluster_job import job_state, submit_job
 
 REPO = Path(__file__).resolve().parent.parent
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -63,13 +63,9 @@ def test_a_training_job_places_each_actor_where_its_config_says(tmp_path):
     with NetnsCluster(workers, head=NodeSpec("head", num_cpus=1), system_config=HEALTH_CHECKS) as cluster:
         ips = {name: cluster.node_ip(name) for name in ("head", "dock1", "dock2", "gpu")}
         sets = [arg for o in OVERRIDES for arg in ("--set", o)]
-        submitted = _ray(cluster, "job", "submit", "--working-dir", ".", "--runtime-env",
-                         str(REPO / "cluster" / "runtime_env.yaml"), "--no-wait", "--",
-                         "raygrpo", "-v", "train", "train.yaml", "--out", str(out), "--no-progress", *sets,
-                         cwd=workdir, timeout=180)
-        job = re.search(r"raysubmit_\w+", submitted)
-        assert job, submitted
-        job = job.group(0)
+        job = submit_job(["--working-dir", ".", "--runtime-env", str(REPO / "cluster" / "runtime_env.yaml"),
+                          "--no-wait", "--", "raygrpo", "-v", "train", "train.yaml", "--out", str(out),
+                          "--no-progress", *sets], workdir, cluster.env())
         deadline = time.monotonic() + 780
         state = "UNKNOWN"
         while time.monotonic() < deadline and state not in ("SUCCEEDED", "FAILED", "STOPPED"):
