@@ -76,6 +76,11 @@ def submit_job(args: list[str], cwd: Path, env: dict[str, str]) -> str:
     return found.group(0)
 
 
+#: Ports `ray start` otherwise takes at fixed defaults, which another Ray on this machine may hold.
+_OWN_PORTS = ("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--runtime-env-agent-port",
+              "--metrics-export-port", "--node-manager-port", "--object-manager-port", "--ray-client-server-port")
+
+
 @dataclass
 class Head:
     """A running head: where to reach it and the environment every client needs (the token)."""
@@ -117,7 +122,9 @@ class Head:
 
 @pytest.fixture(scope="module")
 def head(tmp_path_factory) -> Iterator[Head]:
-    """`ray start --head --block` on 127.0.0.1 with token auth and `docker_host: 2`; stopped by pid at the end."""
+    """`ray start --head --block` on 127.0.0.1 with token auth and `docker_host: 2`; stopped by pid at the end. Every
+    port of its own is a free one: the session's local Ray (`ray_local`) may already hold Ray's defaults (the job
+    agent's 52365 among them), and a head whose agent cannot bind refuses every job."""
     temp_dir = Path(f"/tmp/rgh-{secrets.token_hex(3)}")
     sandbox_base = tmp_path_factory.mktemp("job-sandboxes")
     gcs_port, dash_port = _free_port(), _free_port()
@@ -133,7 +140,7 @@ def head(tmp_path_factory) -> Iterator[Head]:
         [RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(gcs_port),
          "--include-dashboard", "true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash_port),
          "--num-cpus", "4", "--resources", json.dumps({"docker_host": 2}), "--temp-dir", str(temp_dir),
-         "--disable-usage-stats"],
+         "--disable-usage-stats", *(arg for flag in _OWN_PORTS for arg in (flag, str(_free_port())))],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     head = Head(dashboard=f"http://127.0.0.1:{dash_port}", gcs=f"127.0.0.1:{gcs_port}", temp_dir=temp_dir,
                 sandbox_base=sandbox_base, env=env)
