@@ -112,7 +112,6 @@ class Orchestrator:
                   capacity=routes.get(n, Route()).capacity or max_in_flight_per_actor)
             for n, h in actors
         ]
-        self.max_in_flight = max_in_flight_per_actor
         self.max_retries = max_retries
         self.on_failed_attempt = on_failed_attempt
         self.stats = DispatchStats()

@@ -107,16 +107,15 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, **kwargs: 
             runtime_env["working_dir"] = workdir
             runtime_env.setdefault("excludes", WORKING_DIR_EXCLUDES)
     runtime_env["env_vars"] = {**env_vars, **runtime_env.get("env_vars", {})}
-    kwargs.setdefault("include_dashboard", False)
     kwargs.setdefault("logging_level", logging.WARNING)
     kwargs.setdefault("log_to_driver", True)
     # Ray's core worker installs its own SIGTERM handler in the driver (it dumps a native stack and aborts): keep the
     # process's Python handler, so `ray job stop` and `kill` stop a run as cleanly as Ctrl-C.
     own_handler = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
     if address is None:
+        kwargs.setdefault("include_dashboard", False)
         ray.init(num_cpus=num_cpus, runtime_env=runtime_env, **kwargs)
-    else:
-        kwargs.pop("include_dashboard")  # a cluster's head decides whether it has a dashboard
+    else:  # a cluster's head decides whether it has a dashboard
         ray.init(address=address, runtime_env=runtime_env, **kwargs)
     if callable(own_handler):
         signal.signal(signal.SIGTERM, own_handler)
