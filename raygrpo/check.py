@@ -245,8 +245,7 @@ def run_check(cfg: RunConfig, pass_threshold: float = 1.0, *, out_dir: str | Pat
                     group_id = f"check:{ref.env}:{ref.index}:{policy}"
                     refs[group_id] = (ref, policy)
                     requests.append(RolloutRequest(ref, group_id, policy=policy))
-            orchestrator = Orchestrator(runtime.actors, max_in_flight_per_actor=cfg.workers.max_concurrent_per_actor,
-                                        max_retries=cfg.workers.max_retries, routes=runtime.routes)
+            orchestrator = Orchestrator(pools=runtime.pools, max_retries=cfg.workers.max_retries)
             with Progress("rollouts", len(requests), progress_mode(progress)) as bar:
                 for traj in orchestrator.run(requests):
                     ref, policy = refs[traj.group_id]

@@ -1,6 +1,7 @@
 """`raygrpo rollout`: collect trajectories for every task of a run config, without training.
 
-Writes `OUT/trajectories.jsonl` (appended as rollouts finish) and `OUT/summary.json`. On Ctrl-C or an error the
+Writes `OUT/trajectories.jsonl` (appended as rollouts finish), `OUT/metrics.jsonl` (the env pools' sizes, queue
+and attempts by status every few seconds) and `OUT/summary.json`. On Ctrl-C or an error the
 rollouts in flight are cancelled, every environment is closed, and a partial summary is written.
 """
 
@@ -12,6 +13,7 @@ from typing import Any
 
 from raygrpo.config import RunConfig
 from raygrpo.orchestrator import Orchestrator, make_groups
+from raygrpo.pools.metrics import PoolMetricsLog
 from raygrpo.progress import Progress, progress_mode
 from raygrpo.resolve import resolve_run
 from raygrpo.session import RunSession
@@ -37,26 +39,31 @@ def collect(cfg: RunConfig, out_dir: str | Path, progress: bool | str = True) ->
     out = Path(out_dir)
     summary = RunSummary(requested=0)
     writer = TrajectoryWriter(out / "trajectories.jsonl")
+    lost = 0
     session = RunSession(cfg, out, resolved.tasks_by_env, actor_prefix="raygrpo-envpool",
-                         summarize=lambda: summary.to_dict(extra={"server_live_sessions":
-                                                                  session.runtime.server_live_sessions}))
+                         summarize=lambda: summary.to_dict(extra={
+                             "server_live_sessions": session.runtime.server_live_sessions,
+                             "attempts_lost_to_actors": lost, "pools": session.runtime.pool_snapshot}))
     try:
         with session:
             requests = make_groups(session.runtime.tasks, cfg.rollout.group_size)
             summary.requested = len(requests)
             orchestrator = Orchestrator(
-                session.runtime.actors,
-                max_in_flight_per_actor=cfg.workers.max_concurrent_per_actor,
+                pools=session.runtime.pools,
                 max_retries=cfg.workers.max_retries,
                 on_failed_attempt=summary.add_failed_attempt,
-                routes=session.runtime.routes,
             )
-            with Progress("rollouts", len(requests), progress_mode(progress)) as bar:
-                for traj in orchestrator.run(requests):
-                    writer.write(traj)
-                    summary.add(traj)
-                    bar.update(len(summary.trajectories), _progress_info(summary.trajectories,
-                                                                          orchestrator.in_flight))
+            pool_log = PoolMetricsLog(out / "metrics.jsonl")
+            try:
+                with Progress("rollouts", len(requests), progress_mode(progress)) as bar:
+                    for traj in orchestrator.run(requests, on_poll=lambda o: o.log_pools(pool_log)):
+                        writer.write(traj)
+                        summary.add(traj)
+                        bar.update(len(summary.trajectories), _progress_info(summary.trajectories,
+                                                                              orchestrator.in_flight))
+            finally:
+                orchestrator.log_pools(pool_log, force=True)
+                lost = orchestrator.stats.lost_to_actors
     finally:
         writer.close()
     return session.summary

@@ -2,7 +2,8 @@
 
 `RolloutRuntime` is a context manager: it brings everything up in `__enter__` and, whatever happened (an error,
 Ctrl-C), shuts the env pool actors down (which closes every session), then the engines and the servers, in
-`__exit__`. The final actor stats give the leak count. It starts from a resolved run: the config, and the tasks the
+`__exit__`. The env pool actors are started through the run's pools (`raygrpo.pools`), which size themselves from
+the orchestrator's demand; in training the learner owns the pools instead (`own_pools=False`) and gets the spawners. The final actor stats give the leak count. It starts from a resolved run: the config, and the tasks the
 driver's resolve step listed (None for an `environment` that is listed once it is served here).
 """
 
@@ -10,13 +11,10 @@ from __future__ import annotations
 
 import logging
 import uuid
-from dataclasses import dataclass
-from dataclasses import field as dataclass_field
 from typing import Any
 
 import ray
 
-from raygrpo.actors.env_pool import EnvPoolActor
 from raygrpo.actors.ors_server import start_embedded_server
 from raygrpo.actors.policy_engine import start_engines, stop_engines
 from raygrpo.actors.rate_limiter import ensure_rate_limiter
@@ -25,6 +23,7 @@ from raygrpo.config import RunConfig
 from raygrpo.envs.registry import kind_of
 from raygrpo.orchestrator import Route
 from raygrpo.placement import actor_resources, check_fits
+from raygrpo.pools import ActorSpawner, PoolGroup, PoolSet
 from raygrpo.runtime import ray_info
 from raygrpo.sandbox.docker_engine import DockerUnavailable, may_have_docker
 from raygrpo.sandbox.docker_owner import run_leftovers
@@ -37,28 +36,6 @@ from raygrpo.worker import WorkerSettings
 logger = logging.getLogger(__name__)
 
 
-@dataclass
-class PoolGroup:
-    """Env pool actors that serve the same environments and ask for the same resources.
-
-    Args:
-        field: The config field that sized it (`workers`, or `envs.<name>.pool`), for placement errors.
-        prefix: Prefix of its actors' names.
-        envs: The environments its actors serve.
-        count: How many actors; k: rollouts per actor at once.
-        num_cpus, memory, resources: What each actor reserves.
-    """
-
-    field: str
-    prefix: str
-    envs: dict[str, Any]
-    count: int
-    k: int
-    num_cpus: float
-    memory: int | None = None
-    resources: dict[str, float] = dataclass_field(default_factory=dict)
-
-
 class RolloutRuntime:
     """The Ray side of a run.
 
@@ -67,10 +44,12 @@ class RolloutRuntime:
         tasks_by_env: The environments to serve (`envs`, plus `eval_envs` for training), each with the tasks the
             resolve step listed, or None for an `environment` spec (listed here once its server is up).
         actor_prefix: Prefix of the env pool actors' names (they are named, so a cluster operator can find them).
+        own_pools: Start the env pools here (`pools`); False leaves `spawners` for the process that dispatches
+            (the learner), which then owns the actors and reports their final stats (`add_final_stats`).
     """
 
     def __init__(self, cfg: RunConfig, tasks_by_env: dict[str, list[TaskRef] | None],
-                 actor_prefix: str = "raygrpo-envpool") -> None:
+                 actor_prefix: str = "raygrpo-envpool", own_pools: bool = True) -> None:
         unknown = sorted(set(tasks_by_env) - set(cfg.envs) - set(cfg.eval_envs))
         if unknown:
             raise ValueError(f"environments {unknown} are not in the run config")
@@ -83,10 +62,14 @@ class RolloutRuntime:
         self.policy = cfg.policy
         self.vllm_server: Any = None
         self.engines: list[Any] = []
-        self.actors: list[tuple[str, Any]] = []
-        #: Per actor name: the environments it serves and its K; pass to `Orchestrator(routes=...)`.
-        self.routes: dict[str, Route] = {}
+        self.own_pools = own_pools
+        #: How each pool's actors are started (what the learner needs to own the pools in training).
+        self.spawners: list[ActorSpawner] = []
+        #: The run's env pools, when started here: pass to `Orchestrator(pools=...)`.
+        self.pools: PoolSet | None = None
         self.final_stats: list[dict[str, Any]] = []
+        #: The pools' last snapshot after they closed: actors started, drained and lost per pool.
+        self.pool_snapshot: dict[str, Any] = {}
         self.server_live_sessions: dict[str, int] = {}
         #: Labels this run's docker sandboxes; local ones live under their own root: leak counts see only the run's.
         self.run_id = f"run-{uuid.uuid4().hex[:12]}"
@@ -151,29 +134,34 @@ class RolloutRuntime:
 
         self._reaper = OrphanReaper(self.sandbox_root)
         job_env = dict((ray.get_runtime_context().runtime_env or {}).get("env_vars") or {})
-        index = 0
+        env_vars = {**job_env, ROOT_ENV: self.sandbox_root, RUN_ENV: self.run_id}
+        template = WorkerSettings(name="", envs={}, policy=self.policy, model=cfg.model, sampling=cfg.sampling,
+                                  rollout=cfg.rollout, max_concurrent=1, engines=self.engines, workdir=info.workdir)
+        base = 0
         for group in groups:
-            for i in range(group.count):
-                name = f"{group.prefix}-{i}"
-                settings = WorkerSettings(
-                    name=name, envs=group.envs, policy=self.policy, model=cfg.model, sampling=cfg.sampling,
-                    rollout=cfg.rollout, max_concurrent=group.k, engines=self.engines, worker_index=index,
-                    workdir=info.workdir,
-                )
-                handle = EnvPoolActor.options(
-                    name=name,
-                    num_cpus=group.num_cpus,
-                    memory=group.memory,
-                    resources=group.resources or None,
-                    max_concurrency=group.k + 16,
-                    scheduling_strategy="SPREAD",  # a pool's actors on as many nodes as carry its resources
-                    runtime_env={"env_vars": {**job_env, ROOT_ENV: self.sandbox_root, RUN_ENV: self.run_id}},
-                ).remote(settings)
-                self.actors.append((name, handle))
-                self.routes[name] = Route(envs=frozenset(group.envs), capacity=group.k)
-                index += 1
-        logger.info("waiting for %d env pool actor(s) to be placed", len(self.actors))
-        ray.get([h.ready.remote() for _, h in self.actors])
+            self.spawners.append(ActorSpawner(group, template, env_vars, index_base=base))
+            base += group.max_actors
+        if self.own_pools:
+            self.pools = PoolSet.from_spawners(self.spawners)
+            logger.info("starting %d env pool actor(s)", sum(g.min_actors for g in groups))
+            self.pools.start()
+
+    @property
+    def actors(self) -> list[tuple[str, Any]]:
+        """The live env pool actors of the pools started here, `(name, handle)`."""
+        return self.pools.actors if self.pools is not None else []
+
+    @property
+    def routes(self) -> dict[str, Route]:
+        """Per live actor name: the environments it serves and its K (for `Orchestrator(actors, routes=...)`)."""
+        if self.pools is None:
+            return {}
+        return {s.name: Route(envs=s.envs, capacity=s.capacity) for p in self.pools.pools for s in p.slots
+                if s.state.value == "live"}
+
+    def add_final_stats(self, stats: list[dict[str, Any]]) -> None:
+        """Final stats of env pool actors owned elsewhere (the learner's pools), for the leak count."""
+        self.final_stats.extend(stats)
 
     def _pool_groups(self) -> list[PoolGroup]:
         """The run's env pool actor groups. Environments without `pool` share the default group (`workers:`); each
@@ -182,32 +170,30 @@ class RolloutRuntime:
         shared = {name: spec for name, spec in self.envs.items() if spec.pool is None}
         groups = []
         if shared:
-            groups.append(PoolGroup("workers", self.actor_prefix, shared, workers.num_env_actors,
-                                    workers.max_concurrent_per_actor, workers.actor_num_cpus))
+            low, high = _bounds(None, workers.min_env_actors, workers.max_env_actors, workers.num_env_actors)
+            groups.append(PoolGroup("workers", self.actor_prefix, shared, workers.max_concurrent_per_actor,
+                                    workers.actor_num_cpus, min_actors=low, max_actors=high,
+                                    idle_timeout_s=workers.idle_timeout_s,
+                                    start_timeout_s=workers.actor_start_timeout_s))
         for name, spec in self.envs.items():
             pool = spec.pool
             if pool is not None:
+                low, high = _bounds(pool.num_actors, pool.min_actors, pool.max_actors, workers.num_env_actors)
                 groups.append(PoolGroup(
                     f"envs.{name}.pool", f"{self.actor_prefix}-{name}", {name: spec},
-                    pool.num_actors or workers.num_env_actors, pool.max_concurrent or workers.max_concurrent_per_actor,
+                    pool.max_concurrent or workers.max_concurrent_per_actor,
                     workers.actor_num_cpus if pool.num_cpus is None else pool.num_cpus,
-                    int(pool.memory) if pool.memory else None, pool.resources))
+                    int(pool.memory) if pool.memory else None, pool.resources, min_actors=low, max_actors=high,
+                    idle_timeout_s=pool.idle_timeout_s or workers.idle_timeout_s,
+                    start_timeout_s=workers.actor_start_timeout_s))
         return groups
 
     def stop(self) -> None:
         """Shut down actors (closing every environment), then engines and embedded servers. Safe to call twice."""
-        if self.actors:
-            refs = [h.shutdown.remote() for _, h in self.actors]
-            stats = []
-            for (name, handle), ref in zip(self.actors, refs):
-                try:
-                    stats.append(ray.get(ref, timeout=60))
-                except Exception as exc:  # noqa: BLE001
-                    logger.warning("env pool actor %s did not shut down cleanly: %s", name, exc)
-                    stats.append({"name": name, "live_envs": None})
-                ray.kill(handle, no_restart=True)
-            self.final_stats = stats
-            self.actors = []
+        if self.pools is not None:
+            self.final_stats.extend(self.pools.close())
+            self.pool_snapshot = self.pools.snapshot()
+            self.pools = None
         if self.engines:
             stop_engines(self.engines)
             self.engines = []
@@ -246,3 +232,13 @@ class RolloutRuntime:
         ones (compose projects labelled with the run) through docker."""
         actor_live = sum(int(s.get("live_envs") or 0) for s in self.final_stats)
         return max(actor_live, sum(self.server_live_sessions.values()), self.leaked_sandboxes)
+
+
+def _bounds(fixed: int | None, low: int | None, high: int | None, default: int) -> tuple[int, int]:
+    """A pool's (min, max) actors: a fixed count, or elastic bounds (min 0; max the larger of min and `default`)."""
+    if fixed is not None and low is None and high is None:
+        return fixed, fixed
+    if low is None and high is None:
+        return default, default
+    low = 0 if low is None else low
+    return low, max(low, default) if high is None else high

@@ -1,7 +1,10 @@
 """Dispatching rollouts over env pool actors, retrying infrastructure failures, streaming results as they finish.
 
-The orchestrator lives on the driver. It keeps at most K rollouts in flight per actor and gives each new rollout
-to the actor with the fewest in flight, so a slow sandbox on one actor does not hold the others back. Every
+The orchestrator lives on the driver (in training, in the learner). It keeps at most K rollouts in flight per actor
+and gives each new rollout to the actor with the fewest in flight, so a slow sandbox on one actor does not hold the
+others back. The actors come from the run's env pools (`raygrpo.pools.PoolSet`), which it ticks as it dispatches:
+they grow while rollouts queue up, drain idle actors, and replace lost ones (an actor or its node that died or was
+cut off: its rollouts are retried on the others). Every
 requested rollout ends as exactly one yielded trajectory: scored, or unscored with its status. A rollout that failed
 for an infrastructure reason (env or policy error, a dead actor) is run again, at most `max_retries` times, unless
 its retry failed exactly as the attempt before it (same exception type and message): a failure that repeats
@@ -13,8 +16,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import time
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +26,8 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, TaskCancelledError
 
+from raygrpo.pools import PoolSet, PoolSlot
+from raygrpo.pools.metrics import PoolMetricsLog
 from raygrpo.types import Status, TaskRef, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -52,25 +58,16 @@ class Route:
 
 
 @dataclass
-class _Slot:
-    handle: Any
-    name: str
-    capacity: int
-    envs: frozenset[str] | None = None
-    in_flight: int = 0
-    alive: bool = True
-
-    def takes(self, env: str) -> bool:
-        return self.alive and self.in_flight < self.capacity and (self.envs is None or env in self.envs)
-
-
-@dataclass
 class DispatchStats:
     """Counts kept while dispatching."""
 
     dispatched: int = 0
     retried: int = 0
     failed_attempts: list[Trajectory] = field(default_factory=list)
+    #: Every attempt that ended, by status (retried ones included).
+    by_status: Counter = field(default_factory=Counter)
+    #: Attempts that ended because their actor (or its node) was lost.
+    lost_to_actors: int = 0
 
 
 def make_groups(tasks: Iterable[TaskRef], group_size: int, min_version: int = 0) -> list[RolloutRequest]:
@@ -88,49 +85,52 @@ class Orchestrator:
     """Streams trajectories of the requested rollouts from a set of env pool actors.
 
     Args:
-        actors: Env pool actor handles (`EnvPoolActor`), with their names.
-        max_in_flight_per_actor: Rollouts in flight per actor (K); more wait on the driver.
+        actors: Env pool actor handles (`EnvPoolActor`), with their names: a fixed pool. Not with `pools`.
+        max_in_flight_per_actor: Rollouts in flight per actor (K) for `actors`; more wait on the driver.
         max_retries: Retries of one rollout after an infrastructure failure.
         on_failed_attempt: Called with the trajectory of each attempt that failed and will be retried.
-        routes: Per actor name, the environments it serves and its capacity (`RolloutRuntime.routes`); actors not
-            listed serve every environment, `max_in_flight_per_actor` at a time.
+        routes: For `actors`: per actor name, the environments it serves and its capacity; actors not listed serve
+            every environment, `max_in_flight_per_actor` at a time.
+        pools: The run's env pools (`RolloutRuntime.pools`), possibly shared with other orchestrators.
     """
 
     def __init__(
         self,
-        actors: list[tuple[str, Any]],
-        max_in_flight_per_actor: int,
+        actors: list[tuple[str, Any]] | None = None,
+        max_in_flight_per_actor: int = 64,
         max_retries: int = 2,
         on_failed_attempt: Callable[[Trajectory], None] | None = None,
         routes: dict[str, Route] | None = None,
+        *,
+        pools: PoolSet | None = None,
     ) -> None:
-        if not actors:
-            raise ValueError("the orchestrator needs at least one env pool actor")
-        routes = routes or {}
-        self.slots = [
-            _Slot(handle=h, name=n, envs=routes.get(n, Route()).envs,
-                  capacity=routes.get(n, Route()).capacity or max_in_flight_per_actor)
-            for n, h in actors
-        ]
+        if pools is None:
+            if not actors:
+                raise ValueError("the orchestrator needs at least one env pool actor")
+            pools = PoolSet.of_actors(actors, max_in_flight_per_actor, routes)
+        elif actors:
+            raise ValueError("give the orchestrator actors or pools, not both")
+        self.pools = pools
         self.max_retries = max_retries
         self.on_failed_attempt = on_failed_attempt
         self.stats = DispatchStats()
-        self._pending: dict[Any, tuple[_Slot, RolloutRequest]] = {}
+        self._pending: dict[Any, tuple[PoolSlot, RolloutRequest]] = {}
         self._queue: deque[RolloutRequest] = deque()
+        self._queued: Counter[str] = Counter()
 
     @property
     def in_flight(self) -> int:
         return len(self._pending)
 
-    def _free_slot(self, env: str) -> _Slot | None:
-        live = [s for s in self.slots if s.takes(env)]
-        return min(live, key=lambda s: s.in_flight) if live else None
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
 
-    def _submit(self, slot: _Slot, request: RolloutRequest) -> None:
+    def _submit(self, slot: PoolSlot, request: RolloutRequest) -> None:
         ref = slot.handle.run.remote(
             request.task, request.group_id, request.attempt, request.sample, request.min_version, request.policy
         )
-        slot.in_flight += 1
+        slot.take()
         self._pending[ref] = (slot, request)
         self.stats.dispatched += 1
 
@@ -143,38 +143,60 @@ class Orchestrator:
         """Add rollouts to run; `poll` dispatches them as actors have room.
 
         Raises:
-            ValueError: A rollout's environment is served by none of the actors.
+            ValueError: A rollout's environment is served by none of the pools.
         """
         requests = list(requests)
         for env in {r.task.env for r in requests}:
-            if not any(s.envs is None or env in s.envs for s in self.slots):
+            if not self.pools.serves(env):
                 raise ValueError(f"no env pool actor serves environment {env!r}")
         self._queue.extend(requests)
+        self._queued.update(r.task.env for r in requests)
+
+    def expect(self, per_env: dict[str, int]) -> None:
+        """Tell the pools how many rollouts per environment the caller will keep asking for (async training's
+        look-ahead), so they are not drained between the caller's bursts."""
+        self.pools.expect(per_env)
+
+    def _tick(self) -> None:
+        self.pools.report(self, {env: n for env, n in self._queued.items() if n})
+        self.pools.tick()
 
     def poll(self, timeout: float = 1.0) -> list[Trajectory]:
         """Dispatch what fits, wait up to `timeout` seconds for results, and return the final trajectories that came
         back (possibly none). Failed attempts with retries left go back to the front of the queue instead."""
-        self._dispatch()
+        with self.pools.lock:
+            self._tick()
+            self._dispatch()
+            wake = self.pools.wait_refs()
         if not self._pending:
             if self._queue:
-                envs = sorted({r.task.env for r in self._queue})
-                raise RuntimeError(f"every env pool actor serving {', '.join(envs)} has died; cannot run the "
-                                   f"remaining {len(self._queue)} rollout(s)")
+                stuck = sorted(env for env, n in self._queued.items() if n and not self.pools.can_run(env))
+                if stuck:
+                    raise RuntimeError(f"every env pool actor serving {', '.join(stuck)} has died; cannot run the "
+                                       f"remaining {len(self._queue)} rollout(s)")
+                if wake:  # waiting for actors to start
+                    ray.wait(wake, num_returns=1, timeout=timeout)
+                else:
+                    time.sleep(min(timeout, 0.1))
             return []
-        ready, _ = ray.wait(list(self._pending), num_returns=1, timeout=timeout)
+        ready, _ = ray.wait(list(self._pending) + wake, num_returns=1, timeout=timeout)
         if ready:  # collect everything else that is already done too
             ready, _ = ray.wait(list(self._pending), num_returns=len(self._pending), timeout=0)
         finals: list[Trajectory] = []
         for ref in ready:
             slot, request = self._pending.pop(ref)
-            slot.in_flight -= 1
+            with self.pools.lock:
+                slot.release()
             traj = self._result(ref, slot, request)
+            self.stats.by_status[traj.status.value] += 1
+            self.pools.metrics.record_attempt(traj.status.value)
             if self._retry(request, traj):
                 self.stats.retried += 1
                 self.stats.failed_attempts.append(traj)
                 if self.on_failed_attempt is not None:
                     self.on_failed_attempt(traj)
                 self._queue.appendleft(dataclasses.replace(request, attempt=request.attempt + 1, last_error=traj.error))
+                self._queued[request.task.env] += 1
                 continue
             finals.append(traj)
         return finals
@@ -184,14 +206,17 @@ class Orchestrator:
         actors are all full waits without holding back those of other environments."""
         held: deque[RolloutRequest] = deque()
         full: set[str] = set()
-        while self._queue and any(s.alive and s.in_flight < s.capacity for s in self.slots):
+        while self._queue and self.pools.has_room():
             request = self._queue.popleft()
             env = request.task.env
-            slot = None if env in full else self._free_slot(env)
+            slot = None if env in full else self.pools.free_slot(env)
             if slot is None:
                 full.add(env)
                 held.append(request)
+                if full >= {e for e, n in self._queued.items() if n}:  # every queued environment is full
+                    break
                 continue
+            self._queued[env] -= 1
             self._submit(slot, request)
         self._queue.extendleft(reversed(held))
 
@@ -206,26 +231,32 @@ class Orchestrator:
             return False
         return True
 
-    def run(self, requests: Iterable[RolloutRequest], stop: threading.Event | None = None) -> Iterator[Trajectory]:
+    def run(self, requests: Iterable[RolloutRequest], stop: threading.Event | None = None,
+            on_poll: Callable[[Orchestrator], None] | None = None) -> Iterator[Trajectory]:
         """Yield one final trajectory per request, in completion order.
 
         Closing the generator early, setting `stop` (checked at least once a second, from any thread), or an
         exception such as KeyboardInterrupt while it waits cancels the rollouts still in flight; each closes its
-        environment as it unwinds.
+        environment as it unwinds. `on_poll` is called after every poll (at least once a second), e.g. to log the
+        pools' sizes.
         """
         self.enqueue(requests)
         try:
             while self.outstanding and not (stop is not None and stop.is_set()):
                 yield from self.poll(timeout=1.0)
+                if on_poll is not None:
+                    on_poll(self)
         finally:
             self.cancel()
 
-    def _result(self, ref: Any, slot: _Slot, request: RolloutRequest) -> Trajectory:
+    def _result(self, ref: Any, slot: PoolSlot, request: RolloutRequest) -> Trajectory:
         try:
             return ray.get(ref)
         except RayActorError as exc:
-            slot.alive = False
-            logger.warning("env pool actor %s died: %s", slot.name, exc)
+            # Died, OOM-killed, its node died or is cut off: forgotten and killed for good, so a partitioned actor
+            # that comes back cannot deliver this rollout too; the pool starts a replacement.
+            self.pools.lost(slot, exc)
+            self.stats.lost_to_actors += 1
             status, error = Status.ENV_ERROR, f"env pool actor {slot.name} died"
         except TaskCancelledError:
             status, error = Status.CANCELLED, "cancelled"
@@ -237,14 +268,21 @@ class Orchestrator:
             sample=request.sample, attempt=request.attempt, worker=slot.name,
         )
 
+    def log_pools(self, log: PoolMetricsLog, force: bool = False) -> None:
+        """Write the pools' figures and this orchestrator's to `log` (at most once per its interval)."""
+        log.write(self.pools.snapshot(), queued=self.queued, in_flight=self.in_flight,
+                  by_status=dict(self.stats.by_status), force=force)
+
     def cancel(self) -> None:
         """Cancel every rollout still in flight and forget the queued ones."""
         self._queue.clear()
-        for ref in list(self._pending):
+        self._queued.clear()
+        for ref, (slot, _) in list(self._pending.items()):
             try:
                 ray.cancel(ref)
             except Exception:  # noqa: BLE001
                 pass
+            with self.pools.lock:
+                slot.release()
         self._pending.clear()
-        for slot in self.slots:
-            slot.in_flight = 0
+        self.pools.report(self, {})

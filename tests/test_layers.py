@@ -31,7 +31,7 @@ LAYERS: list[list[str]] = [
     ["raygrpo.worker"],
     ["raygrpo.actors"],
     # the driver: dispatch, bringing a run up on Ray, its summary and progress
-    ["raygrpo.orchestrator", "raygrpo.launch", "raygrpo.runtime", "raygrpo.session", "raygrpo.summary",
+    ["raygrpo.pools", "raygrpo.orchestrator", "raygrpo.launch", "raygrpo.runtime", "raygrpo.session", "raygrpo.summary",
      "raygrpo.outcome", "raygrpo.progress", "raygrpo.placement"],
     # the commands' work: resolving a config, collecting, checking tasks, training
     ["raygrpo.resolve", "raygrpo.collect", "raygrpo.check", "raygrpo.train"],

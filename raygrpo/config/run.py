@@ -24,8 +24,16 @@ class WorkersConfig(BaseModel):
         num_env_actors: Env pool actors to start (N); each runs up to `max_concurrent_per_actor` rollouts (K).
         max_concurrent_per_actor: Rollouts, hence live environments, per actor at once.
         actor_num_cpus: CPUs Ray reserves per env pool actor (they mostly wait on I/O, so a fraction is fine).
-        max_retries: Retries of one rollout after an infrastructure failure (env or policy error), then it is kept
-            unscored with its status.
+        max_retries: Retries of one rollout after an infrastructure failure (env or policy error, a lost actor or
+            node), then it is kept unscored with its status.
+        min_env_actors: Makes the default pool elastic: actors kept even when idle (default 0 once `max_env_actors`
+            is set). Not together with `num_env_actors`.
+        max_env_actors: Makes the default pool elastic: most actors at once; the orchestrator starts them as
+            rollouts queue up (`max_concurrent_per_actor` per actor) and drains idle ones.
+        idle_timeout_s: An elastic pool's actor with nothing to run for this long is drained (stops taking work,
+            closes its environments, exits), so an autoscaler can release its node.
+        actor_start_timeout_s: A pool with no live actor fails the run when its actors have not started within this
+            long (an autoscaler that cannot add the node they ask for). Lost actors are replaced meanwhile.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -34,6 +42,22 @@ class WorkersConfig(BaseModel):
     max_concurrent_per_actor: int = Field(64, ge=1)
     actor_num_cpus: float = Field(0.25, ge=0)
     max_retries: int = Field(2, ge=0)
+    min_env_actors: int | None = Field(None, ge=0)
+    max_env_actors: int | None = Field(None, ge=1)
+    idle_timeout_s: float = Field(60.0, gt=0)
+    actor_start_timeout_s: float = Field(600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _sizes(self) -> WorkersConfig:
+        elastic = self.min_env_actors is not None or self.max_env_actors is not None
+        if elastic and "num_env_actors" in self.model_fields_set:
+            raise ValueError("set num_env_actors (a fixed pool) or min_env_actors / max_env_actors (an elastic "
+                             "one), not both")
+        if self.min_env_actors is not None and self.max_env_actors is not None \
+                and self.min_env_actors > self.max_env_actors:
+            raise ValueError(f"min_env_actors ({self.min_env_actors}) is larger than max_env_actors "
+                             f"({self.max_env_actors})")
+        return self
 
 
 class RayConfig(BaseModel):

@@ -10,11 +10,15 @@ own that ask Ray for what it names: docker-backed Harbor suites the docker hosts
         kind: harbor
         environment_type: docker
         pool: {num_actors: 4, max_concurrent: 16, num_cpus: 1, memory: 2GiB, resources: {docker_host: 0.5}}
+
+A pool is fixed (`num_actors`) or elastic (`min_actors` / `max_actors`): the orchestrator then starts actors as
+rollouts queue up (K per actor) and drains those idle for `idle_timeout_s`, so an autoscaler can release their nodes
+(see `raygrpo.pools`).
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator, model_validator
 
 
 class PoolSpec(BaseModel):
@@ -22,7 +26,14 @@ class PoolSpec(BaseModel):
 
     Args:
         num_actors (`int`, *optional*):
-            Actors serving this environment alone (default: `workers.num_env_actors`).
+            A fixed number of actors serving this environment alone (default: `workers.num_env_actors`, unless
+            `min_actors` / `max_actors` make the pool elastic). Not together with those.
+        min_actors (`int`, *optional*):
+            Elastic pool: actors kept even when idle (default 0: an idle pool holds no actor, so its nodes can go).
+        max_actors (`int`, *optional*):
+            Elastic pool: most actors at once (default: the larger of `min_actors` and `workers.num_env_actors`).
+        idle_timeout_s (`float`, *optional*):
+            Elastic pool: an actor with nothing to run for this long is drained (default: `workers.idle_timeout_s`).
         max_concurrent (`int`, *optional*):
             Rollouts, hence live environments, per actor at once (default: `workers.max_concurrent_per_actor`).
         num_cpus (`float`, *optional*):
@@ -37,6 +48,9 @@ class PoolSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     num_actors: int | None = Field(None, ge=1)
+    min_actors: int | None = Field(None, ge=0)
+    max_actors: int | None = Field(None, ge=1)
+    idle_timeout_s: float | None = Field(None, gt=0)
     max_concurrent: int | None = Field(None, ge=1)
     num_cpus: float | None = Field(None, ge=0)
     memory: ByteSize | None = None
@@ -51,3 +65,16 @@ class PoolSpec(BaseModel):
             if amount <= 0:
                 raise ValueError(f"resources.{key} must be positive, got {amount}")
         return value
+
+    @model_validator(mode="after")
+    def _sizes(self) -> PoolSpec:
+        if self.num_actors is not None and (self.min_actors is not None or self.max_actors is not None):
+            raise ValueError("set num_actors (a fixed pool) or min_actors / max_actors (an elastic one), not both")
+        if self.min_actors is not None and self.max_actors is not None and self.min_actors > self.max_actors:
+            raise ValueError(f"min_actors ({self.min_actors}) is larger than max_actors ({self.max_actors})")
+        return self
+
+    @property
+    def elastic(self) -> bool:
+        """Whether min_actors / max_actors were set."""
+        return self.min_actors is not None or self.max_actors is not None

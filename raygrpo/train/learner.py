@@ -33,6 +33,7 @@ from raygrpo.orchestrator import Orchestrator, Route
 from raygrpo.outcome import Outcomes
 from raygrpo.policy.tiny import resolve_model_path
 from raygrpo.policy.vllm_serve import trl_server_kwargs
+from raygrpo.pools import ActorSpawner, PoolSet
 from raygrpo.train.evaluate import evaluate
 from raygrpo.train.groups import to_rollout_output
 from raygrpo.train.grpo_args import build_grpo_config
@@ -83,6 +84,8 @@ class Learner:
         eval_tasks: Tasks evaluated every `cfg.train.eval_every` steps.
         resume: Continue from the latest checkpoint in `out_dir/checkpoints` (if any).
         routes: Which environments each actor serves and its capacity (`RolloutRuntime.routes`).
+        spawners: How to start each env pool of the run (`RolloutRuntime.spawners`): the learner then owns the
+            pools (`raygrpo.pools`), sized from its rollout demand, instead of `actors`.
         workdir: The driver's working_dir on a cluster: config paths under it are mapped into this node's copy.
     """
 
@@ -97,11 +100,14 @@ class Learner:
         resume: bool = False,
         routes: dict[str, Route] | None = None,
         workdir: str | None = None,
+        spawners: list[ActorSpawner] | None = None,
     ) -> None:
         self.cfg = relocate(cfg, workdir)
         self.out = Path(out_dir)
         self.actors = actors
         self.routes = routes or {}
+        self.spawners = spawners or []
+        self.pools: PoolSet | None = None
         self.engines = engines
         self.tasks_by_env = tasks_by_env
         self.eval_tasks = eval_tasks
@@ -180,8 +186,13 @@ class Learner:
         if saved:
             schedule.load_state_dict(saved["schedule"])
         workers = self.cfg.workers
+        if self.spawners:
+            self.pools = PoolSet.from_spawners(self.spawners)
+            self.pools.start()
+        else:
+            self.pools = PoolSet.of_actors(self.actors, workers.max_concurrent_per_actor, self.routes)
         self.source = RolloutSource(
-            Orchestrator(self.actors, workers.max_concurrent_per_actor, workers.max_retries, routes=self.routes),
+            Orchestrator(pools=self.pools, max_retries=workers.max_retries),
             schedule,
             self.group_size,
             self.cfg.train.mode,
@@ -190,7 +201,7 @@ class Learner:
             self.cfg.train.weight_sync_every,
         )
         self.source.dropped_total = int(saved.get("dropped_groups_total", 0))
-        self._eval_orchestrator = Orchestrator(self.actors, workers.max_concurrent_per_actor, workers.max_retries, routes=self.routes)
+        self._eval_orchestrator = Orchestrator(pools=self.pools, max_retries=workers.max_retries)
         # TRL's sampler only shapes the batches: one placeholder prompt per group slot (see raygrpo.train.groups).
         dataset = Dataset.from_dict({"prompt": [f"raygrpo group slot {i}" for i in range(groups_per_step)]})
         trainer = trainer_class(self.cfg)(
@@ -291,6 +302,7 @@ class Learner:
             "grad_norm": logs.get("grad_norm"),
             "learning_rate": logs.get("learning_rate"),
             "dropped_groups_total": self.source.dropped_total,
+            **self._dispatch_fields(),
             "task_position": self.source.schedule.position,
             "step_s": elapsed,
             "train_s": max(0.0, elapsed - step.get("wait_s", 0.0)),
@@ -298,6 +310,18 @@ class Learner:
         assert self.metrics is not None
         self.metrics.write(record)
         self.progress.update(step=state.global_step, reward_mean=record.get("reward_mean"), phase="training")
+
+    def _dispatch_fields(self) -> dict[str, Any]:
+        """Retries, actor losses and pool sizes so far, for the step's metrics line."""
+        stats = self.source.orchestrator.stats
+        snapshot = self.pools.snapshot() if self.pools is not None else {}
+        return {
+            "rollouts_retried_total": stats.retried,
+            "attempts_lost_to_actors_total": stats.lost_to_actors,
+            "attempts_by_status": dict(sorted(stats.by_status.items())),
+            "pools": {name: {k: snap[k] for k in ("actors", "starting", "target", "live_envs", "started", "drained",
+                                                 "lost")} for name, snap in snapshot.items()},
+        }
 
     # ------------------------------------------------------------------ run
 
@@ -326,6 +350,9 @@ class Learner:
         finally:
             self.source.close()
             self._eval_orchestrator.cancel()
+            dispatch = self._dispatch_fields()
+            pool_snapshot = self.pools.snapshot() if self.pools is not None else {}
+            actor_stats = self.pools.close() if self.spawners and self.pools is not None else []
             self.metrics.close()
             if self.rollouts is not None:
                 self.rollouts.close()
@@ -346,6 +373,10 @@ class Learner:
             "status_counts": dict(sorted(self.outcomes.status_counts.items())),
             "scored": self.outcomes.scored,
             "failure_causes": self.outcomes.causes(),
+            "rollouts_retried_total": dispatch["rollouts_retried_total"],
+            "attempts_lost_to_actors_total": dispatch["attempts_lost_to_actors_total"],
+            "pools": pool_snapshot,
+            "env_actor_stats": actor_stats,
             "model_dir": str(self.out / "model"),
             "checkpoint_dir": str(self.out / "checkpoints"),
         }

@@ -76,7 +76,9 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
         skipped = [str(t.metadata.get("task_name") or f"{t.env}/{t.index}") for t in resolved.skipped]
         return {**result, **reward_change(out / "metrics.jsonl"), "mode": cfg.train.mode, "skipped_tasks": skipped}
 
-    session = RunSession(cfg, out, resolved.tasks_by_env, actor_prefix="raygrpo-train-envpool", summarize=summarize)
+    # The learner dispatches the rollouts, so it owns the env pools: the driver hands it the spawners.
+    session = RunSession(cfg, out, resolved.tasks_by_env, actor_prefix="raygrpo-train-envpool", summarize=summarize,
+                         own_pools=False)
     with session:
         runtime = session.runtime
         learner_cfg = cfg.train.learner
@@ -87,10 +89,10 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
             "raygrpo.train.learner:Learner", learner_cfg.num_cpus, learner_cfg.num_gpus, env_vars=job_env,
             resources=learner_cfg.resources,
             cfg=cfg.model_copy(update={"policy": runtime.policy}),  # with the URL of a vLLM raygrpo serves
-            out_dir=str(out), actors=runtime.actors, engines=runtime.engines,
+            out_dir=str(out), actors=[], engines=runtime.engines, spawners=runtime.spawners,
             tasks_by_env={name: runtime.tasks_by_env[name] for name in cfg.envs},
             eval_tasks=[t for name in cfg.eval_envs for t in runtime.tasks_by_env[name] or []],
-            resume=resume, routes=runtime.routes, workdir=ray_info().workdir,
+            resume=resume, workdir=ray_info().workdir,
         )
         try:
             logger.info("placed learner on %s", ray.get(learner.node_ip.remote()))
@@ -108,6 +110,7 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
                                                                                           "saving")))
                     last = now
             result.update(ray.get(ref))
+            runtime.add_final_stats(result.pop("env_actor_stats", []))
         finally:
             ray.kill(learner, no_restart=True)
     return session.summary

@@ -22,6 +22,7 @@ In both modes a batch holds only complete groups, in the order they are consumed
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -96,6 +97,8 @@ class RolloutSource:
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        if hasattr(orchestrator, "expect"):
+            orchestrator.expect(self.expected_rollouts())
 
     def _new_group(self, min_version: int = 0) -> list:
         """The requests of the next scheduled group, its dispatch version recorded."""
@@ -132,6 +135,14 @@ class RolloutSource:
         return [done[g] for g in order]
 
     # ------------------------------------------------------------------ async
+
+    def expected_rollouts(self) -> dict[str, int]:
+        """Rollouts per environment the source keeps asking for: a step's groups in sync mode, the look-ahead in
+        async mode, split by the schedule's weights. The pools are sized for at least these, so they do not drain
+        between steps."""
+        groups = self.lookahead if self.mode == "async" else self.groups_per_step
+        total = sum(self.schedule.weights.values())
+        return {env: math.ceil(groups * self.group_size * w / total) for env, w in self.schedule.weights.items()}
 
     def _produce(self) -> None:
         try:

@@ -1,0 +1,69 @@
+"""One env pool actor as the orchestrator sees it: its handle, what it serves, its rollouts in flight, its state."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class SlotState(str, Enum):
+    """Where an env pool actor is in its life: `starting` (created, building its worker), `live` (takes rollouts),
+    `draining` (takes none; shutting down), `dead` (drained, lost or failed to start)."""
+
+    STARTING = "starting"
+    LIVE = "live"
+    DRAINING = "draining"
+    DEAD = "dead"
+
+
+@dataclass(eq=False)
+class PoolSlot:
+    """An env pool actor in a pool.
+
+    Args:
+        handle: The actor handle.
+        name: The actor's name.
+        capacity: Rollouts it runs at once (K).
+        envs: The environments it serves (None: every one).
+        state: Its state; a slot created for an existing actor is `live`.
+    """
+
+    handle: Any
+    name: str
+    capacity: int
+    envs: frozenset[str] | None = None
+    state: SlotState = SlotState.LIVE
+    in_flight: int = 0
+    #: When it last changed state or last became idle (monotonic seconds).
+    since: float = field(default_factory=time.monotonic)
+    ready_ref: Any = None
+    stop_ref: Any = None
+    stats_ref: Any = None
+    #: From the actor's last stats: environments alive now, and opened since it started.
+    live_envs: int = 0
+    envs_opened: int = 0
+
+    @property
+    def alive(self) -> bool:
+        return self.state is not SlotState.DEAD
+
+    def takes(self, env: str) -> bool:
+        """Whether it can take one more rollout of `env` now."""
+        return (self.state is SlotState.LIVE and self.in_flight < self.capacity
+                and (self.envs is None or env in self.envs))
+
+    def serves(self, env: str) -> bool:
+        return self.envs is None or env in self.envs
+
+    def take(self) -> None:
+        self.in_flight += 1
+
+    def release(self) -> None:
+        self.in_flight = max(0, self.in_flight - 1)
+        if self.in_flight == 0:
+            self.since = time.monotonic()
+
+    def enter(self, state: SlotState) -> None:
+        self.state, self.since = state, time.monotonic()
