@@ -65,7 +65,9 @@ def test_a_burst_grows_the_pool_and_idle_actors_drain():
             # Idle now: ticking the pools drains every actor after the idle timeout.
             assert wait_until(lambda: orchestrator.poll(timeout=0.2) == [] and
                               pools.snapshot()["workers"]["drained"] == 4, 30), pools.snapshot()
-            assert pools.snapshot()["workers"]["actors"] == 0
+            snap = pools.snapshot()["workers"]
+            assert snap["actors"] == 0 and 0 < snap["idle_actor_seconds"] < snap["actor_seconds"]
+            assert 0 < snap["utilization"] < 1
             assert wait_until(lambda: _ray_alive_actors("elastic-burst") == set(), 20)
         assert runtime.leaked_envs == 0
         assert wait_until(lambda: server.live_sessions() == 0, 10), server.live_sessions()

@@ -70,6 +70,8 @@ class ElasticPool:
         #: Final stats of the actors it drained.
         self.retired: list[dict[str, Any]] = []
         self.started = self.drained = self.lost_count = self.start_failures = 0
+        #: Live, idle and busy seconds of the actors it no longer holds (see `PoolSlot`).
+        self._gone = {"live_s": 0.0, "idle_s": 0.0, "busy_s": 0.0}
         self._failures_in_a_row = 0
         self._next_start = 0.0
         self._last_error = ""
@@ -103,7 +105,16 @@ class ElasticPool:
         return [s.ready_ref for s in self.slots if s.state is SlotState.STARTING] + \
                [s.stop_ref for s in self.slots if s.state is SlotState.DRAINING]
 
+    def _seconds(self) -> dict[str, float]:
+        out = dict(self._gone)
+        for slot in self.slots:
+            slot.account()
+            for key in out:
+                out[key] += getattr(slot, key)
+        return out
+
     def snapshot(self) -> dict[str, Any]:
+        seconds = self._seconds()
         return {
             "actors": self.count(SlotState.LIVE), "starting": self.count(SlotState.STARTING),
             "draining": self.count(SlotState.DRAINING), "target": self.target, "min": self.min_actors,
@@ -113,6 +124,8 @@ class ElasticPool:
                                                                          for r in self.retired),
             "started": self.started, "drained": self.drained, "lost": self.lost_count,
             "start_failures": self.start_failures,
+            "actor_seconds": round(seconds["live_s"], 3), "idle_actor_seconds": round(seconds["idle_s"], 3),
+            "utilization": round(seconds["busy_s"] / (self.k * seconds["live_s"]), 4) if seconds["live_s"] else None,
         }
 
     def size_for(self, demand: int) -> int:
@@ -244,6 +257,8 @@ class ElasticPool:
         slot.enter(SlotState.DEAD)
         if slot in self.slots:
             self.slots.remove(slot)
+            for key in self._gone:
+                self._gone[key] += getattr(slot, key)
         try:
             ray.kill(slot.handle, no_restart=True)
         except Exception:  # noqa: BLE001 - already gone

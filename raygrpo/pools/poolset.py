@@ -170,7 +170,8 @@ class PoolSet:
 
     def snapshot(self) -> dict[str, dict[str, Any]]:
         """Per pool: actors live / starting / draining, target, bounds, rollouts in flight, live environments,
-        environments opened, and actors started / drained / lost / failed to start."""
+        environments opened, actors started / drained / lost / failed to start, actor-seconds live and idle, and
+        utilization (rollout-seconds run over K × actor-seconds live)."""
         with self.lock:
             return {p.name: p.snapshot() for p in self.pools}
 

@@ -44,6 +44,11 @@ class PoolSlot:
     #: From the actor's last stats: environments alive now, and opened since it started.
     live_envs: int = 0
     envs_opened: int = 0
+    #: Seconds it was live (or draining), of those with nothing in flight, and rollout-seconds it ran.
+    live_s: float = 0.0
+    idle_s: float = 0.0
+    busy_s: float = 0.0
+    _mark: float = field(default_factory=time.monotonic, repr=False)
 
     @property
     def alive(self) -> bool:
@@ -57,13 +62,27 @@ class PoolSlot:
     def serves(self, env: str) -> bool:
         return self.envs is None or env in self.envs
 
+    def account(self) -> None:
+        """Add the time since the last change to `live_s`, `idle_s` and `busy_s`."""
+        now = time.monotonic()
+        if self.state in (SlotState.LIVE, SlotState.DRAINING):
+            dt = now - self._mark
+            self.live_s += dt
+            self.busy_s += self.in_flight * dt
+            if self.in_flight == 0:
+                self.idle_s += dt
+        self._mark = now
+
     def take(self) -> None:
+        self.account()
         self.in_flight += 1
 
     def release(self) -> None:
+        self.account()
         self.in_flight = max(0, self.in_flight - 1)
         if self.in_flight == 0:
             self.since = time.monotonic()
 
     def enter(self, state: SlotState) -> None:
+        self.account()
         self.state, self.since = state, time.monotonic()
