@@ -126,3 +126,50 @@ def test_a_killed_actor_costs_retries_and_is_replaced():
         # What is left on the server is the killed actor's four sessions, nothing else: the process that could close
         # them is gone, and an ORS server ends such sessions itself once they go unpinged (its reaper, 900 s).
         assert wait_until(lambda: server.live_sessions() == 4, 15), server.live_sessions()
+
+
+@pytest.mark.timeout(420)
+def test_async_training_survives_a_killed_env_pool_actor(tiny_model_dir, tmp_path):
+    """`raygrpo train` (async) while one of its two env pool actors is `kill -9`ed after the first step: training
+    finishes its steps, the lost attempts were retried, the learner's pool replaced the actor, and metrics.jsonl
+    counts the retries and the loss."""
+    from raygrpo.train.metrics import read_metrics
+    from raygrpo.train.run import train
+
+    NapEnvironment.reset_counters()
+    out = tmp_path / "run"
+    with ors_server(NapEnvironment) as server:
+        cfg = load_config(data={
+            "envs": {"nap": {"kind": "ors", "url": server.url, "num_tasks": 16}},
+            "model": tiny_model_dir,
+            "policy": {"kind": "scripted", "script": f"{SUPPORT}:nap_one_and_a_half_seconds"},
+            "sampling": {"max_tokens": 64},
+            "rollout": {"group_size": 2},
+            "workers": {"num_env_actors": 2, "max_concurrent_per_actor": 4, "max_retries": 2},
+            "train": {"mode": "async", "max_staleness": 1},
+            "trainer": {"per_device_train_batch_size": 4, "max_steps": 6, "save_steps": 100, "learning_rate": 1e-3},
+        })
+        killed: list[str] = []
+
+        def kill_one_after_the_first_step() -> None:
+            metrics = out / "metrics.jsonl"
+            if not wait_until(lambda: metrics.exists() and any(r["kind"] == "train" for r in read_metrics(metrics)),
+                              240, interval_s=0.5):
+                return
+            name = sorted(n for n in ray.util.list_named_actors() if n.startswith("raygrpo-train-envpool"))[0]
+            os.kill(ray.get(ray.get_actor(name).pid.remote()), signal.SIGKILL)
+            killed.append(name)
+
+        killer = threading.Thread(target=kill_one_after_the_first_step)
+        killer.start()
+        summary = train(cfg, out, progress=False)
+        killer.join(10)
+    assert killed, "no env pool actor was killed"
+    lines = [r for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["step"] for r in lines] == [1, 2, 3, 4, 5, 6] and summary["steps"] == 6
+    last = lines[-1]
+    assert last["attempts_lost_to_actors_total"] >= 1
+    assert last["rollouts_retried_total"] >= last["attempts_lost_to_actors_total"]
+    assert summary["pools"]["workers"]["lost"] == 1 and summary["pools"]["workers"]["started"] == 3
+    assert summary["rollouts_retried_total"] >= 1
+    assert all(r["groups"] == 2 and r["rollouts"] == 4 for r in lines)
