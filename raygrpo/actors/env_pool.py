@@ -83,6 +83,10 @@ class EnvPool:
         """The actor's process id (for fault-injection tests that kill it)."""
         return os.getpid()
 
+    async def node_ip(self) -> str:
+        """The address of the node it runs on."""
+        return self.node
+
     async def shutdown(self) -> dict[str, Any]:
         """Cancel running rollouts, close every environment and provider; returns the final stats."""
         if self._reaper is not None:
