@@ -87,3 +87,26 @@ def test_loading_reads_nothing_a_config_names(tmp_path):
     })
     assert cfg.envs["ors"].environment.endswith("/missing.py:Env")  # made absolute, not opened
     assert cfg.policy.script.endswith("/missing_policies.py:right")
+
+
+@pytest.mark.parametrize("workers, pool, field", [
+    ({"num_env_actors": 2, "max_env_actors": 4}, None, "workers"),
+    ({"min_env_actors": 5, "max_env_actors": 4}, None, "workers"),
+    ({}, {"num_actors": 2, "min_actors": 1}, "envs.echo.pool"),
+    ({}, {"min_actors": 3, "max_actors": 2}, "envs.echo.pool"),
+])
+def test_a_pool_is_fixed_or_elastic_not_both(workers, pool, field):
+    echo = {"kind": "ors", "url": "http://127.0.0.1:1", **({"pool": pool} if pool else {})}
+    with pytest.raises(ConfigError) as err:
+        load_config(data={"envs": {"echo": echo}, "workers": workers})
+    assert field in str(err.value)
+
+
+def test_elastic_bounds_default_to_min_0_and_the_fixed_count():
+    from raygrpo.launch import _bounds
+
+    assert _bounds(3, None, None, 2) == (3, 3)      # num_actors: fixed
+    assert _bounds(None, None, None, 2) == (2, 2)   # neither: workers.num_env_actors, fixed
+    assert _bounds(None, None, 6, 2) == (0, 6)      # max only: an idle pool holds nothing
+    assert _bounds(None, 4, None, 2) == (4, 4)      # min only: at least the fixed count
+    assert _bounds(None, 1, 8, 2) == (1, 8)

@@ -246,3 +246,18 @@ def test_threads_are_not_left_behind_by_a_closed_source():
     source.next_batch(1, current_version=0)
     source.close()
     assert not any(t.name == "raygrpo-rollout-producer" for t in threading.enumerate())
+
+
+@pytest.mark.parametrize("mode, per_env", [("async", {"a": 6, "b": 2}), ("sync", {"a": 3, "b": 1})])
+def test_the_source_sizes_the_pools_for_what_its_steps_will_ask(mode, per_env):
+    """Sync: a step's groups; async: the look-ahead (groups_per_step × (max_staleness + 1)); split by the mixture
+    weights, in rollouts (× group size)."""
+
+    class _Expecting(_ScriptedOrchestrator):
+        def expect(self, per_env):
+            self.expected = per_env
+
+    orchestrator = _Expecting(lambda n: 0)
+    schedule = TaskSchedule({"a": _tasks("a", 4), "b": _tasks("b", 4)}, {"a": 3.0, "b": 1.0}, seed=0)
+    RolloutSource(orchestrator, schedule, group_size=1, mode=mode, max_staleness=1, groups_per_step=4)
+    assert orchestrator.expected == {"a": per_env["a"], "b": per_env["b"]}
