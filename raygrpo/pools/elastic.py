@@ -166,13 +166,17 @@ class ElasticPool:
         self.started += 1
         logger.info("%s: starting env pool actor %s (target %d)", self.name, name, self.target)
 
+    @staticmethod
+    def _finished(ray: Any, by_ref: dict[Any, PoolSlot]) -> list[tuple[Any, PoolSlot]]:
+        """The refs among `by_ref` that are done now (no waiting), with their slots."""
+        if not by_ref:
+            return []
+        done, _ = ray.wait(list(by_ref), num_returns=len(by_ref), timeout=0)
+        return [(ref, by_ref[ref]) for ref in done]
+
     def _settle_starts(self, ray: Any) -> None:
         starting = {s.ready_ref: s for s in self.slots if s.state is SlotState.STARTING}
-        if not starting:
-            return
-        done, _ = ray.wait(list(starting), num_returns=len(starting), timeout=0)
-        for ref in done:
-            slot = starting[ref]
+        for ref, slot in self._finished(ray, starting):
             try:
                 ray.get(ref)
             except Exception as exc:  # noqa: BLE001 - a failed start is counted and retried, not raised here
@@ -203,11 +207,7 @@ class ElasticPool:
 
     def _settle_drains(self, ray: Any) -> None:
         draining = {s.stop_ref: s for s in self.slots if s.state is SlotState.DRAINING}
-        if not draining:
-            return
-        done, _ = ray.wait(list(draining), num_returns=len(draining), timeout=0)
-        for ref in done:
-            slot = draining[ref]
+        for ref, slot in self._finished(ray, draining):
             try:
                 self.retired.append(ray.get(ref))
             except Exception as exc:  # noqa: BLE001 - it died while draining: its environments died with it
@@ -228,17 +228,14 @@ class ElasticPool:
     def _ask_stats(self, ray: Any) -> None:
         live = [s for s in self.slots if s.state is SlotState.LIVE]
         pending = {s.stats_ref: s for s in live if s.stats_ref is not None}
-        if pending:
-            done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
-            for ref in done:
-                slot = pending[ref]
-                slot.stats_ref = None
-                try:
-                    stats = ray.get(ref)
-                except Exception:  # noqa: BLE001 - a lost actor shows up through its rollouts
-                    continue
-                slot.live_envs = int(stats.get("live_envs") or 0)
-                slot.envs_opened = int(stats.get("envs_opened") or 0)
+        for ref, slot in self._finished(ray, pending):
+            slot.stats_ref = None
+            try:
+                stats = ray.get(ref)
+            except Exception:  # noqa: BLE001 - a lost actor shows up through its rollouts
+                continue
+            slot.live_envs = int(stats.get("live_envs") or 0)
+            slot.envs_opened = int(stats.get("envs_opened") or 0)
         for slot in live:
             if slot.stats_ref is None:
                 slot.stats_ref = slot.handle.stats.remote()
