@@ -1,0 +1,3 @@
+from raygrpo.sandbox.fake_provider.service import main
+
+main()

@@ -1,0 +1,121 @@
+"""`FakeProviderEnvironment`: a Harbor backend whose sandboxes live in the fake provider service.
+
+It behaves as a remote provider's backend does, without costing local CPU per sandbox: a create is an HTTP call
+that the provider may refuse with 429 (`ProviderRateLimited`, carrying its Retry-After), every exec is a call that
+fails once the sandbox is gone (deleted, or its lifetime ended), and stop deletes it. Each sandbox carries the run's
+id as a label (`io.raygrpo.run`), so what a run left is a listing away. Uploads are no-ops; downloading the verifier
+directory writes `reward.txt` with `reward` when set, so Harbor's verifier scores the rollout.
+
+Load it with `import_path="raygrpo.sandbox.fake_provider.backend:FakeProviderEnvironment"` and
+`environment_kwargs={"url": ...}`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+from harbor.environments.base import ExecResult
+
+from raygrpo.sandbox.null import NullEnvironment
+from raygrpo.sandbox.registry import RUN_ENV
+
+RUN_LABEL = "io.raygrpo.run"
+
+
+class ProviderRateLimited(RuntimeError):
+    """The provider refused a create with HTTP 429 ("too many requests").
+
+    Args:
+        message: The provider's answer.
+        retry_after_s: What its Retry-After header said (None when absent).
+    """
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class SandboxGone(RuntimeError):
+    """The provider no longer has the sandbox (deleted, or its lifetime ended)."""
+
+
+class FakeProviderEnvironment(NullEnvironment):
+    """A sandbox in the fake provider (see the module docstring); files move as in `NullEnvironment`.
+
+    Args:
+        environment_dir, environment_name, session_id, trial_paths, task_env_config, logger:
+            as for every Harbor `BaseEnvironment`.
+        url (`str`):
+            The provider's base URL (`FakeProviderProcess.url`).
+        lifetime_s (`float`, *optional*):
+            The sandbox's lifetime at the provider: it is deleted then even if nobody stops it.
+        labels (`dict[str, str]`, *optional*):
+            More labels for the sandbox (the run's id is always added).
+        reward (`float`, *optional*):
+            When set, the verifier directory's download writes `reward.txt` with this value.
+        request_timeout_s (`float`, defaults to `60`):
+            Timeout of each call to the provider.
+        **kwargs: the remaining `BaseEnvironment` arguments.
+    """
+
+    def __init__(self, environment_dir: Path, environment_name: str, session_id: str, trial_paths: Any,
+                 task_env_config: Any, logger: Any = None, *, url: str, lifetime_s: float | None = None,
+                 labels: dict[str, str] | None = None, reward: float | None = None, request_timeout_s: float = 60.0,
+                 **kwargs: Any) -> None:
+        self._url = url.rstrip("/")
+        self.lifetime_s = lifetime_s
+        run = os.environ.get(RUN_ENV)
+        self.labels = {**(labels or {}), **({RUN_LABEL: run} if run else {})}
+        self._timeout = request_timeout_s
+        self._client: httpx.AsyncClient | None = None
+        #: The provider's id of the sandbox, once its create answered.
+        self.sandbox_id: str | None = None
+        super().__init__(environment_dir, environment_name, session_id, trial_paths, task_env_config, logger,
+                         reward=reward, **kwargs)
+
+    @staticmethod
+    def type() -> str:
+        return "raygrpo-fake-provider"
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(base_url=self._url, timeout=self._timeout)
+        return self._client
+
+    async def start(self, force_build: bool) -> None:
+        if self.sandbox_id is not None:
+            return
+        response = await self._http().post("/sandboxes", json={"lifetime_s": self.lifetime_s, "labels": self.labels})
+        if response.status_code == 429:
+            after = response.headers.get("Retry-After")
+            raise ProviderRateLimited(f"too many requests: {response.json().get('error', response.text)}",
+                                      float(after) if after else None)
+        response.raise_for_status()
+        self.sandbox_id = response.json()["id"]
+
+    async def stop(self, delete: bool = True) -> None:
+        try:
+            if self.sandbox_id is not None:
+                response = await self._http().delete(f"/sandboxes/{self.sandbox_id}")
+                if response.status_code not in (204, 404):
+                    response.raise_for_status()
+                self.sandbox_id = None
+        finally:
+            if self._client is not None and self.sandbox_id is None:
+                await self._client.aclose()
+                self._client = None
+
+    async def exec(self, command: str, cwd: str | None = None, env: dict[str, str] | None = None,
+                   timeout_sec: int | None = None, user: str | int | None = None) -> ExecResult:
+        if self.sandbox_id is None:
+            raise SandboxGone("the sandbox was not started")
+        response = await self._http().post(f"/sandboxes/{self.sandbox_id}/exec", json={"command": command})
+        if response.status_code == 404:
+            raise SandboxGone(f"sandbox {self.sandbox_id} is gone at the provider")
+        response.raise_for_status()
+        body = response.json()
+        return ExecResult(stdout=body.get("stdout") or None, stderr=body.get("stderr") or None,
+                          return_code=int(body.get("return_code", 0)))
