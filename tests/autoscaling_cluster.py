@@ -25,7 +25,6 @@ import json
 import os
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -35,6 +34,8 @@ from typing import Any
 
 import psutil
 from ray.cluster_utils import AutoscalingCluster
+
+from tests.ray_procs import processes_naming, stop_cluster
 
 RAY = str(Path(sys.executable).with_name("ray"))
 REPO = Path(__file__).resolve().parent.parent
@@ -209,14 +210,7 @@ class LocalAutoscalingCluster(AutoscalingCluster):
 
     def own_processes(self) -> list[psutil.Process]:
         """This cluster's processes still running: those whose command line names its temp dir."""
-        mine = []
-        for p in psutil.process_iter(["pid", "cmdline"]):
-            try:
-                if str(self.temp_dir) in " ".join(p.info["cmdline"] or []):
-                    mine.append(p)
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-        return mine
+        return processes_naming(self.temp_dir)
 
     def shutdown(self) -> None:
         """Stop the head's process group, then every process that names the temp dir, by pid; remove the temp dir.
@@ -224,29 +218,9 @@ class LocalAutoscalingCluster(AutoscalingCluster):
         Raises:
             RuntimeError: Some of the cluster's processes survived SIGKILL.
         """
-        if self._proc is not None:
-            try:
-                os.killpg(self._proc.pid, signal.SIGTERM)
-                self._proc.wait(10)
-            except (ProcessLookupError, subprocess.TimeoutExpired):
-                pass
-        for _ in range(3):  # a dying monitor may still be starting a node: look again
-            mine = self.own_processes()
-            for p in mine:
-                try:
-                    p.kill()
-                except psutil.NoSuchProcess:
-                    pass
-            psutil.wait_procs(mine, timeout=15)
-            if not mine:
-                break
-        if self._proc is not None:
-            try:
-                os.killpg(self._proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self._proc = None
-        left = self.own_processes()
+        # A dying monitor may still be starting a node: look three times.
+        left = stop_cluster(self._proc, self.temp_dir, grace_s=10.0, rounds=3)
+        self._proc = None
         shutil.rmtree(self.temp_dir, ignore_errors=True)
         self._config_path.unlink(missing_ok=True)
         if left:
