@@ -114,7 +114,8 @@ def test_a_burst_adds_nodes_and_they_go_when_the_pool_drains(cluster, tmp_path):
             seen_nodes: set[str] = set()
             peak_nodes = 0
             timeline: list[tuple[float, int, int, int]] = []  # (s, live actors, starting, sandbox nodes)
-            first_live = all_live = None
+            # The head has no `sandbox_host`: every live actor runs on a node the autoscaler added.
+            first_node = all_nodes = first_live = all_live = None
             finals = []
             t0 = time.monotonic()
             orchestrator.enqueue(make_groups(runtime.tasks, 1))
@@ -128,6 +129,10 @@ def test_a_burst_adds_nodes_and_they_go_when_the_pool_drains(cluster, tmp_path):
                     if live == MAX_ACTORS and all_live is None:
                         all_live = now
                     nodes = sandbox_nodes()
+                    if nodes and first_node is None:
+                        first_node = now
+                    if len(nodes) >= NODES and all_nodes is None:
+                        all_nodes = now
                     seen_nodes |= nodes
                     peak_nodes = max(peak_nodes, len(nodes))
                     timeline.append((round(now, 1), live, pools.snapshot()[name]["starting"], len(nodes)))
@@ -161,7 +166,8 @@ def test_a_burst_adds_nodes_and_they_go_when_the_pool_drains(cluster, tmp_path):
             assert 0 < snap["utilization"] < 1 and 0 < snap["idle_actor_seconds"] < snap["actor_seconds"], snap
         assert runtime.leaked_envs == 0
         assert server.live_sessions() == 0
-    print(f"\nautoscaling: burst of {BURST} x {NAP_S:g} s on 0-{MAX_ACTORS} actors: first actor on a new node live "
+    print(f"\nautoscaling: burst of {BURST} x {NAP_S:g} s on 0-{MAX_ACTORS} actors: first new node up after "
+          f"{first_node:.1f} s, all {NODES} after {all_nodes:.1f} s; first actor on a new node live "
           f"after {first_live:.1f} s, all {MAX_ACTORS} after {all_live:.1f} s, burst done in {burst_s:.1f} s; "
           f"pool drained {drained_at:.1f} s and the {NODES} nodes gone {nodes_gone:.1f} s after it; "
           f"utilization {snap['utilization']:.2f} ({snap['actor_seconds']:.0f} actor-s, "
