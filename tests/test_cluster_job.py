@@ -15,7 +15,6 @@ import os
 import re
 import secrets
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -24,7 +23,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
 
@@ -34,6 +32,7 @@ from raygrpo.sandbox.registry import process_env_marks
 from tests.docker_utils import docker_ready  # noqa: F401 - a fixture
 from tests.e2e_support import NapEnvironment
 from tests.ors_utils import ors_server, wait_until
+from tests.ray_procs import stop_cluster
 from tests.test_e2e_harbor import os_leaks
 
 REPO = Path(__file__).resolve().parent.parent
@@ -156,28 +155,7 @@ def head(tmp_path_factory) -> Iterator[Head]:
 def _stop_head(proc: subprocess.Popen, temp_dir: Path) -> None:
     """Stop the head's processes: its `ray start --block` process group, then anything else that names its temp dir
     (workers run in sessions of their own), by pid."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(30)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        pass
-    mine = []
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        try:
-            if str(temp_dir) in " ".join(p.info["cmdline"] or []):
-                mine.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    for p in mine:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(mine, timeout=15)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    stop_cluster(proc, temp_dir)
     shutil.rmtree(temp_dir, ignore_errors=True)
 
 

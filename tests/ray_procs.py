@@ -1,0 +1,57 @@
+"""Stopping a Ray cluster that a test started, by pid: never a machine-wide `ray stop`, which would kill every other
+Ray on the machine (other tests', other people's).
+
+Every process of a cluster started with its own `--temp-dir` names that dir (or its session dir under it) on its
+command line: the head's services, the raylets and agents of nodes started later (e.g. by an autoscaler), and the
+workers. `stop_cluster` stops the `ray start --block` process group, then kills whatever still names the dir.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import psutil
+
+
+def processes_naming(marker: str | Path) -> list[psutil.Process]:
+    """Running processes whose command line contains `marker`."""
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            if str(marker) in " ".join(p.info["cmdline"] or []):
+                found.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found
+
+
+def stop_cluster(proc: subprocess.Popen | None, marker: str | Path, grace_s: float = 30.0,
+                 rounds: int = 1) -> list[psutil.Process]:
+    """SIGTERM `proc`'s process group (a `ray start --block` started with `start_new_session=True`) and wait up to
+    `grace_s`, SIGKILL every process that names `marker` (looking `rounds` times: a process that is still starting
+    nodes may add some), then SIGKILL the group. Returns the processes still naming `marker` afterwards."""
+    if proc is not None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(grace_s)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            pass
+    for _ in range(rounds):
+        mine = processes_naming(marker)
+        if not mine:
+            break
+        for p in mine:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(mine, timeout=15)
+    if proc is not None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return processes_naming(marker)
