@@ -1,6 +1,7 @@
 """Sums: arithmetic word problems answered through a tool, generated locally, with a large held-out split.
 
-Each task asks for `a + b` or `a - b` (operands 2 to 99, seeded; train and test never share a question). The model
+Each task asks for `a + b` or `a - b` (operands 10 to 99, seeded; train and test never share a question:
+`tasks.py`). The model
 must answer by calling `submit(answer)`: reward 1.0 when the integer is right, 0.0 when it is wrong, and the episode
 ends. Answering in plain text without the tool scores `rollout.unanswered_reward` (0.0). Sized so that
 SmolLM2-135M-Instruct gets some right before any training (see examples/smol_sums/README.md for the measurement):
@@ -12,32 +13,29 @@ Use it:    envs: {sums: {kind: ors, environment: examples/smol_sums/env.py:SumsE
 
 from __future__ import annotations
 
-import random
+import importlib.util
+import sys
+from pathlib import Path
 
 from openreward.environments import Environment, JSONObject, TextBlock, ToolOutput, tool
 from pydantic import BaseModel
 
-#: Tasks per split; test is held out (no question of it is in train).
-SPLIT_SIZES = {"train": 2000, "test": 400}
-OPERAND_RANGE = (2, 99)
 
 
-def _questions() -> dict[str, list[JSONObject]]:
-    rng = random.Random(20261201)
-    seen: set[tuple[int, str, int]] = set()
-    out: dict[str, list[JSONObject]] = {name: [] for name in SPLIT_SIZES}
-    for split, size in SPLIT_SIZES.items():
-        while len(out[split]) < size:
-            a, b = rng.randint(*OPERAND_RANGE), rng.randint(*OPERAND_RANGE)
-            op = rng.choice("+-")
-            if (a, op, b) in seen:
-                continue
-            seen.add((a, op, b))
-            out[split].append({"a": a, "op": op, "b": b, "answer": a + b if op == "+" else a - b})
-    return out
+def _sibling(name: str):
+    """Load `<name>.py` beside this file under a unique module name (the env file is loaded by path)."""
+    module_name = f"raygrpo_examples_smol_sums_{name}"
+    if module_name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(module_name, Path(__file__).with_name(f"{name}.py"))
+        sys.modules[module_name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[module_name]
 
 
-_TASKS = _questions()
+_tasks = _sibling("tasks")
+SPLIT_SIZES, prompt_text, questions, reward = _tasks.SPLIT_SIZES, _tasks.prompt_text, _tasks.questions, _tasks.reward
+
+_TASKS = questions()
 
 
 class SumsTaskSpec(BaseModel):
@@ -73,7 +71,7 @@ class SumsEnvironment(Environment):
 
     def get_prompt(self) -> list[TextBlock]:
         c = self.config
-        return [TextBlock(type="text", text=f"What is {c.a} {c.op} {c.b}? Answer with the submit tool.")]
+        return [TextBlock(type="text", text=prompt_text(c.a, c.op, c.b))]
 
     @tool
     async def submit(self, params: SubmitParams) -> ToolOutput:
@@ -82,10 +80,10 @@ class SumsEnvironment(Environment):
         Args:
             answer: The integer result.
         """
-        correct = params.answer == self.config.answer
+        value = reward(self.config.model_dump(), params.answer)
         return ToolOutput(
-            blocks=[TextBlock(type="text", text="correct" if correct else "wrong")],
-            reward=1.0 if correct else 0.0,
+            blocks=[TextBlock(type="text", text="correct" if value else "wrong")],
+            reward=value,
             finished=True,
         )
 
