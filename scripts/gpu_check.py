@@ -36,10 +36,13 @@ logger = logging.getLogger("gpu_check")
 
 
 class SumsAdapter:
-    """One episode of a sums task, in process: the `submit` tool scores and ends it."""
+    """One episode of a sums task, in process: the `submit` tool scores and ends it; with `plain_answers`, a final
+    answer in plain text is scored too (its last integer), so a model that has not learned the tool format yet still
+    gets rewards to learn from."""
 
-    def __init__(self, tasks_by_index: list[dict]) -> None:
+    def __init__(self, tasks_by_index: list[dict], plain_answers: bool = False) -> None:
         self.tasks = tasks_by_index
+        self.plain_answers = plain_answers
         self.task: dict | None = None
         self.reward: float | None = None
 
@@ -59,7 +62,13 @@ class SumsAdapter:
         return ToolResult(text="correct" if self.reward else "wrong", reward=self.reward, finished=True)
 
     async def answer(self, text):
-        return None
+        if not self.plain_answers:
+            return None
+        import tasks as sums
+        from raygrpo.types import ToolResult
+
+        self.reward = sums.text_reward(self.task, text)
+        return ToolResult(text="", reward=self.reward, finished=True)
 
     async def score(self):
         return self.reward
@@ -81,6 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--out", default=None, help="scratch folder for TRL's output_dir")
     p.add_argument("--device", default=None, help="cuda (default) or cpu; --dry-run means cpu")
+    p.add_argument("--plain-answers", action="store_true", help="also score answers given in plain text")
     args = p.parse_args(argv)
     small = args.dry_run
     defaults = dict(model="tiny" if small else "smollm2-135m", steps=2 if small else 20, groups=2 if small else 8,
@@ -137,14 +147,14 @@ def run(args: argparse.Namespace) -> dict:
     engine = TransformersEngine(model_path, device=device, max_batch_size=64, seed=0, num_threads=None)
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=0)
     limits = RolloutConfig(group_size=args.group_size, max_turns=2, max_total_tokens=1024)
-    rollouts = InProcessRollouts(engine, lambda task: SumsAdapter(by_split[task.split]), train, sampling, limits,
-                                 args.group_size, seed=0)
+    rollouts = InProcessRollouts(engine, lambda task: SumsAdapter(by_split[task.split], args.plain_answers), train,
+                                 sampling, limits, args.group_size, seed=0)
     out = args.out or tempfile.mkdtemp(prefix="raygrpo-gpu-check-")
     grpo = GRPOConfig(
         output_dir=out, use_cpu=device == "cpu", use_vllm=False, num_generations=args.group_size,
         per_device_train_batch_size=args.groups * args.group_size, max_steps=args.steps, learning_rate=args.lr,
         beta=0.0, report_to="none", logging_steps=1, save_strategy="no", max_completion_length=args.max_tokens * 2,
-        temperature=1.0, disable_dropout=True, bf16=False, seed=0,
+        temperature=1.0, disable_dropout=True, bf16=False, seed=0, gradient_checkpointing=False,
     )
     dataset = Dataset.from_dict({"prompt": [f"raygrpo group slot {i}" for i in range(args.groups)]})
     trainer = BehaviourGRPOTrainer(model=model, reward_funcs=[_env_reward], args=grpo, train_dataset=dataset,
@@ -177,9 +187,11 @@ def run(args: argparse.Namespace) -> dict:
         "tokens_per_s": tokens / train_s if train_s > 0 else None,
         "completion_tokens": tokens,
         "train_reward_by_step": [b["reward_mean"] for b in rollouts.batches],
+        "train_reward_std_by_step": [b["reward_std"] for b in rollouts.batches],
+        "train_tool_call_fraction_by_step": [b["tool_call_fraction"] for b in rollouts.batches],
         "eval_tasks": len(test),
         "eval_before": _eval_summary(eval_before), "eval_after": _eval_summary(eval_after),
-        "weights_changed": changed, "sync_logprob_max_abs_diff": sync_gap,
+        "plain_answers": args.plain_answers, "weights_changed": changed, "sync_logprob_max_abs_diff": sync_gap,
         "warmup": warmup,
         "peak_gpu_memory_bytes": torch.cuda.max_memory_allocated() if device.startswith("cuda") else None,
         "wall_s": time.perf_counter() - started,

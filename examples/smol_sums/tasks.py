@@ -8,6 +8,7 @@ share a question. The model answers by calling `submit(answer)`.
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 #: Tasks per split; test is held out (none of its questions is in train).
@@ -55,3 +56,9 @@ def prompt_text(a: int, op: str, b: int) -> str:
 def reward(task: dict[str, Any], answer: Any) -> float:
     """1.0 when `answer` is the task's integer answer, else 0.0."""
     return 1.0 if type(answer) is int and answer == task["answer"] else 0.0
+
+
+def text_reward(task: dict[str, Any], text: str) -> float:
+    """1.0 when the last integer of a plain-text answer is the task's answer, else 0.0 (the `plain` answer mode)."""
+    numbers = re.findall(r"-?\d+", text)
+    return 1.0 if numbers and int(numbers[-1]) == task["answer"] else 0.0
