@@ -87,6 +87,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-tasks", type=int, default=None, help="held-out tasks evaluated before and after")
     p.add_argument("--max-tokens", type=int, default=None)
     p.add_argument("--warmup-steps", type=int, default=None, help="supervised format warm-up steps (0: none)")
+    p.add_argument("--warmup-batch", type=int, default=8, help="conversations per warm-up step")
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--out", default=None, help="scratch folder for TRL's output_dir")
     p.add_argument("--device", default=None, help="cuda (default) or cpu; --dry-run means cpu")
@@ -94,7 +95,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     small = args.dry_run
     defaults = dict(model="tiny" if small else "smollm2-135m", steps=2 if small else 20, groups=2 if small else 8,
-                    group_size=2 if small else 8, eval_tasks=4 if small else 200, max_tokens=16 if small else 48,
+                    group_size=2 if small else 8, eval_tasks=4 if small else 200, max_tokens=16 if small else 64,
                     warmup_steps=0 if small else 60, lr=1e-3 if small else 2e-6)
     for key, value in defaults.items():
         if getattr(args, key) is None:
@@ -140,7 +141,8 @@ def run(args: argparse.Namespace) -> dict:
 
         model.to(device)
         cfg = WarmupConfig(examples=str(ROOT / "examples" / "smol_sums" / "warmup.py") + ":format_examples",
-                           steps=args.warmup_steps, num_examples=400, batch_size=8, learning_rate=5e-5)
+                           steps=args.warmup_steps, num_examples=400, batch_size=args.warmup_batch,
+                           learning_rate=1e-4, log_every=2)
         warmup = run_warmup(model, tokenizer, cfg)
         model.to("cpu")
 

@@ -1,9 +1,11 @@
 """Format warm-up for the sums example (`train: {warmup: {examples: warmup.py:format_examples}}`).
 
 SmolLM2-135M-Instruct answers arithmetic in prose but never writes a `<tool_call>` from the system prompt alone
-(0 of 38 sampled answers did, measured here). The warm-up shows it the call format on questions the tasks never ask:
-one-digit operands (the tasks' are 10 to 99), the `submit` tool as the server lists it, and the right answer as one
-`submit` call. It teaches the format, not the tasks: two-digit sums stay the model's own work.
+(0 of 38 sampled answers did, measured here). The warm-up shows it the call format on questions no task asks: two-digit
+sums and differences that are in neither the train nor the test split (`tasks.questions()` takes 2,400 of the 16,200),
+the `submit` tool as the server lists it, and an answer that first writes the sum out, as the model does in prose,
+then calls `submit` with it. A short warm-up (12 steps of 4 in `warm_up.py`) teaches the format; the arithmetic stays
+the model's own.
 """
 
 from __future__ import annotations
@@ -28,15 +30,19 @@ def _tasks():
 
 
 def format_examples(n: int, seed: int) -> list[dict[str, Any]]:
-    """`n` conversations: a one-digit question, the submit tool, and the right answer as a submit call."""
+    """`n` conversations: a question no split holds, the submit tool, the sum written out and then submitted."""
     tasks = _tasks()
+    taken = {(q["a"], q["op"], q["b"]) for split in tasks.questions().values() for q in split}
     rng = random.Random(seed)
     out = []
-    for _ in range(n):
-        a, b, op = rng.randint(0, 9), rng.randint(0, 9), rng.choice("+-")
+    while len(out) < n:
+        a, b, op = rng.randint(*tasks.OPERAND_RANGE), rng.randint(*tasks.OPERAND_RANGE), rng.choice("+-")
+        if (a, op, b) in taken:
+            continue
+        answer = a + b if op == "+" else a - b
         out.append({
             "messages": [{"role": "user", "content": tasks.prompt_text(a, op, b)}],
             "tools": [copy.deepcopy(tasks.SUBMIT_TOOL)],
-            "completion": format_tool_call("submit", {"answer": a + b if op == "+" else a - b}),
+            "completion": f"{a} {op} {b} = {answer}\n" + format_tool_call("submit", {"answer": answer}),
         })
     return out
