@@ -36,13 +36,14 @@ logger = logging.getLogger("gpu_check")
 
 
 class SumsAdapter:
-    """One episode of a sums task, in process: the `submit` tool scores and ends it; with `plain_answers`, a final
-    answer in plain text is scored too (its last integer), so a model that has not learned the tool format yet still
-    gets rewards to learn from."""
+    """One episode of a sums task, in process: the `submit` tool scores and ends it. With `plain_answers`, a final
+    answer in plain text is scored too (its last integer); with `graded`, the reward is dense (1.0 when right, less the
+    further off). Both give a model that has not learned the tool format yet rewards that differ within a group."""
 
-    def __init__(self, tasks_by_index: list[dict], plain_answers: bool = False) -> None:
+    def __init__(self, tasks_by_index: list[dict], plain_answers: bool = False, graded: bool = False) -> None:
         self.tasks = tasks_by_index
         self.plain_answers = plain_answers
+        self.graded = graded
         self.task: dict | None = None
         self.reward: float | None = None
 
@@ -58,7 +59,7 @@ class SumsAdapter:
         import tasks as sums
         from raygrpo.types import ToolResult
 
-        self.reward = sums.reward(self.task, arguments.get("answer"))
+        self.reward = self._reward(arguments.get("answer"))
         return ToolResult(text="correct" if self.reward else "wrong", reward=self.reward, finished=True)
 
     async def answer(self, text):
@@ -67,8 +68,13 @@ class SumsAdapter:
         import tasks as sums
         from raygrpo.types import ToolResult
 
-        self.reward = sums.text_reward(self.task, text)
+        self.reward = self._reward(sums.text_answer(text))
         return ToolResult(text="", reward=self.reward, finished=True)
+
+    def _reward(self, answer) -> float:
+        import tasks as sums
+
+        return (sums.graded_reward if self.graded else sums.reward)(self.task, answer)
 
     async def score(self):
         return self.reward
@@ -92,6 +98,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default=None, help="scratch folder for TRL's output_dir")
     p.add_argument("--device", default=None, help="cuda (default) or cpu; --dry-run means cpu")
     p.add_argument("--plain-answers", action="store_true", help="also score answers given in plain text")
+    p.add_argument("--graded", action="store_true", help="dense reward: 1.0 when right, less the further off")
     args = p.parse_args(argv)
     small = args.dry_run
     defaults = dict(model="tiny" if small else "smollm2-135m", steps=2 if small else 20, groups=2 if small else 8,
@@ -149,7 +156,7 @@ def run(args: argparse.Namespace) -> dict:
     engine = TransformersEngine(model_path, device=device, max_batch_size=64, seed=0, num_threads=None)
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=0)
     limits = RolloutConfig(group_size=args.group_size, max_turns=2, max_total_tokens=1024)
-    rollouts = InProcessRollouts(engine, lambda task: SumsAdapter(by_split[task.split], args.plain_answers), train,
+    rollouts = InProcessRollouts(engine, lambda task: SumsAdapter(by_split[task.split], args.plain_answers, args.graded), train,
                                  sampling, limits, args.group_size, seed=0)
     out = args.out or tempfile.mkdtemp(prefix="raygrpo-gpu-check-")
     grpo = GRPOConfig(
@@ -193,7 +200,7 @@ def run(args: argparse.Namespace) -> dict:
         "train_tool_call_fraction_by_step": [b["tool_call_fraction"] for b in rollouts.batches],
         "eval_tasks": len(test),
         "eval_before": _eval_summary(eval_before), "eval_after": _eval_summary(eval_after),
-        "plain_answers": args.plain_answers, "weights_changed": changed, "sync_logprob_max_abs_diff": sync_gap,
+        "plain_answers": args.plain_answers, "graded": args.graded, "weights_changed": changed, "sync_logprob_max_abs_diff": sync_gap,
         "warmup": warmup,
         "peak_gpu_memory_bytes": torch.cuda.max_memory_allocated() if device.startswith("cuda") else None,
         "wall_s": time.perf_counter() - started,

@@ -58,7 +58,14 @@ def reward(task: dict[str, Any], answer: Any) -> float:
     return 1.0 if type(answer) is int and answer == task["answer"] else 0.0
 
 
-def text_reward(task: dict[str, Any], text: str) -> float:
-    """1.0 when the last integer of a plain-text answer is the task's answer, else 0.0 (the `plain` answer mode)."""
+def graded_reward(task: dict[str, Any], answer: Any) -> float:
+    """A dense reward: 1.0 for the right integer, falling linearly to 0.0 at 100 away (0.0 for a non-integer)."""
+    if type(answer) is not int:
+        return 0.0
+    return max(0.0, 1.0 - abs(answer - task["answer"]) / 100)
+
+
+def text_answer(text: str) -> int | None:
+    """The last integer of a plain-text answer (None when there is none)."""
     numbers = re.findall(r"-?\d+", text)
-    return 1.0 if numbers and int(numbers[-1]) == task["answer"] else 0.0
+    return int(numbers[-1]) if numbers else None
