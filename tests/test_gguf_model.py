@@ -53,3 +53,14 @@ def test_smollm2_resolves_offline_to_a_plain_hf_folder():
     tok = AutoTokenizer.from_pretrained(path)
     assert tok.eos_token == "<|im_end|>"
     assert ChatRenderer(tok).chat_template == TOOLS_CHATML_TEMPLATE  # its own template has no tools section
+
+
+def test_cli_names_the_missing_extra_before_ray(tmp_path, monkeypatch, capsys):
+    from raygrpo.cli import main
+
+    monkeypatch.setitem(sys.modules, "gguf", None)
+    monkeypatch.setenv("RAYGRPO_CACHE", str(tmp_path / "cache"))
+    config = Path(__file__).resolve().parent.parent / "examples" / "smol_sums" / "rollout.yaml"
+    code = main(["rollout", str(config), "--out", str(tmp_path / "out")])
+    assert code == 2
+    assert "model: reading a .gguf model needs the 'gguf' package: pip install 'raygrpo[gguf]'" in capsys.readouterr().err
