@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 OUT ?= runs/echo
 TRAIN_OUT ?= runs/echo-train
 
-.PHONY: install install-test train rollout test bench docker-dev
+.PHONY: install install-test train rollout test bench docker-dev gpu-check gpu-check-dry-run gpu-wheels
 
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
@@ -52,3 +52,16 @@ docker-dev: install
 
 bench: install
 	$(PY) benchmarks/ors_throughput.py
+
+# The GPU check (scripts/gpu_check.py; README "GPU check"): raygrpo's learner path without Ray on one GPU, one JSON
+# object last. On the device machine, after `scripts/gpu_wheels.sh install 1` and `... install 2`.
+gpu-check:
+	python3 scripts/gpu_check.py
+
+# The same code on the CPU at tiny sizes (what the test suite runs).
+gpu-check-dry-run: install
+	$(PY) scripts/gpu_check.py --dry-run
+
+# Fetch the wheels the device machine lacks into .gpu-wheels/ (git-ignored), in two parts of at most 60 MiB.
+gpu-wheels: install
+	PY=$(PY) scripts/gpu_wheels.sh fetch

@@ -10,6 +10,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
+from raygrpo.chat_tools import template_renders_tools, tools_fallback_template
 from raygrpo.types import ToolCall
 
 
@@ -42,9 +43,11 @@ class ChatRenderer:
     generation prompt, so the ids appended after a model turn are exactly what the template would produce. That only
     works with a prefix-preserving template; like GRPOTrainer, the renderer swaps a template that is not (Qwen3's
     drops `<think>` blocks of earlier turns) for TRL's training variant of it, for prompts and tool results alike.
+    A template that does not render tools at all (SmolLM2's ChatML) is replaced by raygrpo's own tool-calling ChatML
+    template (`raygrpo.chat_tools`): schemas in the system prompt, calls as `<tool_call>` text, no new tokens.
 
     Args:
-        tokenizer: A `transformers` tokenizer with a chat template that supports tools.
+        tokenizer: A `transformers` tokenizer with a chat template (one without tools gets raygrpo's fallback).
     """
 
     def __init__(self, tokenizer: Any):
@@ -53,7 +56,9 @@ class ChatRenderer:
             raise ValueError("the tokenizer has no eos token; the agent loop needs one to end a turn")
         self.eos_token_id: int = tokenizer.eos_token_id
         self.chat_template: str | None = None
-        if not self._prefix_preserving():
+        if not template_renders_tools(tokenizer):
+            self.chat_template = tools_fallback_template(tokenizer)  # raygrpo's own format (see raygrpo.chat_tools)
+        elif not self._prefix_preserving():
             self.chat_template = training_template(tokenizer)
 
     def _prefix_preserving(self) -> bool:

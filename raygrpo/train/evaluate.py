@@ -10,7 +10,7 @@ from raygrpo.types import UNVERSIONED, TaskRef
 
 
 def evaluate(orchestrator: Orchestrator, tasks: list[TaskRef]) -> dict[str, Any]:
-    """Run each task once (a group of 1) and return `eval_reward_mean`, `eval_scored_fraction`, `eval_rollouts`,
+    """Run each task once (a group of 1) and return `eval_reward_mean` (and its 95% interval `eval_reward_ci95`), `eval_scored_fraction`, `eval_rollouts`,
     per-environment figures under `eval_envs`, and `eval_generated_by`: the policy versions the engines reported for
     the eval's turns (empty for policies without versions).
 
@@ -20,6 +20,7 @@ def evaluate(orchestrator: Orchestrator, tasks: list[TaskRef]) -> dict[str, Any]
     stats = reward_stats(trajectories)
     return {
         "eval_reward_mean": stats["reward_mean"],
+        "eval_reward_ci95": stats["reward_ci95"],
         "eval_scored_fraction": stats["scored_fraction"],
         "eval_rollouts": stats["rollouts"],
         "eval_envs": per_env_stats(trajectories),

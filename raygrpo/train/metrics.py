@@ -22,9 +22,20 @@ def reward_stats(trajectories: Iterable[Trajectory]) -> dict[str, Any]:
     return {
         "reward_mean": mean,
         "reward_std": std,
+        "reward_ci95": mean_interval(rewards),
         "scored_fraction": len(rewards) / len(trajs) if trajs else None,
         "rollouts": len(trajs),
     }
+
+
+def mean_interval(values: list[float], z: float = 1.96) -> list[float] | None:
+    """A normal-approximation 95% interval `[low, high]` of the mean of `values` (None for fewer than two)."""
+    if len(values) < 2:
+        return None
+    mean = sum(values) / len(values)
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+    half = z * std / math.sqrt(len(values))
+    return [mean - half, mean + half]
 
 
 def per_env_stats(trajectories: Iterable[Trajectory]) -> dict[str, dict[str, Any]]:
