@@ -114,7 +114,9 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, **kwargs: 
     own_handler = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
     if address is None:
         kwargs.setdefault("include_dashboard", False)
-        ray.init(num_cpus=num_cpus, runtime_env=runtime_env, **kwargs)
+        # "local" always starts a runtime of our own: with no address, Ray would join a `ray start` cluster that
+        # this machine happens to run (it reads /tmp/ray/ray_current_cluster) and then refuse `num_cpus`.
+        ray.init(address="local", num_cpus=num_cpus, runtime_env=runtime_env, **kwargs)
     else:  # a cluster's head decides whether it has a dashboard
         ray.init(address=address, runtime_env=runtime_env, **kwargs)
     if callable(own_handler):
