@@ -261,3 +261,14 @@ def test_the_source_sizes_the_pools_for_what_its_steps_will_ask(mode, per_env):
     schedule = TaskSchedule({"a": _tasks("a", 4), "b": _tasks("b", 4)}, {"a": 3.0, "b": 1.0}, seed=0)
     RolloutSource(orchestrator, schedule, group_size=1, mode=mode, max_staleness=1, groups_per_step=4)
     assert orchestrator.expected == {"a": per_env["a"], "b": per_env["b"]}
+
+
+def test_the_reward_interval_stays_within_the_rewards():
+    from raygrpo.train.metrics import mean_interval
+
+    low, high = mean_interval([1.0] + [0.0] * 7)  # mean 0.125: the normal approximation alone reaches -0.12
+    assert low == 0.0 and 0.125 < high < 0.4
+    assert mean_interval([0.0] * 8) == [0.0, 0.0]
+    low, high = mean_interval([0.4, 0.6] * 50)
+    assert 0.45 < low < 0.5 < high < 0.55
+    assert mean_interval([1.0]) is None
