@@ -23,7 +23,7 @@ from raygrpo.config import RunConfig
 from raygrpo.envs.registry import kind_of
 from raygrpo.orchestrator import Route
 from raygrpo.placement import actor_resources, check_fits
-from raygrpo.pools import ActorSpawner, PoolGroup, PoolSet
+from raygrpo.pools import ActorSpawner, PoolGroup, PoolSet, SlotState
 from raygrpo.runtime import ray_info
 from raygrpo.sandbox.docker_engine import DockerUnavailable, may_have_docker
 from raygrpo.sandbox.docker_owner import run_leftovers
@@ -157,7 +157,7 @@ class RolloutRuntime:
         if self.pools is None:
             return {}
         return {s.name: Route(envs=s.envs, capacity=s.capacity) for p in self.pools.pools for s in p.slots
-                if s.state.value == "live"}
+                if s.state is SlotState.LIVE}
 
     def add_final_stats(self, stats: list[dict[str, Any]]) -> None:
         """Final stats of env pool actors owned elsewhere (the learner's pools), for the leak count."""

@@ -86,7 +86,7 @@ class ElasticPool:
     # ------------------------------------------------------------------ views
 
     def serves(self, env: str) -> bool:
-        return self.envs is None or env in self.envs or any(s.serves(env) for s in self.slots)
+        return self.envs is None or env in self.envs
 
     def count(self, *states: SlotState) -> int:
         return sum(1 for s in self.slots if s.state in states)

@@ -7,7 +7,6 @@ The spawner is plain data plus a method, so it pickles: in `raygrpo rollout` the
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,23 +67,15 @@ class ActorSpawner:
     settings: WorkerSettings
     env_vars: dict[str, str] = field(default_factory=dict)
     index_base: int = 0
-    _counter: Any = field(default_factory=itertools.count, repr=False)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_counter"] = next(self._counter)  # itertools.count does not pickle; resume where it was
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        state["_counter"] = itertools.count(state["_counter"])
-        self.__dict__.update(state)
+    #: The next actor's number in the group (names are never reused within a run).
+    next_index: int = 0
 
     def spawn(self) -> tuple[str, Any]:
         """Create one more actor of the group (Ray places it when a node has its resources); returns its name and
         handle. Names are never reused within a run."""
         from raygrpo.actors.env_pool import EnvPoolActor
 
-        i = next(self._counter)
+        i, self.next_index = self.next_index, self.next_index + 1
         name = f"{self.group.prefix}-{i}"
         settings = dataclasses.replace(self.settings, name=name, envs=self.group.envs, max_concurrent=self.group.k,
                                        worker_index=self.index_base + i)

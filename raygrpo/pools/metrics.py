@@ -49,6 +49,11 @@ class PoolMetrics:
         except Exception as exc:  # noqa: BLE001 - metrics are an aid, never a reason to fail a run
             logger.debug("Ray metrics off: %s", exc)
 
+    @property
+    def enabled(self) -> bool:
+        """Whether metrics are recorded (this process is connected to Ray)."""
+        return self._on
+
     def record_pools(self, snapshots: dict[str, dict[str, Any]], queued: dict[str, int]) -> None:
         if not self._on:
             return

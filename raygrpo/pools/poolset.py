@@ -129,7 +129,8 @@ class PoolSet:
                 demand = max(pool.in_flight + queued[pool.name], self._for_pool(pool, self._expected))
                 pool.tick(demand)
             self._update_hint()
-            self.metrics.record_pools(self.snapshot(), queued)
+            if self.metrics.enabled:  # a snapshot walks every slot: only for a reader
+                self.metrics.record_pools(self.snapshot(), queued)
 
     def _update_hint(self) -> None:
         if not self._hint:

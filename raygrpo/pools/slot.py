@@ -59,9 +59,6 @@ class PoolSlot:
         return (self.state is SlotState.LIVE and self.in_flight < self.capacity
                 and (self.envs is None or env in self.envs))
 
-    def serves(self, env: str) -> bool:
-        return self.envs is None or env in self.envs
-
     def account(self) -> None:
         """Add the time since the last change to `live_s`, `idle_s` and `busy_s`."""
         now = time.monotonic()
