@@ -24,9 +24,9 @@ LAYERS: list[list[str]] = [
      "raygrpo._compat", "raygrpo.workdir"],
     # pure data: environment specs and run settings
     ["raygrpo.specs", "raygrpo.config"],
-    # environments, sandboxes, policies, provisioning gates, chat rendering and tool-call parsing
-    ["raygrpo.envs", "raygrpo.sandbox", "raygrpo.policy", "raygrpo.provisioning", "raygrpo.chat", "raygrpo.chat_tools",
-     "raygrpo.toolcalls"],
+    # environments, sandboxes, policies, provider governors and provisioning gates, chat rendering and tool-call parsing
+    ["raygrpo.envs", "raygrpo.sandbox", "raygrpo.policy", "raygrpo.governor", "raygrpo.provisioning", "raygrpo.chat",
+     "raygrpo.chat_tools", "raygrpo.toolcalls"],
     ["raygrpo.rollout"],
     ["raygrpo.worker"],
     ["raygrpo.actors"],

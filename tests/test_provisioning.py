@@ -15,6 +15,7 @@ import uuid
 
 import pytest
 
+from raygrpo.governor import Governor
 from raygrpo.provisioning import (
     CreateRateLimiter,
     ProvisioningError,
@@ -160,7 +161,7 @@ async def test_recovering_limiter_leaves_a_pause():
 
 @pytest.mark.timeout(20)
 async def test_abandoned_request_is_released():
-    limiter = CreateRateLimiter("p", 10.0, max_lead_s=0.05, max_hold_s=0.05, min_lead_s=0.0, abandon_after_s=0.1)
+    limiter = CreateRateLimiter("p", 2.0, max_lead_s=0.05, max_hold_s=0.05, min_lead_s=0.0, abandon_after_s=0.1)
     first = await limiter.reserve("now")
     assert first.ready
     assert not (await limiter.reserve("gone")).ready  # its caller never asks again
@@ -238,10 +239,10 @@ async def test_gate_for_shares_one_gate_per_key(caplog):
     assert "already set" in caplog.text
     with pytest.raises(ValueError):
         ProvisioningGate(2, 5.0, None)
-    with pytest.raises(ValueError, match="limiter"):
+    with pytest.raises(ValueError, match="governor"):
         ProvisioningGate(2, 5.0, "p")  # a rate needs a limiter to reserve from
     limited = gate_for("local-rate", 2, 5.0)  # no factory given: this process's own limiter of the key
-    assert isinstance(limited._limiter, CreateRateLimiter) and limited._limiter is local_limiter("local-rate", 5.0)
+    assert isinstance(limited._limiter, Governor) and limited._limiter is local_limiter("local-rate", 5.0)
 
 
 @pytest.mark.ray

@@ -1,4 +1,5 @@
-"""The cluster-wide create-rate limiter of a provider key: a named Ray actor every env pool actor shares.
+"""The cluster-wide governor of a provider key (create rate, live cap, rate-limit answers: `raygrpo.governor`): a
+named Ray actor every env pool actor shares.
 
 Naming: `raygrpo-ratelimit-<key>` in the fixed namespace `raygrpo`, created with `get_if_exists=True` by whoever
 asks first. Without an explicit namespace a named actor lives in its job's namespace, which is anonymous (one per
@@ -31,7 +32,8 @@ import ray
 from ray.exceptions import RayActorError
 from tenacity import AsyncRetrying, RetryCallState, RetryError, retry_if_exception_type, stop_after_delay, wait_fixed
 
-from raygrpo.provisioning import CreateRateLimiter, ProvisioningError, Reservation
+from raygrpo.governor import Governor
+from raygrpo.provisioning import ProvisioningError, Reservation
 
 logger = logging.getLogger(__name__)
 
@@ -44,21 +46,24 @@ def limiter_name(key: str) -> str:
     return "raygrpo-ratelimit-" + re.sub(r"[^A-Za-z0-9_.-]", "_", key)
 
 
-class RateLimiter(CreateRateLimiter):
-    """`CreateRateLimiter` as a Ray actor; a restart by Ray counts as recovering (its schedule state is lost).
+class RateLimiter(Governor):
+    """`Governor` as a Ray actor; a restart by Ray counts as recovering (its state is lost: the schedule pauses,
+    live tickets come back as their holders renew them).
 
     Args:
         key: Provider key.
-        rate_per_s: Most creates in any 1 s window, cluster-wide.
+        rate_per_s: Most creates in any 1 s window, cluster-wide; None for none.
+        max_live: Most sandboxes alive at once, cluster-wide; None for no cap.
         recovering: A caller re-creates it after the previous one died.
         **kwargs: `CreateRateLimiter` settings.
     """
 
-    def __init__(self, key: str, rate_per_s: float, recovering: bool = False, **kwargs: Any) -> None:
+    def __init__(self, key: str, rate_per_s: float | None, max_live: int | None = None, recovering: bool = False,
+                 **kwargs: Any) -> None:
         with warnings.catch_warnings():  # ray 2.60 warns about an API it calls itself here
             warnings.simplefilter("ignore")
             restarted = ray.get_runtime_context().was_current_actor_reconstructed
-        super().__init__(key, rate_per_s, recovering=recovering or restarted, **kwargs)
+        super().__init__(key, rate_per_s, max_live, recovering=recovering or restarted, **kwargs)
 
     async def cancel(self, request_id: str) -> bool:
         return self.release(request_id)
@@ -70,30 +75,34 @@ class RateLimiter(CreateRateLimiter):
 RateLimiterActor = ray.remote(num_cpus=0, max_restarts=MAX_RESTARTS, max_concurrency=10_000)(RateLimiter)
 
 
-#: A handle per key kept for the life of this process, so an actor this process created is never collected early.
-_handles: dict[str, Any] = {}
+#: Every handle this process got, per key, kept for its life: the first one of an actor this process created is its
+#: owner's, and dropping it (even for another handle of the same actor) would let Ray collect the actor.
+_handles: dict[str, list[Any]] = {}
 
 
-def get_rate_limiter(key: str, rate_per_s: float, *, recovering: bool = False, **kwargs: Any):
-    """The handle of `key`'s limiter, created if it does not exist (blocking: a GCS round trip or two).
+def get_rate_limiter(key: str, rate_per_s: float | None, *, max_live: int | None = None, recovering: bool = False,
+                     **kwargs: Any):
+    """The handle of `key`'s governor, created if it does not exist (blocking: a GCS round trip or two).
 
-    The creator's `rate_per_s` and settings hold; later callers get the existing actor whatever they pass.
+    The creator's `rate_per_s`, `max_live` and settings hold; later callers get the existing actor whatever they pass.
     """
     handle = RateLimiterActor.options(name=limiter_name(key), namespace=NAMESPACE, get_if_exists=True).remote(
-        key, rate_per_s, recovering=recovering, **kwargs
+        key, rate_per_s, max_live, recovering=recovering, **kwargs
     )
-    _handles[key] = handle
+    _handles.setdefault(key, []).append(handle)
     return handle
 
 
-def ensure_rate_limiter(key: str, rate_per_s: float, timeout_s: float = 60.0, **kwargs: Any) -> dict[str, Any]:
-    """Create `key`'s limiter from this process (the driver, so that it owns it) and wait until it answers.
+def ensure_rate_limiter(key: str, rate_per_s: float | None, timeout_s: float = 60.0, *, max_live: int | None = None,
+                        **kwargs: Any) -> dict[str, Any]:
+    """Create `key`'s governor from this process (the driver, so that it owns it) and wait until it answers.
 
-    Returns its stats; logs a warning if an existing limiter runs at another rate.
+    Returns its stats; logs a warning if an existing governor has other limits.
     """
-    stats = ray.get(get_rate_limiter(key, rate_per_s, **kwargs).ping.remote(), timeout=timeout_s)
-    if stats["rate_per_s"] != rate_per_s:
-        logger.warning("rate limiter %r already runs at %s/s, not %s/s", key, stats["rate_per_s"], rate_per_s)
+    stats = ray.get(get_rate_limiter(key, rate_per_s, max_live=max_live, **kwargs).ping.remote(), timeout=timeout_s)
+    if (stats["rate_per_s"], stats["max_live"]) != (rate_per_s, max_live):
+        logger.warning("governor %r already runs at %s creates/s and %s live, not %s and %s", key,
+                       stats["rate_per_s"], stats["max_live"], rate_per_s, max_live)
     return stats
 
 
@@ -102,7 +111,8 @@ class RayRateLimiterClient:
 
     Args:
         key: Provider key.
-        rate_per_s: Rate used if this client creates the limiter.
+        rate_per_s: Rate used if this client creates the governor.
+        max_live: Live cap used if this client creates the governor.
         call_timeout_s: Longest one `reserve` call may take (the limiter answers within its `max_hold_s`).
         unavailable_after_s: How long the limiter may stay dead or unreachable before `reserve` raises.
         retry_delay_s: Pause before re-resolving a limiter that failed.
@@ -112,8 +122,9 @@ class RayRateLimiterClient:
     def __init__(
         self,
         key: str,
-        rate_per_s: float,
+        rate_per_s: float | None,
         *,
+        max_live: int | None = None,
         call_timeout_s: float = 40.0,
         unavailable_after_s: float = 60.0,
         retry_delay_s: float = 0.5,
@@ -121,6 +132,7 @@ class RayRateLimiterClient:
     ) -> None:
         self.key = key
         self.rate_per_s = rate_per_s
+        self.max_live = max_live
         self._call_timeout = call_timeout_s
         self._unavailable_after = unavailable_after_s
         self._retry_delay = retry_delay_s
@@ -138,14 +150,23 @@ class RayRateLimiterClient:
                     # Off the loop: the lookup blocks on the GCS, and a blocked loop delays other starts' wake-ups.
                     self._handle = await asyncio.wait_for(
                         asyncio.to_thread(
-                            get_rate_limiter, self.key, self.rate_per_s, recovering=self._recovering, **self._kwargs
+                            get_rate_limiter, self.key, self.rate_per_s, max_live=self.max_live,
+                            recovering=self._recovering, **self._kwargs
                         ),
                         self._call_timeout,
                     )
         return self._handle
 
     async def reserve(self, request_id: str) -> Reservation:
-        """Ask the limiter for `request_id`'s slot; re-resolve it (and retry) while it is dead or unreachable.
+        """Ask the governor for `request_id`'s create slot (see `_call`)."""
+        return await self._call("reserve", request_id)
+
+    async def acquire_live(self, ticket: str, holder: str) -> bool:
+        """Ask the governor for a live ticket (see `_call`); False: not yet, ask again."""
+        return await self._call("acquire_live", ticket, holder)
+
+    async def _call(self, method: str, *args: Any) -> Any:
+        """Call the governor; re-resolve it (and retry) while it is dead or unreachable.
 
         Raises:
             ProvisioningError: It stayed unavailable for `unavailable_after_s`.
@@ -160,11 +181,11 @@ class RayRateLimiterClient:
             ):
                 with attempt:
                     handle = await self._resolve()
-                    return await asyncio.wait_for(handle.reserve.remote(request_id), self._call_timeout)
+                    return await asyncio.wait_for(getattr(handle, method).remote(*args), self._call_timeout)
         except RetryError as exc:
             cause = exc.last_attempt.exception()
             raise ProvisioningError(
-                f"rate limiter {limiter_name(self.key)!r} (namespace {NAMESPACE!r}) unavailable for "
+                f"governor {limiter_name(self.key)!r} (namespace {NAMESPACE!r}) unavailable for "
                 f"{self._unavailable_after:g} s: {type(cause).__name__}: {cause}"
             ) from cause
         raise AssertionError("unreachable: tenacity either returns or raises")
@@ -176,9 +197,22 @@ class RayRateLimiterClient:
         self._handle = None
         self._recovering = True
 
-    def release(self, request_id: str) -> None:
+    def _tell(self, method: str, *args: Any) -> None:
+        """Fire-and-forget a call to the governor; a governor that is gone lost what it would change."""
         if self._handle is not None:
             try:
-                self._handle.cancel.remote(request_id)
-            except Exception:  # the limiter is gone: its slots went with it
-                logger.debug("could not release %s on %r", request_id, self.key, exc_info=True)
+                getattr(self._handle, method).remote(*args)
+            except Exception:
+                logger.debug("could not call %s on governor %r", method, self.key, exc_info=True)
+
+    def release(self, request_id: str) -> None:
+        self._tell("cancel", request_id)
+
+    def release_live(self, ticket: str) -> None:
+        self._tell("release_live", ticket)
+
+    def renew_live(self, holder: str, tickets: list[str]) -> None:
+        self._tell("renew_live", holder, tickets)
+
+    def refused(self, reason: str, pause_s: float) -> None:
+        self._tell("refused", reason, pause_s)

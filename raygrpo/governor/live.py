@@ -1,0 +1,166 @@
+"""The live-sandbox cap of a provider key: tickets held from before a sandbox's create until after its stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Waiter:
+    holder: str
+    touched: float
+    event: asyncio.Event
+    cancelled: bool = False
+
+
+class LiveCap:
+    """The live-sandbox cap of one provider key: at most `max_live` tickets out at once, granted in request order.
+
+    A ticket is taken before a sandbox's create is sent and given back after its stop (or its failed start), so
+    every sandbox that can exist at the provider holds one. Holders renew their tickets (`renew`); the tickets of a
+    holder silent for `ticket_ttl_s` (its process died) are dropped, and a restarted governor, which lost its state,
+    takes back the tickets its holders renew. A provider that refuses a create for its live limit lowers the cap in
+    effect to what is live (`throttle`); it climbs back by one every `recover_after_s` without such an answer.
+
+    Args:
+        key: Provider key.
+        max_live: Most tickets out at once.
+        max_hold_s: Longest an `acquire` call waits before it answers "not yet" (the caller asks again).
+        ticket_ttl_s: Tickets of a holder that has not renewed for this long are dropped.
+        abandon_after_s: A waiter nobody asked about for this long leaves the queue.
+        recover_after_s: Quiet time before each step of the cap in effect back up.
+    """
+
+    def __init__(self, key: str, max_live: int, *, max_hold_s: float = 10.0, ticket_ttl_s: float = 60.0,
+                 abandon_after_s: float = 15.0, recover_after_s: float = 5.0) -> None:
+        if max_live < 1:
+            raise ValueError(f"max_live must be >= 1, got {max_live}")
+        self.key = key
+        self.max_live = max_live
+        #: The cap in effect: `max_live` until the provider says otherwise.
+        self.effective_max_live = max_live
+        self._max_hold = max_hold_s
+        self._ttl = ticket_ttl_s
+        self._abandon_after = abandon_after_s
+        self._recover_after = recover_after_s
+        self._live: dict[str, str] = {}  # ticket -> holder
+        self._renewed: dict[str, float] = {}  # holder -> last renewal
+        self._waiting: OrderedDict[str, _Waiter] = OrderedDict()
+        self._last_throttle = 0.0
+        self._last_step = 0.0
+        self._last_sweep = 0.0
+        self._peak = 0
+        self._counts = {"granted": 0, "returned": 0, "expired": 0, "throttled": 0}
+
+    def _sweep(self, now: float) -> None:
+        if now - self._last_sweep < 1.0:
+            return
+        self._last_sweep = now
+        for holder in [h for h, t in self._renewed.items() if now - t > self._ttl]:
+            del self._renewed[holder]
+            dropped = [t for t, h in self._live.items() if h == holder]
+            for ticket in dropped:
+                del self._live[ticket]
+            if dropped:
+                self._counts["expired"] += len(dropped)
+                logger.warning("live cap %r: dropped %d ticket(s) of holder %s, silent for %.0f s", self.key,
+                               len(dropped), holder, self._ttl)
+        for ticket, w in list(self._waiting.items()):
+            if now - w.touched > self._abandon_after:
+                del self._waiting[ticket]
+        if (self.effective_max_live < self.max_live
+                and now - max(self._last_throttle, self._last_step) >= self._recover_after):
+            self._last_step = now
+            self.effective_max_live += 1
+        self._wake()
+
+    def _wake(self) -> None:
+        free = self.effective_max_live - len(self._live)
+        for w in self._waiting.values():
+            if free <= 0:
+                break
+            w.event.set()
+            free -= 1
+
+    async def acquire(self, ticket: str, holder: str) -> bool:
+        """Take `ticket` for `holder` when the cap allows (True), or answer False after `max_hold_s` (ask again) or
+        once the ticket is released meanwhile (its caller gave up)."""
+        now = time.time()
+        self._sweep(now)
+        self._renewed[holder] = now
+        if ticket in self._live:
+            return True
+        give_up = now + self._max_hold
+        w = self._waiting.get(ticket)
+        while True:
+            if w is None or (ticket not in self._waiting and not w.cancelled):  # new, or swept as abandoned
+                w = self._waiting[ticket] = _Waiter(holder, time.time(), asyncio.Event())
+                self._wake()
+            if w.cancelled:
+                return False
+            w.touched = time.time()
+            if w.event.is_set():
+                ahead = 0
+                for other in self._waiting:
+                    if other == ticket:
+                        break
+                    ahead += 1
+                if len(self._live) + ahead < self.effective_max_live:
+                    del self._waiting[ticket]
+                    self._live[ticket] = holder
+                    self._peak = max(self._peak, len(self._live))
+                    self._counts["granted"] += 1
+                    return True
+                w.event.clear()
+            left = give_up - time.time()
+            if left <= 0:
+                return False
+            # Woken by a release, a renewal or a sweep (which any other call runs at most once a second).
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(w.event.wait(), left)
+
+    def release(self, ticket: str) -> bool:
+        """Give `ticket` back (or leave the queue); True if it was known. Safe to call more than once."""
+        w = self._waiting.pop(ticket, None)
+        if w is not None:
+            w.cancelled = True
+            w.event.set()
+        found = self._live.pop(ticket, None) is not None
+        if found or w is not None:
+            self._counts["returned"] += found
+            self._wake()
+        return found or w is not None
+
+    def renew(self, holder: str, tickets: list[str]) -> None:
+        """`holder` still holds `tickets`; a governor that lost them (it restarted) takes them back."""
+        now = time.time()
+        self._renewed[holder] = now
+        for ticket in tickets:
+            self._waiting.pop(ticket, None)
+            self._live.setdefault(ticket, holder)
+        self._sweep(now)
+
+    def throttle(self) -> None:
+        """The provider refused a create for its live limit: the cap in effect drops to what is live now, less the
+        refused start's own ticket."""
+        now = time.time()
+        self._counts["throttled"] += 1
+        self._last_throttle = now
+        cap = max(1, len(self._live) - 1)
+        if cap < self.effective_max_live:
+            self.effective_max_live = cap
+            logger.warning("live cap %r: the provider refused a create for its live limit; cap now %d", self.key,
+                           cap)
+
+    def stats(self) -> dict[str, Any]:
+        return {"max_live": self.max_live, "effective_max_live": self.effective_max_live, "live": len(self._live),
+                "peak_live": self._peak, "waiting_live": len(self._waiting), **{f"live_{k}": v for k, v in
+                                                                                  self._counts.items()}}
