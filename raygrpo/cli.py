@@ -1,6 +1,6 @@
-"""Command line: `raygrpo rollout CONFIG ...` (collect trajectories), `raygrpo train CONFIG ...` (GRPO) and
+"""Command line: `raygrpo rollout CONFIG ...` (collect trajectories), `raygrpo train CONFIG ...` (GRPO),
 `raygrpo check CONFIG | TASK_DIR` (does each Harbor task's verifier pass its reference solution and fail doing
-nothing?)."""
+nothing?) and `raygrpo reap` (stop the remote sandboxes crashed runs left, from the lease ledger)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,18 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config field, e.g. --set envs.tasks.environment_type=docker (repeatable)")
     check.add_argument("--no-progress", action="store_true", help="no progress output")
+    reap = sub.add_parser(
+        "reap", help="stop the remote sandboxes of crashed runs (leases whose owner is stale) and drop their leases",
+        description="Go through the lease ledger and stop, at its provider, the sandbox of every lease whose owner's "
+                    "heartbeat is stale (or whose owner process on this host is dead); leases of live owners, such as "
+                    "a concurrent run's, are never touched. Exit 0 when every stale lease was reaped, 1 when some "
+                    "could not be (listed, and kept in the ledger), 2 for a bad argument.")
+    reap.add_argument("--run", help="only this run's leases (its run id, e.g. run-0123456789ab)")
+    reap.add_argument("--lease-dir", help="the lease ledger (default: $RAYGRPO_LEASE_DIR, else ~/.raygrpo/leases)")
+    reap.add_argument("--stale-after", type=float, default=None, metavar="S",
+                      help="an owner whose heartbeat is older than S seconds is stale (default 30)")
+    reap.add_argument("--json", dest="json_out", action="store_true",
+                      help="print one JSON object (each stale lease's outcome and the sandboxes stopped) instead")
     for command in (rollout, train, check):
         command.add_argument(
             "--address", help="join the Ray cluster at ADDRESS (\"auto\", host:port, ray://...) instead of "
@@ -80,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     apply_process_env()
+    if args.command == "reap":
+        return _reap(args)
     try:
         if args.command == "check":
             from raygrpo.check import load_target
@@ -149,6 +163,32 @@ def _guarded(work: Callable[[], Any], verbose: bool, interrupted: str) -> tuple[
         print(f"raygrpo: {describe(exc, limit=2000)}" + ("" if verbose else " (run with -v for the traceback)"),
               file=sys.stderr)
         return None, 1
+
+
+def _reap(args: argparse.Namespace) -> int:
+    """`raygrpo reap`: a line per stale lease and a summary on stdout; exit 0 (all reaped), 1 (some kept) or 2."""
+    from raygrpo.sandbox.lease_reaper import reap_leases
+    from raygrpo.sandbox.ledger import STALE_AFTER_S, LeaseLedger
+
+    stale_after = STALE_AFTER_S if args.stale_after is None else args.stale_after
+    if not stale_after > 0:
+        print("raygrpo: --stale-after must be a positive number of seconds", file=sys.stderr)
+        return 2
+    ledger = LeaseLedger(args.lease_dir)
+    if not ledger.root.is_dir():
+        print(f"no lease ledger at {ledger.root}: nothing to reap")
+        return 0
+    report = reap_leases(ledger, run=args.run, stale_after_s=stale_after)
+    if args.json_out:
+        print(json.dumps(report.to_dict()))
+    else:
+        for line in report.lines():
+            print(line)
+    if report.kept:
+        print(f"raygrpo: {len(report.kept)} stale lease(s) could not be reaped; they stay in {ledger.root}",
+              file=sys.stderr)
+        return 1
+    return 0
 
 
 def _check(args: argparse.Namespace, cfg: RunConfig) -> int:

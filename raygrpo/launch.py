@@ -27,6 +27,8 @@ from raygrpo.pools import ActorSpawner, PoolGroup, PoolSet, SlotState
 from raygrpo.runtime import ray_info
 from raygrpo.sandbox.docker_engine import DockerUnavailable, may_have_docker
 from raygrpo.sandbox.docker_owner import run_leftovers
+from raygrpo.sandbox.lease_reaper import reap_stale_leases
+from raygrpo.sandbox.ledger import LEASE_DIR_ENV, lease_dir
 from raygrpo.sandbox.reaper import OrphanReaper
 from raygrpo.sandbox.registry import ROOT_ENV, RUN_ENV, sandbox_root
 from raygrpo.specs import ORSSpec
@@ -74,6 +76,8 @@ class RolloutRuntime:
         #: Labels this run's docker sandboxes; local ones live under their own root: leak counts see only the run's.
         self.run_id = f"run-{uuid.uuid4().hex[:12]}"
         self.sandbox_root = str(sandbox_root() / self.run_id)
+        #: The lease ledger of remote sandboxes (`raygrpo.sandbox.ledger`); shared storage on a multi-node cluster.
+        self.lease_dir = str(lease_dir())
         self.leaked_sandboxes: int = 0
         self._reaper: OrphanReaper | None = None
 
@@ -108,10 +112,10 @@ class RolloutRuntime:
             if tasks is None:
                 self.tasks_by_env[name] = kind_of(self.envs[name]).list_tasks(self.envs[name], name)
         for spec in self.envs.values():
-            rate = getattr(spec, "create_rate_per_s", None)
-            if rate:
-                # Created here, by the driver, so the limiter outlives any one env pool actor.
-                ensure_rate_limiter(spec.effective_rate_limit_key, rate)
+            rate, cap = getattr(spec, "create_rate_per_s", None), getattr(spec, "max_live", None)
+            if rate or cap:
+                # Created here, by the driver, so the governor outlives any one env pool actor.
+                ensure_rate_limiter(spec.effective_rate_limit_key, rate, max_live=cap)
         groups = self._pool_groups()
         demands = {g.field: actor_resources(g.num_cpus, memory=g.memory, resources=g.resources) for g in groups}
         if cfg.policy.kind == "transformers":
@@ -132,9 +136,11 @@ class RolloutRuntime:
             logger.info("vLLM server for %s at %s", cfg.model, url)
         self.engines = start_engines(self.policy, cfg.model)
 
+        # What crashed runs left at remote providers (leases whose owner is stale), before this run's actors start.
+        reap_stale_leases(self.lease_dir)
         self._reaper = OrphanReaper(self.sandbox_root)
         job_env = dict((ray.get_runtime_context().runtime_env or {}).get("env_vars") or {})
-        env_vars = {**job_env, ROOT_ENV: self.sandbox_root, RUN_ENV: self.run_id}
+        env_vars = {**job_env, ROOT_ENV: self.sandbox_root, RUN_ENV: self.run_id, LEASE_DIR_ENV: self.lease_dir}
         template = WorkerSettings(name="", envs={}, policy=self.policy, model=cfg.model, sampling=cfg.sampling,
                                   rollout=cfg.rollout, max_concurrent=1, engines=self.engines, workdir=info.workdir)
         base = 0
@@ -211,6 +217,8 @@ class RolloutRuntime:
         if self._reaper is not None:
             self.leaked_sandboxes = self._reaper.close() + len(self._docker_leftovers())
             self._reaper = None
+            # This run's leases whose owner is gone (an actor lost with its node, a stop that failed).
+            reap_stale_leases(self.lease_dir, run=self.run_id)
 
     def _docker_leftovers(self) -> list[str]:
         """This run's docker sandboxes (compose projects) that docker on this machine still has."""

@@ -135,6 +135,9 @@ async def run_rollout(
             if on_env_close is not None:
                 on_env_close()
             traj.timings = {**phases.seconds, "total": time.perf_counter() - started}
+            # Inside "provision": waiting for the provider's governor and backing off its refusals (not start time).
+            waited = getattr(adapter, "timings", None) or {}
+            traj.timings.update({k: waited[k] for k in ("governor_wait", "backoff") if k in waited})
     return traj
 
 

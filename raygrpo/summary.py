@@ -102,7 +102,7 @@ class RunSummary:
         if missing > 0:
             status_counts["cancelled"] += missing  # requested but never finished (interrupted run)
         phases: dict[str, dict[str, float]] = {}
-        for phase in ("provision", "generate", "tools", "verify", "total"):
+        for phase in ("provision", "governor_wait", "backoff", "generate", "tools", "verify", "total"):
             values = [t.timings[phase] for t in trajs if phase in t.timings]
             if values:
                 phases[phase] = {"p50": _percentile(values, 0.5), "p95": _percentile(values, 0.95)}

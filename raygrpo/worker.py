@@ -117,7 +117,9 @@ class RolloutWorker:
             tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(settings.model))
         policy = build_policy_client(settings.policy, tokenizer, engines=settings.engines,
                                      worker_index=settings.worker_index, model_name=settings.model)
-        providers = {name: kind_of(spec).provider(spec, name, limiters=limiters) for name, spec in settings.envs.items()}
+        providers = {name: kind_of(spec).provider(spec, name, limiters=limiters,
+                                                  rollout_timeout_s=settings.rollout.rollout_timeout_s)
+                     for name, spec in settings.envs.items()}
         return cls(
             name=settings.name,
             providers=providers,

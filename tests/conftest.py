@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 
 from raygrpo.environ import apply_process_env
+from raygrpo.sandbox.ledger import LEASE_DIR_ENV
 
 apply_process_env()
+
+# Leases of the tests' remote sandboxes (fake provider, e2b stand-ins) go to a folder of this session, never to the
+# user's ~/.raygrpo/leases; Ray actors and subprocesses inherit it.
+_LEASES = tempfile.mkdtemp(prefix="raygrpo-test-leases-")
+os.environ[LEASE_DIR_ENV] = _LEASES
+atexit.register(shutil.rmtree, _LEASES, True)
 
 
 @pytest.fixture(scope="session")

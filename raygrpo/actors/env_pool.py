@@ -4,7 +4,9 @@ Everything loop-bound (the openreward client, the policy's HTTP client) is creat
 on first use; only the `WorkerSettings` are pickled to it. Being an async actor, it runs up to `max_concurrency`
 calls at once on one loop; the worker's semaphore bounds the rollouts. It wires the worker to the cluster: sandbox
 starts draw from the cluster-wide create-rate limiters (`raygrpo.actors.rate_limiter`), and a reaper thread stops
-sandboxes on this node whose owner died. On a cluster it maps the config's paths into its node's copy of the job's
+sandboxes on this node whose owner died. Where its environments lease remote sandboxes (`raygrpo.sandbox.ledger`), the
+actor's process is their owner: its heartbeat starts with the worker's providers and its record goes at shutdown,
+once every sandbox is stopped. On a cluster it maps the config's paths into its node's copy of the job's
 working_dir (`raygrpo.workdir`) and records its node in every trajectory.
 """
 
@@ -19,6 +21,7 @@ import ray
 
 from raygrpo.actors.rate_limiter import RayRateLimiterClient
 from raygrpo.environ import apply_process_env
+from raygrpo.sandbox.ledger import disown_all
 from raygrpo.sandbox.reaper import OrphanReaper
 from raygrpo.types import TaskRef, Trajectory
 from raygrpo.workdir import relocate
@@ -93,7 +96,9 @@ class EnvPool:
             await asyncio.to_thread(self._reaper.close)
         if self._worker is None:
             return await self.stats()
-        return await self._worker.aclose()
+        stats = await self._worker.aclose()
+        await asyncio.to_thread(disown_all)
+        return stats
 
 
 EnvPoolActor = ray.remote(max_restarts=0)(EnvPool)

@@ -25,6 +25,12 @@ rewards, and for failed verifications the sandbox's `/logs`) is the adapter's `v
 and goes into the trajectory. Every sandbox that was started is stopped in `close()`, which is idempotent,
 never raises, and finishes in the background when its rollout is cancelled; the provider's `aclose()` stops what is
 still alive and waits for those background stops.
+
+Remote sandboxes are leased (`raygrpo.envs.harbor_leases`, `raygrpo.sandbox.ledger`): for backends other than the
+local bubblewrap backend and docker (whose sandboxes have owner-based reapers already, `raygrpo.sandbox.reaper`), an
+intent record is written durably right before the create is sent, the sandbox carries the lease's label and a
+lifetime derived from the rollout deadline, its id is added once known, and the record goes once the sandbox is
+stopped; a failed stop keeps it for `raygrpo reap`.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 from raygrpo.envs.base import EnvError, RewardMissingError, refuse_call
 from raygrpo.envs.harbor_docker import DockerSupport
 from raygrpo.envs.harbor_files import upload_copied_files
+from raygrpo.envs.harbor_leases import HarborLeases
 from raygrpo.envs.harbor_solution import run_solution
 from raygrpo.envs.harbor_tasks import discover_task_dirs, load_environment_class, load_task
 from raygrpo.envs.harbor_verify import VerifierEvidence, gather, probe_tooling, run_verifier
@@ -50,6 +57,7 @@ from raygrpo.envs.harness import load_harness
 from raygrpo.envs.live import LiveAdapter, LiveAdapters
 from raygrpo.envs.rewards import reduce_rewards
 from raygrpo.errors import TaskError, VerifierError, describe
+from raygrpo.governor import BackoffSettings, rate_limit_signal
 from raygrpo.imports import is_file_spec, split_spec
 from raygrpo.provisioning import LimiterFactory, ProvisioningGate, gate_for
 from raygrpo.sandbox.faults import wrap_environment
@@ -61,6 +69,8 @@ if TYPE_CHECKING:
     from harbor.environments.base import BaseEnvironment
     from harbor.models.task.task import Task
     from harbor.models.trial.paths import TrialPaths
+
+    from raygrpo.sandbox.ledger import Lease
 
 logger = logging.getLogger(__name__)
 
@@ -89,9 +99,12 @@ class HarborProvider:
         name: The environment's name in the run config, for error messages and sandbox labels.
         limiters: Makes the client of the cluster-wide create-rate limiter of a provider key (the env pool actor
             passes the named Ray actor's); None limits the rate within this process only.
+        rollout_timeout_s: The run's `rollout.rollout_timeout_s`, part of the lifetime a leased sandbox gets at its
+            provider (`raygrpo.envs.harbor_leases`); None assumes the default.
     """
 
-    def __init__(self, spec: HarborSpec, *, name: str | None = None, limiters: LimiterFactory | None = None) -> None:
+    def __init__(self, spec: HarborSpec, *, name: str | None = None, limiters: LimiterFactory | None = None,
+                 rollout_timeout_s: float | None = None) -> None:
         # Harbor's modules take a moment to import: pay for it when the actor starts, not in the first rollout.
         import harbor.environments.factory  # noqa: F401
         import harbor.verifier.factory  # noqa: F401
@@ -99,8 +112,11 @@ class HarborProvider:
         self.spec = spec
         self.name = name
         self.limiters = limiters
+        self.rollout_timeout_s = rollout_timeout_s
         self.harness_cls = load_harness(spec.harness)
         self._environment_import_path = _harbor_import_path(spec.environment_import_path)
+        #: The lease ledger around this suite's sandboxes (a no-op for local and docker sandboxes).
+        self.leases = HarborLeases(spec, self.label, self._environment_import_path, rollout_timeout_s)
         self._tasks: dict[str, Task] = {}
         self._tooling: dict[str, list[str]] = {}
         self._task_dirs: list[str] | None = None
@@ -115,10 +131,12 @@ class HarborProvider:
 
     def __getstate__(self) -> dict[str, Any]:
         # Sandboxes, gates and adapters are loop-bound: a pickled provider carries only its configuration.
-        return {"spec": self.spec, "name": self.name, "limiters": self.limiters}
+        return {"spec": self.spec, "name": self.name, "limiters": self.limiters,
+                "rollout_timeout_s": self.rollout_timeout_s}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["spec"], name=state["name"], limiters=state["limiters"])
+        self.__init__(state["spec"], name=state["name"], limiters=state["limiters"],
+                      rollout_timeout_s=state.get("rollout_timeout_s"))
 
     # ── EnvProvider ──────────────────────────────────────────────────────────────────────────────────────────────
 
@@ -151,12 +169,15 @@ class HarborProvider:
     @property
     def gate(self) -> ProvisioningGate:
         """This actor's provisioning gate of the suite's rate-limit key (`raygrpo.provisioning.gate_for`): start
-        concurrency per actor and the cluster-wide create rate. Made on first use on the running loop; suites on the
+        concurrency per actor, the cluster-wide create rate and live cap, and the back-off of refused creates. Made on first use on the running loop; suites on the
         same key share it (gates hold no resources to release)."""
+        backoff = self.spec.rate_limit_backoff
         return gate_for(
             self.spec.effective_rate_limit_key,
             max_concurrent_starts=self.spec.max_concurrent_starts,
             rate_per_s=self.spec.create_rate_per_s,
+            max_live=self.spec.max_live,
+            backoff=BackoffSettings(backoff.initial_s, backoff.max_s, backoff.jitter, backoff.give_up_after_s),
             limiters=self.limiters,
         )
 
@@ -181,7 +202,8 @@ class HarborProvider:
 
     async def create_environment(self, task: Task, trial_paths: TrialPaths, session_id: str) -> BaseEnvironment:
         """Build (not start) the task's sandbox through Harbor's `EnvironmentFactory`, with fault injection when
-        the spec configures it (on docker, with raygrpo's compose file and the task's image once it is built)."""
+        the spec configures it (on docker, with raygrpo's compose file and the task's image once it is built; on a
+        leased backend, with the lease's label and the sandbox's lifetime, the lease id being `session_id`)."""
         from harbor.environments.factory import EnvironmentFactory
         from harbor.models.trial.config import EnvironmentConfig as TrialEnvironmentConfig
 
@@ -189,6 +211,7 @@ class HarborProvider:
         task_env_config = task.config.environment.model_copy(deep=True)
         if self.docker is not None:
             task_env_config, kwargs = await self.docker.prepare(task, trial_paths.trial_dir, kwargs)
+        kwargs = self.leases.backend_kwargs(kwargs, task, session_id)
         config = TrialEnvironmentConfig(
             type=self.spec.environment_type,
             import_path=self._environment_import_path,
@@ -255,6 +278,10 @@ class HarborAdapter(LiveAdapter):
         self._evidence: VerifierEvidence | None = None
         self._score_cancelled = False
         self._tooling_missing: list[str] = []
+        self._lease: Lease | None = None
+        self._lease_started = False
+        self._gate: ProvisioningGate | None = None
+        self._live_ticket: str | None = None
 
     # ── state ─────────────────────────────────────────────────────────────────────────────────────────────────────
 
@@ -313,13 +340,35 @@ class HarborAdapter(LiveAdapter):
         self.timings["create"] = clock() - began
 
         loop = asyncio.get_running_loop()
-        async with self.provider.gate.start_slot():
-            deadline = loop.time() + self.spec.start_timeout_s
-            self._start_called = True
-            began = clock()
-            async with asyncio.timeout_at(deadline):
-                await self.env.start(force_build=False)
-            self.timings["start"] = clock() - began
+        gate = self._gate = self.provider.gate
+        began = clock()
+        self._live_ticket = await gate.acquire_live()
+        waited = clock() - began
+        refusals, refused_since = 0, 0.0
+        while True:
+            asked = clock()
+            async with gate.start_slot():
+                waited += clock() - asked
+                deadline = loop.time() + self.spec.start_timeout_s
+                self._start_called = True
+                began = clock()
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        await self._lease_intent()
+                        await self.env.start(force_build=False)
+                        self._lease_bind()
+                except Exception as exc:
+                    if (refusal := rate_limit_signal(exc)) is None:
+                        raise
+                else:
+                    self.timings["start"] = clock() - began
+                    break
+            # The provider refused the create (429): not a failure of this rollout; back off, then queue again.
+            refusals += 1
+            refused_since = refused_since or time.time()
+            backoff = await gate.back_off(refusal, refusals, refused_since)
+            self.timings["backoff"] = self.timings.get("backoff", 0.0) + backoff
+        self.timings["governor_wait"] = waited
         if self.provider.docker is not None:
             self.provider.docker.started(harbor_task)
         began = clock()
@@ -342,6 +391,30 @@ class HarborAdapter(LiveAdapter):
         self._tool_names = {t["function"]["name"] for t in tools}
         logger.debug("%s: sandbox %s up in %.2f s", self.label, self.session_id, self.timings.get("start", 0.0))
         return Observation(messages=[{"role": "user", "content": harbor_task.instruction}], tools=tools)
+
+    async def _lease_intent(self) -> None:
+        """Write the sandbox's lease intent durably (leased backends only); call it right before each create
+        attempt is sent (a retried create rewrites it with fresh times).
+
+        Raises:
+            OSError: The record could not be written (the create must not be sent).
+        """
+        self._lease = await self.provider.leases.intent(self.session_id, self.harbor_task) or self._lease
+
+    def _lease_bind(self) -> None:
+        """The create answered: the lease gets the sandbox's id (when the backend exposes one)."""
+        self._lease_started = True
+        self.provider.leases.bind(self._lease, self.env, self.harbor_task)
+
+    async def _lease_release(self) -> None:
+        """The sandbox was stopped: its lease goes (see `HarborLeases.release`); kept when that fails."""
+        try:
+            await self.provider.leases.release(self._lease, self._lease_started)
+        except Exception as exc:  # noqa: BLE001 - close never raises; the lease stays for `raygrpo reap`
+            logger.warning("%s: lease %s of sandbox %s kept: %s", self.label, self._lease.id, self.session_id,
+                           describe(exc))
+        else:
+            self._lease = None
 
     async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
         """Run one harness tool call in the sandbox.
@@ -477,13 +550,15 @@ class HarborAdapter(LiveAdapter):
         return self.env is not None or self._trial_dir is not None
 
     async def _release(self) -> None:
-        """Stop the sandbox (bounded by `stop_timeout_s`; the reaper gets what is left) and remove this episode's
-        host files."""
+        """Stop the sandbox (bounded by `stop_timeout_s`; the reaper gets what is left), drop its lease once it is
+        stopped (a failed stop keeps it, for `raygrpo reap`), and remove this episode's host files."""
         began = time.perf_counter()
         try:
             if self.env is not None and self._start_called:
                 await asyncio.wait_for(self.env.stop(delete=self.spec.stop_delete), self.spec.stop_timeout_s)
                 logger.debug("%s: sandbox %s stopped", self.label, self.session_id)
+                if self._lease is not None:
+                    await asyncio.wait_for(self._lease_release(), self.spec.stop_timeout_s)
         except TimeoutError:
             logger.warning("%s: stopping sandbox %s took over %g s; the sandbox reaper gets what is left",
                            self.label, self.session_id, self.spec.stop_timeout_s)
@@ -491,6 +566,10 @@ class HarborAdapter(LiveAdapter):
             logger.warning("%s: stopping sandbox %s failed: %s", self.label, self.session_id, describe(exc))
         finally:
             self.timings["stop"] = time.perf_counter() - began
+            if self._gate is not None:
+                # Given back even when the stop failed: the provider's own limit then refuses what is too much.
+                self._gate.release_live(self._live_ticket)
+                self._live_ticket = None
             if self._trial_dir is not None:
                 shutil.rmtree(self._trial_dir, ignore_errors=True)
 

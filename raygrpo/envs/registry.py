@@ -8,7 +8,8 @@ Each kind answers three questions about its specs:
   config field, and returns the spec's tasks when it could list them already (None when they can only be listed
   later: an `environment` is served on Ray first);
 - `list_tasks(spec, name)`, on the driver: the tasks the spec selects;
-- `provider(spec, name, limiters=...)`, inside an env pool actor: the `EnvProvider` that makes its adapters.
+- `provider(spec, name, limiters=..., rollout_timeout_s=...)`, inside an env pool actor: the `EnvProvider` that makes
+  its adapters (told the run's rollout deadline, which bounds a leased sandbox's lifetime).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ class EnvKind(Protocol):
 
     def list_tasks(self, spec: Any, name: str) -> list[TaskRef]: ...
 
-    def provider(self, spec: Any, name: str, *, limiters: LimiterFactory | None = None) -> EnvProvider: ...
+    def provider(self, spec: Any, name: str, *, limiters: LimiterFactory | None = None,
+                 rollout_timeout_s: float | None = None) -> EnvProvider: ...
 
 
 class ORSKind:
@@ -51,7 +53,8 @@ class ORSKind:
     def list_tasks(self, spec: ORSSpec, name: str) -> list[TaskRef]:
         return list_ors_tasks(spec, name)
 
-    def provider(self, spec: ORSSpec, name: str, *, limiters: LimiterFactory | None = None) -> EnvProvider:
+    def provider(self, spec: ORSSpec, name: str, *, limiters: LimiterFactory | None = None,
+                 rollout_timeout_s: float | None = None) -> EnvProvider:
         return ORSProvider(spec, name=name)
 
 
@@ -77,8 +80,9 @@ class HarborKind:
             field = "indices" if str(exc).startswith("`indices`") else "path"
             raise ResolveError(f"{spec.field_path(name, field)}: {exc}") from None
 
-    def provider(self, spec: HarborSpec, name: str, *, limiters: LimiterFactory | None = None) -> EnvProvider:
-        return HarborProvider(spec, name=name, limiters=limiters)
+    def provider(self, spec: HarborSpec, name: str, *, limiters: LimiterFactory | None = None,
+                 rollout_timeout_s: float | None = None) -> EnvProvider:
+        return HarborProvider(spec, name=name, limiters=limiters, rollout_timeout_s=rollout_timeout_s)
 
 
 #: The kinds of environment raygrpo runs, by the specs' `kind`.

@@ -9,6 +9,8 @@
   before/after creation, exec hangs, sandbox death), around any backend.
 - `raygrpo.sandbox.registry`: owner labels and heartbeats of local sandboxes; `reap_orphans`, `OrphanReaper`,
   `live_sandboxes`, and the OS-level leak checks `sandbox_processes` and `sandbox_mounts`.
+- `raygrpo.sandbox.ledger`: the lease ledger of remote sandboxes (`LeaseLedger`, `Lease`), their backends' reap hooks
+  (`raygrpo.sandbox.lease_hooks`), and reaping stale owners' leases (`reap_leases`, what `raygrpo reap` runs).
 
 Names are imported lazily, so that `from raygrpo.sandbox import reap_orphans` does not import Harbor.
 """
@@ -43,6 +45,9 @@ _EXPORTS = {
     "sandbox_processes": "raygrpo.sandbox.registry",
     "sandbox_mounts": "raygrpo.sandbox.registry",
     "sandbox_root": "raygrpo.sandbox.registry",
+    "Lease": "raygrpo.sandbox.ledger",
+    "LeaseLedger": "raygrpo.sandbox.ledger",
+    "reap_leases": "raygrpo.sandbox.lease_reaper",
 }
 
 NULL_IMPORT_PATH = "raygrpo.sandbox.null:NullEnvironment"

@@ -164,6 +164,17 @@ class _Heartbeat:
 _heartbeat = _Heartbeat()
 
 
+def keep_beating(path: Path) -> None:
+    """Refresh `path`'s mtime every `HEARTBEAT_INTERVAL_S` from this process's one heartbeat thread (started on first
+    use), until `stop_beating(path)` or the file vanishes."""
+    _heartbeat.add(path)
+
+
+def stop_beating(path: Path) -> None:
+    """Stop refreshing `path` (see `keep_beating`)."""
+    _heartbeat.discard(path)
+
+
 @dataclass
 class Registration:
     """The owner's handle on one sandbox directory: write labels, keep the heartbeat, release at stop.

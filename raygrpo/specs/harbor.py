@@ -16,6 +16,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from raygrpo.imports import ImportSpecError, is_file_spec, resolve_file, split_spec
 from raygrpo.specs.base import EnvSpecBase, base_dir_of
 from raygrpo.specs.faults import FaultConfig
+from raygrpo.specs.governor import BackoffSpec
 from raygrpo.specs.selection import check_indices
 
 #: The backend used when neither `environment_type` nor `import_path` is set: raygrpo's bwrap sandbox.
@@ -42,7 +43,7 @@ class HarborSpec(EnvSpecBase):
 
     Deadlines have one owner each, the sandbox: `start_timeout_s` (the start), `exec_timeout_s` (each command),
     `verifier_timeout_s` (scoring), `stop_timeout_s` (the stop). Time spent waiting for a start slot
-    (`max_concurrent_starts`, `create_rate_per_s`) counts against none of them.
+    (`max_concurrent_starts`, `create_rate_per_s`, `max_live`, a provider's refusals) counts against none of them.
 
     Args:
         kind (`Literal["harbor"]`, *optional*, defaults to `"harbor"`):
@@ -124,9 +125,16 @@ class HarborSpec(EnvSpecBase):
         create_rate_per_s (`float`, *optional*):
             Cluster-wide limit of sandbox creates per second, shared by every env pool actor on every node (e.g. 5
             for e2b Pro). None: no rate limit.
+        max_live (`int`, *optional*):
+            Cluster-wide limit of sandboxes alive at once (counted from before the create is sent until the stop
+            returns), shared like `create_rate_per_s` (e.g. 100 for e2b Pro). None: no cap.
+        rate_limit_backoff (`BackoffSpec`, *optional*):
+            How a start the provider refused with "too many requests" waits before it queues again (see
+            `raygrpo.specs.governor.BackoffSpec`). Refusals also pause and slow the governor's schedule for every
+            actor until the provider stops refusing.
         rate_limit_key (`str`, *optional*):
-            Name of the shared create-rate limit. None: the backend name (`"e2b"`, `"docker"`, `"local"` or the
-            import path), so every suite on the same backend shares one limit.
+            Name of the shared governor (create rate and live cap). None: the backend name (`"e2b"`, `"docker"`,
+            `"local"` or the import path), so every suite on the same backend shares one.
     """
 
     kind: Literal["harbor"] = "harbor"
@@ -152,6 +160,8 @@ class HarborSpec(EnvSpecBase):
     faults: FaultConfig | None = None
     max_concurrent_starts: int | None = Field(default=None, ge=1)
     create_rate_per_s: float | None = Field(default=None, gt=0)
+    max_live: int | None = Field(default=None, ge=1)
+    rate_limit_backoff: BackoffSpec = Field(default_factory=BackoffSpec)
     rate_limit_key: str | None = None
 
     # ── validation (fields only: what they name is resolved by the driver) ─────────────────────────────────────

@@ -6,23 +6,45 @@ fails once the sandbox is gone (deleted, or its lifetime ended), and stop delete
 id as a label (`io.raygrpo.run`), so what a run left is a listing away. Uploads are no-ops; downloading the verifier
 directory writes `reward.txt` with `reward` when set, so Harbor's verifier scores the rollout.
 
+Its classmethods are the lease hook (`raygrpo.sandbox.lease_hooks.LeaseHook`): raygrpo labels each sandbox with its
+lease (`io.raygrpo.lease`), gives it a lifetime (`lifetime_s`) derived from the rollout deadline, and reaps a crashed
+run's sandboxes by listing that label and deleting what it finds.
+
 Load it with `import_path="raygrpo.sandbox.fake_provider.backend:FakeProviderEnvironment"` and
 `environment_kwargs={"url": ...}`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 from harbor.environments.base import ExecResult
 
+from raygrpo.sandbox.ledger import LEASE_LABEL
 from raygrpo.sandbox.null import NullEnvironment
 from raygrpo.sandbox.registry import RUN_ENV
 
 RUN_LABEL = "io.raygrpo.run"
+
+
+#: One HTTP client per event loop and provider: a client per sandbox would cost more CPU than the sandbox's calls
+#: (building each client loads the CA bundle, ~40 ms, and opens new connections).
+_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, float], httpx.AsyncClient]] = (
+    weakref.WeakKeyDictionary())
+
+
+def _shared_client(url: str, timeout: float) -> httpx.AsyncClient:
+    clients = _clients.setdefault(asyncio.get_running_loop(), {})
+    client = clients.get((url, timeout))
+    if client is None or client.is_closed:
+        client = clients[(url, timeout)] = httpx.AsyncClient(
+            base_url=url, timeout=timeout, limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+    return client
 
 
 class ProviderRateLimited(RuntimeError):
@@ -76,13 +98,48 @@ class FakeProviderEnvironment(NullEnvironment):
         super().__init__(environment_dir, environment_name, session_id, trial_paths, task_env_config, logger,
                          reward=reward, **kwargs)
 
+    #: The lease hook: the argument that sets a sandbox's lifetime.
+    lease_lifetime_kwarg: ClassVar[str | None] = "lifetime_s"
+
     @staticmethod
     def type() -> str:
         return "raygrpo-fake-provider"
 
+    @classmethod
+    def lease_kwargs(cls, kwargs: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
+        """The lease hook: `kwargs` with `labels` added to the sandbox's labels."""
+        return {**kwargs, "labels": {**(kwargs.get("labels") or {}), **labels}}
+
+    @classmethod
+    def lease_reach(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The lease hook: what reaches the provider again (its URL)."""
+        return {"url": kwargs["url"]}
+
+    @classmethod
+    def reap_lease(cls, reach: dict[str, Any], lease_id: str, sandbox_id: str | None,
+                   timeout_s: float = 10.0) -> list[str]:
+        """The lease hook: delete every sandbox labelled with the lease (a create whose answer never arrived
+        included) and `sandbox_id`; returns the ids deleted (one already gone is not an error).
+
+        Raises:
+            httpx.HTTPError: The provider did not answer, or refused.
+        """
+        with httpx.Client(base_url=str(reach["url"]).rstrip("/"), timeout=timeout_s) as client:
+            listing = client.get("/sandboxes", params={"label": f"{LEASE_LABEL}={lease_id}"})
+            listing.raise_for_status()
+            ids = {s["id"] for s in listing.json()} | ({sandbox_id} if sandbox_id else set())
+            deleted = []
+            for found in sorted(ids):
+                response = client.delete(f"/sandboxes/{found}")
+                if response.status_code == 204:
+                    deleted.append(found)
+                elif response.status_code != 404:
+                    response.raise_for_status()
+        return deleted
+
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
-            self._client = httpx.AsyncClient(base_url=self._url, timeout=self._timeout)
+            self._client = _shared_client(self._url, self._timeout)
         return self._client
 
     async def start(self, force_build: bool) -> None:
@@ -104,9 +161,8 @@ class FakeProviderEnvironment(NullEnvironment):
                     response.raise_for_status()
                 self.sandbox_id = None
         finally:
-            if self._client is not None and self.sandbox_id is None:
-                await self._client.aclose()
-                self._client = None
+            if self.sandbox_id is None:
+                self._client = None  # the shared client stays open for the loop's other sandboxes
 
     async def exec(self, command: str, cwd: str | None = None, env: dict[str, str] | None = None,
                    timeout_sec: int | None = None, user: str | int | None = None) -> ExecResult:
