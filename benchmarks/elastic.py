@@ -200,8 +200,8 @@ def main() -> None:
     from ray._private import ray_constants
     from ray.cluster_utils import Cluster
 
-    from raygrpo.envs.ors_server import serve_environments
     from raygrpo.environ import PROCESS_ENV, apply_process_env
+    from raygrpo.envs.ors_server import serve_environments
     from tests.e2e_support import NapEnvironment  # the end-to-end tests' ORS environment: `nap(seconds)`, reward 1.0
 
     apply_process_env()
