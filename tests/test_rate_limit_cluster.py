@@ -21,6 +21,10 @@ import time
 
 import pytest
 
+if not __package__:  # run as a script (the cluster's subprocess): `tests` is importable from the repo root
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.sim_cluster import CLUSTER_ENV  # noqa: E402
+
 RATE = 5.0
 NODES = 3
 ACTORS = 4
@@ -32,17 +36,11 @@ KEY = "acceptance-e2b"
 def _run_cluster() -> dict:
     """Start the cluster, run the probes, return the measurements (runs in the subprocess)."""
     import asyncio
-    import logging
 
     import ray
-    from ray._private import ray_constants
-    from ray.cluster_utils import Cluster
 
-    from raygrpo.environ import PROCESS_ENV, apply_process_env
     from raygrpo.provisioning import max_per_window
-
-    apply_process_env()
-    ray_constants.ENABLE_RAY_CLUSTER = False  # read at import time; the variable is set before `ray` is imported
+    from tests.sim_cluster import simulated_cluster
 
     @ray.remote(num_cpus=0)
     class CreateProbe:
@@ -68,16 +66,7 @@ def _run_cluster() -> dict:
             await asyncio.gather(*(starter(i) for i in range(starts)))
             return {"creates": creates, "stats": gate.stats()}
 
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": 1, "resources": {"node0": ACTORS}, "include_dashboard": False},
-    )
-    try:
-        for i in range(1, NODES):
-            cluster.add_node(num_cpus=1, resources={f"node{i}": ACTORS})
-        cluster.wait_for_nodes(timeout=60)
-        env_vars = {k: os.environ[k] for k in [*PROCESS_ENV, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_AUTH_MODE"]}
-        ray.init(address=cluster.address, runtime_env={"env_vars": env_vars}, logging_level=logging.WARNING)
+    with simulated_cluster(NODES, ACTORS):
         ips = sorted({n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]})
         alive = sum(1 for n in ray.nodes() if n["Alive"])
         probes = [CreateProbe.options(resources={f"node{i % NODES}": 1}).remote() for i in range(ACTORS)]
@@ -87,9 +76,6 @@ def _run_cluster() -> dict:
         results = ray.get(
             [p.run.remote(KEY, RATE, STARTS_PER_ACTOR, begin_at, end_at) for p in probes], timeout=RUN_S + 60
         )
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
     creates = sorted(t for r in results for t in r["creates"])
     span = creates[-1] - creates[0]
     return {
@@ -109,7 +95,7 @@ def _run_cluster() -> dict:
 
 @pytest.mark.timeout(180)
 def test_create_rate_holds_across_nodes():
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled"}
+    env = {**os.environ, **CLUSTER_ENV}
     proc = subprocess.Popen(
         [sys.executable, __file__], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,
