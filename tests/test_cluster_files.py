@@ -36,6 +36,7 @@ KUBERAY_GROUPS = {"gpu": "learner_gpu", "docker-host": "docker_host", "sandbox-c
 #: The node type name Ray's KubeRay translator gives the head group.
 KUBERAY_HEAD = "headgroup"
 STOP_WAIT = "RAY_JOB_STOP_WAIT_TIME_S"
+LEASE_DIR = "/mnt/shared/raygrpo-leases"
 SHARED = "/mnt/shared"
 PVC = "raygrpo-shared"
 SECRET = "raygrpo-secrets"
@@ -312,6 +313,7 @@ def test_rayjob_fields() -> None:
     assert args.out.startswith(f"{SHARED}/") and args.config.startswith(f"{SHARED}/")
     runtime_env = yaml.safe_load(job["runtimeEnvYAML"])
     assert RuntimeEnv(**runtime_env)["env_vars"][STOP_WAIT] == "60"
+    assert runtime_env["env_vars"]["RAYGRPO_LEASE_DIR"] == LEASE_DIR  # the ledger on the shared volume
     assert job["rayClusterSpec"] == _load("kuberay/raycluster.yaml")["spec"]
 
 
@@ -370,7 +372,7 @@ def test_runtime_env_accepted_by_ray() -> None:
 
     data = yaml.safe_load((CLUSTER / "runtime_env.yaml").read_text())
     env = RuntimeEnv(**data)
-    assert env["env_vars"] == {STOP_WAIT: "60"}
+    assert env["env_vars"] == {STOP_WAIT: "60", "RAYGRPO_LEASE_DIR": LEASE_DIR}
     assert not [k for k in env["env_vars"] if re.search(r"KEY|TOKEN|SECRET|PASSWORD", k)]
     assert "working_dir" not in data  # given on the command line (`--working-dir .`)
 
