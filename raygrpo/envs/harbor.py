@@ -169,8 +169,8 @@ class HarborProvider:
     @property
     def gate(self) -> ProvisioningGate:
         """This actor's provisioning gate of the suite's rate-limit key (`raygrpo.provisioning.gate_for`): start
-        concurrency per actor, the cluster-wide create rate and live cap, and the back-off of refused creates. Made on first use on the running loop; suites on the
-        same key share it (gates hold no resources to release)."""
+        concurrency per actor, the cluster-wide create rate and live cap, and the back-off of refused creates. Made
+        on first use on the running loop; suites on the same key share it (gates hold no resources to release)."""
         backoff = self.spec.rate_limit_backoff
         return gate_for(
             self.spec.effective_rate_limit_key,
