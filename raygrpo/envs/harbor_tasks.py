@@ -7,6 +7,7 @@ actors use `load_task` to parse the tasks they run.
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -116,10 +117,51 @@ def _toml_error(exc: BaseException) -> str:
 
 
 def load_task(task_dir: str) -> Task:
-    """Harbor's `Task` for a task dir (parses task.toml, reads the instruction, checks the tests exist)."""
+    """Harbor's `Task` for a task dir (parses task.toml, reads the instruction, checks the tests exist), with its
+    file filter's answers kept for the run (`run_file_filter`)."""
     from harbor.models.task.task import Task
 
-    return Task(task_dir=Path(task_dir))
+    task = Task(task_dir=Path(task_dir))
+    task.file_filter = run_file_filter(task.file_filter)
+    return task
+
+
+def run_file_filter(original: Any) -> Any:
+    """`original` (a task's `TaskFileFilter`) with its answers kept: which paths `.harborignore` excludes, and the
+    selection of each input tree (`tests/`, `solution/`) once validated.
+
+    Harbor's verifier selects and validates the task's test files again on every verification (pattern matching
+    over every path, a few ms per rollout); a task dir is read once per run here, as its `task.toml` and
+    instruction already are, so a task edited while a run goes on is seen by the next run.
+    """
+    return _run_file_filter_class()(original.task_dir)
+
+
+@functools.cache
+def _run_file_filter_class() -> type:
+    from harbor.models.task.file_filter import TaskFileFilter
+
+    class RunFileFilter(TaskFileFilter):
+        def __init__(self, task_dir: Path) -> None:
+            super().__init__(task_dir)
+            self._excluded: dict[Path, bool] = {}
+            self._selected: dict[Path, Any] = {}
+
+        def is_excluded(self, path: Path) -> bool:
+            key = Path(path)
+            found = self._excluded.get(key)
+            if found is None:
+                found = self._excluded[key] = super().is_excluded(key)
+            return found
+
+        def select(self, source_dir: Path) -> Any:
+            key = Path(source_dir)
+            found = self._selected.get(key)
+            if found is None:
+                found = self._selected[key] = super().select(key)
+            return found
+
+    return RunFileFilter
 
 
 def selected_dirs(spec: HarborSpec, dirs: list[str]) -> list[tuple[int, str]]:

@@ -22,6 +22,7 @@ import weakref
 from pathlib import Path
 from typing import Any, ClassVar
 
+import aiohttp
 import httpx
 from harbor.environments.base import ExecResult
 
@@ -32,19 +33,46 @@ from raygrpo.sandbox.registry import RUN_ENV
 RUN_LABEL = "io.raygrpo.run"
 
 
-#: One HTTP client per event loop and provider: a client per sandbox would cost more CPU than the sandbox's calls
-#: (building each client loads the CA bundle, ~40 ms, and opens new connections).
-_clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, float], httpx.AsyncClient]] = (
+class _SharedSession:
+    """One aiohttp session per event loop and provider, shared by the loop's sandboxes and closed when the last of
+    them stops. A client per sandbox costs more CPU than the sandbox's calls (connections opened again, and for
+    httpx an SSL context per client); httpx's pool also scans every pooled connection on each request, which at a
+    few hundred sandboxes per actor cost more than the rest of a rollout.
+
+    Args:
+        url: The provider's base URL.
+        timeout_s: Total timeout of each call.
+    """
+
+    def __init__(self, url: str, timeout_s: float) -> None:
+        self.session = aiohttp.ClientSession(
+            base_url=url, timeout=aiohttp.ClientTimeout(total=timeout_s),
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30))
+        self.users = 0
+
+
+_sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[str, float], _SharedSession]] = (
     weakref.WeakKeyDictionary())
 
 
-def _shared_client(url: str, timeout: float) -> httpx.AsyncClient:
-    clients = _clients.setdefault(asyncio.get_running_loop(), {})
-    client = clients.get((url, timeout))
-    if client is None or client.is_closed:
-        client = clients[(url, timeout)] = httpx.AsyncClient(
-            base_url=url, timeout=timeout, limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
-    return client
+def _acquire_session(url: str, timeout_s: float) -> aiohttp.ClientSession:
+    sessions = _sessions.setdefault(asyncio.get_running_loop(), {})
+    shared = sessions.get((url, timeout_s))
+    if shared is None or shared.session.closed:
+        shared = sessions[(url, timeout_s)] = _SharedSession(url, timeout_s)
+    shared.users += 1
+    return shared.session
+
+
+async def _release_session(url: str, timeout_s: float) -> None:
+    sessions = _sessions.get(asyncio.get_running_loop(), {})
+    shared = sessions.get((url, timeout_s))
+    if shared is None:
+        return
+    shared.users -= 1
+    if shared.users <= 0:
+        del sessions[(url, timeout_s)]
+        await shared.session.close()
 
 
 class ProviderRateLimited(RuntimeError):
@@ -92,7 +120,7 @@ class FakeProviderEnvironment(NullEnvironment):
         run = os.environ.get(RUN_ENV)
         self.labels = {**(labels or {}), **({RUN_LABEL: run} if run else {})}
         self._timeout = request_timeout_s
-        self._client: httpx.AsyncClient | None = None
+        self._session: aiohttp.ClientSession | None = None
         #: The provider's id of the sandbox, once its create answered.
         self.sandbox_id: str | None = None
         super().__init__(environment_dir, environment_name, session_id, trial_paths, task_env_config, logger,
@@ -137,41 +165,46 @@ class FakeProviderEnvironment(NullEnvironment):
                     response.raise_for_status()
         return deleted
 
-    def _http(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = _shared_client(self._url, self._timeout)
-        return self._client
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise SandboxGone("the sandbox was not started")
+        return self._session
 
     async def start(self, force_build: bool) -> None:
         if self.sandbox_id is not None:
             return
-        response = await self._http().post("/sandboxes", json={"lifetime_s": self.lifetime_s, "labels": self.labels})
-        if response.status_code == 429:
-            after = response.headers.get("Retry-After")
-            raise ProviderRateLimited(f"too many requests: {response.json().get('error', response.text)}",
-                                      float(after) if after else None)
-        response.raise_for_status()
-        self.sandbox_id = response.json()["id"]
+        if self._session is None:
+            self._session = _acquire_session(self._url, self._timeout)
+        async with self._session.post("/sandboxes", json={"lifetime_s": self.lifetime_s,
+                                                          "labels": self.labels}) as response:
+            if response.status == 429:
+                after = response.headers.get("Retry-After")
+                body = await response.json(content_type=None)
+                raise ProviderRateLimited(f"too many requests: {body.get('error', body)}",
+                                          float(after) if after else None)
+            response.raise_for_status()
+            self.sandbox_id = (await response.json())["id"]
 
     async def stop(self, delete: bool = True) -> None:
         try:
             if self.sandbox_id is not None:
-                response = await self._http().delete(f"/sandboxes/{self.sandbox_id}")
-                if response.status_code not in (204, 404):
-                    response.raise_for_status()
+                async with self._http().delete(f"/sandboxes/{self.sandbox_id}") as response:
+                    if response.status not in (204, 404):
+                        response.raise_for_status()
                 self.sandbox_id = None
         finally:
-            if self.sandbox_id is None:
-                self._client = None  # the shared client stays open for the loop's other sandboxes
+            if self.sandbox_id is None and self._session is not None:
+                self._session = None
+                await _release_session(self._url, self._timeout)
 
     async def exec(self, command: str, cwd: str | None = None, env: dict[str, str] | None = None,
                    timeout_sec: int | None = None, user: str | int | None = None) -> ExecResult:
         if self.sandbox_id is None:
             raise SandboxGone("the sandbox was not started")
-        response = await self._http().post(f"/sandboxes/{self.sandbox_id}/exec", json={"command": command})
-        if response.status_code == 404:
-            raise SandboxGone(f"sandbox {self.sandbox_id} is gone at the provider")
-        response.raise_for_status()
-        body = response.json()
+        async with self._http().post(f"/sandboxes/{self.sandbox_id}/exec", json={"command": command}) as response:
+            if response.status == 404:
+                raise SandboxGone(f"sandbox {self.sandbox_id} is gone at the provider")
+            response.raise_for_status()
+            body = await response.json()
         return ExecResult(stdout=body.get("stdout") or None, stderr=body.get("stderr") or None,
                           return_code=int(body.get("return_code", 0)))
