@@ -6,7 +6,7 @@ provider key:
 
     gate = gate_for("e2b", max_concurrent_starts=16, rate_per_s=5.0, max_live=100)
     ticket = await gate.acquire_live()      # held until the sandbox is stopped: gate.release_live(ticket)
-    async with gate.start_slot():
+    async with gate.start_slot(ticket):
         await env.start(...)                # the backend's create is called here, right after the slot opens
 
 The gate bounds the starts in flight in this actor (a semaphore) and asks the key's governor
@@ -52,14 +52,17 @@ class ProvisioningError(RuntimeError):
 class RateLimiterClient(Protocol):
     """What a gate needs from its governor (`raygrpo.governor.Governor`, or a client of the named actor): create
     slots (`reserve`, awaited, may answer "still queued"; `release`), live tickets (`acquire_live`, may answer "not
-    yet"; `release_live`; `renew_live`), and the provider's refusals (`refused`). Only `reserve` and `acquire_live`
-    are awaited; the rest may be fire-and-forget."""
+    yet"; `release_live`; `renew_live`), both at once (`admit`: a live ticket, then a create slot, in one round
+    trip), and the provider's refusals (`refused`). Only `reserve`, `acquire_live` and `admit` are awaited; the rest
+    may be fire-and-forget."""
 
     async def reserve(self, request_id: str) -> Reservation: ...
 
     def release(self, request_id: str) -> Any: ...
 
     async def acquire_live(self, ticket: str, holder: str) -> bool: ...
+
+    async def admit(self, ticket: str, holder: str, request_id: str) -> tuple[bool, Reservation | None]: ...
 
     def release_live(self, ticket: str) -> Any: ...
 
@@ -77,11 +80,12 @@ class ProvisioningGate:
     most `max_live` sandboxes alive for `key` across the cluster.
 
     Use it as in the module docstring: `acquire_live()` before anything is created (its ticket is given back with
-    `release_live` once the sandbox is stopped), then `async with gate.start_slot(): await env.start(...)`, with the
-    backend's create as the first thing in the block. A start first takes a concurrency slot, then (with a rate) a
-    create slot from the governor of `key`, then sleeps until that slot; the concurrency slot is held until the
-    block ends. A start cancelled while it waits gives its ticket and slot back. A create the provider refused goes to
-    `back_off` (outside the block) and then through `start_slot` again.
+    `release_live` once the sandbox is stopped), then `async with gate.start_slot(ticket): await env.start(...)`,
+    with the backend's create as the first thing in the block. A start first takes a concurrency slot, then (with a
+    rate) a create slot from the governor of `key`, then sleeps until that slot; the concurrency slot is held until
+    the block ends. With both a cap and a rate, `acquire_live` asks for the ticket and the create slot in one call
+    (`admit`), and `start_slot(ticket)` uses that slot. A start cancelled while it waits gives its ticket and slot
+    back. A create the provider refused goes to `back_off` (outside the block) and then through `start_slot` again.
 
     Args:
         max_concurrent_starts: Starts in flight at once in this actor; None for no bound.
@@ -140,6 +144,8 @@ class ProvisioningGate:
         #: This gate's name with the governor (tickets of a holder that stops renewing are dropped).
         self.holder = uuid.uuid4().hex
         self._tickets: set[str] = set()
+        #: Create slots asked for with a live ticket (`admit`), by ticket, until that ticket's first `start_slot`.
+        self._admitted: dict[str, tuple[str, Reservation]] = {}
         self._renewer: asyncio.Task[None] | None = None
         self._waiting = 0
         self._starting = 0
@@ -161,11 +167,24 @@ class ProvisioningGate:
         limiter = self._limiter
         assert limiter is not None
         ticket = uuid.uuid4().hex
+        # With a rate too, the create slot is asked for in the same call, unless this actor's starts are queued on
+        # its own bound (a slot asked for now could pass before the start gets in).
+        rid = uuid.uuid4().hex if self.rate_per_s is not None and not (self._sem and self._sem.locked()) else None
         try:
-            while not await limiter.acquire_live(ticket, self.holder):
-                pass
+            if rid is None:
+                while not await limiter.acquire_live(ticket, self.holder):
+                    pass
+            else:
+                while True:
+                    granted, res = await limiter.admit(ticket, self.holder, rid)
+                    if granted:
+                        break
+                if res is not None:
+                    self._admitted[ticket] = (rid, res)
         except BaseException:
             limiter.release_live(ticket)
+            if rid is not None:
+                limiter.release(rid)
             raise
         self._tickets.add(ticket)
         if self._renewer is None or self._renewer.done():
@@ -178,6 +197,9 @@ class ProvisioningGate:
             return
         self._tickets.discard(ticket)
         assert self._limiter is not None
+        unused = self._admitted.pop(ticket, None)
+        if unused is not None:  # the start never took the slot asked for with the ticket
+            self._limiter.release(unused[0])
         self._limiter.release_live(ticket)
 
     async def _renew(self) -> None:
@@ -190,15 +212,23 @@ class ProvisioningGate:
     # ── create slots ──────────────────────────────────────────────────────────────────────────────────────────
 
     @contextlib.asynccontextmanager
-    async def start_slot(self) -> AsyncIterator[None]:
-        """Wait for a concurrency slot and (with a rate) this start's create slot; hold the former for the block."""
+    async def start_slot(self, ticket: str | None = None) -> AsyncIterator[None]:
+        """Wait for a concurrency slot and (with a rate) this start's create slot; hold the former for the block.
+
+        `ticket`: the start's live ticket; the create slot asked for with it (`acquire_live`) is used first. Without
+        one, the oldest slot asked for with any ticket of this gate is (its own start will ask for another).
+        """
+        if ticket is None and self._admitted:
+            ticket = next(iter(self._admitted))
+        admitted_slot = self._admitted.pop(ticket, None) if ticket is not None else None
         asked = time.time()
         self._waiting += 1
         admitted = False
         try:
             async with self._sem if self._sem is not None else contextlib.nullcontext():
                 if self.rate_per_s is not None:
-                    await self._await_create_slot()
+                    slot, admitted_slot = admitted_slot, None
+                    await self._await_create_slot(slot)
                 now = time.time()
                 self._waiting -= 1
                 admitted = True
@@ -218,15 +248,20 @@ class ProvisioningGate:
         finally:
             if not admitted:
                 self._waiting -= 1
+            if admitted_slot is not None:  # cancelled before its turn: the slot goes back
+                assert self._limiter is not None
+                self._limiter.release(admitted_slot[0])
 
-    async def _await_create_slot(self) -> None:
+    async def _await_create_slot(self, admitted: tuple[str, Reservation] | None = None) -> None:
         limiter = self._limiter
         assert limiter is not None
         give_up = None if self._max_wait is None else time.time() + self._max_wait
         while True:
-            rid = uuid.uuid4().hex
+            rid, res = admitted if admitted is not None else (uuid.uuid4().hex, None)
+            admitted = None
             try:
-                res = await self._reserve(limiter, rid, give_up)
+                if res is None or not (res.ready or res.cancelled):
+                    res = await self._reserve(limiter, rid, give_up)
                 if res.cancelled:  # released behind our back (e.g. taken for abandoned): queue again
                     continue
                 while (left := res.at - time.time()) > 0:

@@ -209,3 +209,56 @@ async def test_a_start_refused_for_too_long_fails_naming_the_provider():
     with pytest.raises(ProvisioningError, match="refused this sandbox's create"):
         for attempt in range(1, 100):
             await gate.back_off(signal, attempt, since)
+
+
+class _Counting:
+    """A governor that counts the calls a gate makes to it (each is a Ray round trip in a cluster)."""
+
+    def __init__(self, governor: Governor) -> None:
+        self.governor = governor
+        self.calls: dict[str, int] = {}
+
+    def __getattr__(self, name: str):
+        method = getattr(self.governor, name)
+
+        def counted(*args, **kwargs):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return method(*args, **kwargs)
+
+        return counted
+
+
+async def test_a_start_asks_for_its_ticket_and_its_slot_in_one_call_and_an_unused_slot_goes_back():
+    reset_gates()
+    governor = _Counting(Governor("p", 50.0, 4))
+    gate = ProvisioningGate(None, 50.0, "p", limiter=governor, max_live=4)
+    grants: list[float] = []
+
+    async def start() -> None:
+        ticket = await gate.acquire_live()
+        try:
+            async with gate.start_slot(ticket):
+                grants.append(time.time())
+            await asyncio.sleep(0.05)
+        finally:
+            gate.release_live(ticket)
+
+    await asyncio.wait_for(asyncio.gather(*(start() for _ in range(12))), 30)
+    assert len(grants) == 12 and max_per_window(grants) <= 50
+    # One `admit` per start; no separate `reserve` or `acquire_live` while slots come within the schedule's lead.
+    assert governor.calls.get("admit", 0) >= 12 and "acquire_live" not in governor.calls
+    assert governor.calls.get("reserve", 0) <= governor.calls["admit"] - 12 + 2
+    assert governor.governor.stats()["live"] == 0
+
+    # A ticket given back before its start ever took the slot asked for with it: the slot (0.5 s ahead at 2/s)
+    # goes back too, for the next start to take.
+    slow = _Counting(Governor("q", 2.0, 4))
+    gate = ProvisioningGate(None, 2.0, "q", limiter=slow, max_live=4)
+    first = await gate.acquire_live()
+    async with gate.start_slot(first):
+        pass
+    unused = await gate.acquire_live()
+    gate.release_live(unused)
+    assert slow.governor.stats()["released"] == 1 and slow.calls["release"] == 1
+    gate.release_live(first)
+    assert slow.governor.stats()["live"] == 0

@@ -93,6 +93,14 @@ def get_rate_limiter(key: str, rate_per_s: float | None, *, max_live: int | None
     return handle
 
 
+def give_back_tickets(key: str, tickets: list[str]) -> None:
+    """Give live tickets back to `key`'s governor, if it exists (fire-and-forget): the tickets of sandboxes someone
+    else stopped (`raygrpo.sandbox.lease_reaper.LeaseWatch`), whose holder died with them."""
+    handles = _handles.get(key)
+    handle = handles[0] if handles else ray.get_actor(limiter_name(key), namespace=NAMESPACE)
+    handle.release_lives.remote(tickets)
+
+
 def ensure_rate_limiter(key: str, rate_per_s: float | None, timeout_s: float = 60.0, *, max_live: int | None = None,
                         **kwargs: Any) -> dict[str, Any]:
     """Create `key`'s governor from this process (the driver, so that it owns it) and wait until it answers.
@@ -113,9 +121,12 @@ class RayRateLimiterClient:
         key: Provider key.
         rate_per_s: Rate used if this client creates the governor.
         max_live: Live cap used if this client creates the governor.
-        call_timeout_s: Longest one `reserve` call may take (the limiter answers within its `max_hold_s`).
+        call_timeout_s: Longest one call may take (the governor answers within its holds: `admit` within the live
+            cap's and the schedule's, 30 + 10 s by default).
         unavailable_after_s: How long the limiter may stay dead or unreachable before `reserve` raises.
         retry_delay_s: Pause before re-resolving a limiter that failed.
+        release_batch_s: Live tickets given back within this long go to the governor in one call (each call costs
+            both sides about a millisecond of CPU; a sandbox's ticket is held this much longer).
         **limiter_kwargs: `CreateRateLimiter` settings, used if this client creates the limiter.
     """
 
@@ -125,9 +136,10 @@ class RayRateLimiterClient:
         rate_per_s: float | None,
         *,
         max_live: int | None = None,
-        call_timeout_s: float = 40.0,
+        call_timeout_s: float = 50.0,
         unavailable_after_s: float = 60.0,
         retry_delay_s: float = 0.5,
+        release_batch_s: float = 0.05,
         **limiter_kwargs: Any,
     ) -> None:
         self.key = key
@@ -140,6 +152,8 @@ class RayRateLimiterClient:
         self._handle = None
         self._lookup: asyncio.Lock | None = None
         self._recovering = False
+        self._release_batch_s = release_batch_s
+        self._released: list[str] = []
 
     async def _resolve(self):
         if self._handle is None:
@@ -164,6 +178,10 @@ class RayRateLimiterClient:
     async def acquire_live(self, ticket: str, holder: str) -> bool:
         """Ask the governor for a live ticket (see `_call`); False: not yet, ask again."""
         return await self._call("acquire_live", ticket, holder)
+
+    async def admit(self, ticket: str, holder: str, request_id: str) -> tuple[bool, Reservation | None]:
+        """Ask the governor for a live ticket and then a create slot in one call (see `Governor.admit`)."""
+        return await self._call("admit", ticket, holder, request_id)
 
     async def _call(self, method: str, *args: Any) -> Any:
         """Call the governor; re-resolve it (and retry) while it is dead or unreachable.
@@ -209,7 +227,19 @@ class RayRateLimiterClient:
         self._tell("cancel", request_id)
 
     def release_live(self, ticket: str) -> None:
-        self._tell("release_live", ticket)
+        """Give a live ticket back; the releases of the next `release_batch_s` go in one call."""
+        self._released.append(ticket)
+        if len(self._released) > 1:
+            return
+        try:
+            asyncio.get_running_loop().call_later(self._release_batch_s, self._flush_released)
+        except RuntimeError:  # no loop (a synchronous caller): at once
+            self._flush_released()
+
+    def _flush_released(self) -> None:
+        tickets, self._released = self._released, []
+        if tickets:
+            self._tell("release_lives", tickets)
 
     def renew_live(self, holder: str, tickets: list[str]) -> None:
         self._tell("renew_live", holder, tickets)

@@ -68,6 +68,20 @@ class Governor:
     def release_live(self, ticket: str) -> bool:
         return self.live.release(ticket) if self.live is not None else False
 
+    def release_lives(self, tickets: list[str]) -> int:
+        """Give several live tickets back at once (a client's releases, batched); returns how many were known."""
+        return sum(self.release_live(ticket) for ticket in tickets)
+
+    async def admit(self, ticket: str, holder: str, request_id: str) -> tuple[bool, Reservation | None]:
+        """A start's first two questions in one round trip: a live ticket (`acquire_live`), then, once it is held
+        and there is a rate limit, `request_id`'s create slot (`reserve`; it may answer "still queued").
+        Returns `(False, None)` when the ticket is not granted yet (ask again)."""
+        if not await self.acquire_live(ticket, holder):
+            return False, None
+        if self.schedule is None:
+            return True, None
+        return True, await self.schedule.reserve(request_id)
+
     def renew_live(self, holder: str, tickets: list[str]) -> None:
         if self.live is not None:
             self.live.renew(holder, tickets)

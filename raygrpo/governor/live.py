@@ -19,6 +19,8 @@ class _Waiter:
     touched: float
     event: asyncio.Event
     cancelled: bool = False
+    #: `acquire` calls waiting on it now (a waiter being asked about is never abandoned).
+    active: int = 0
 
 
 class LiveCap:
@@ -35,11 +37,12 @@ class LiveCap:
         max_live: Most tickets out at once.
         max_hold_s: Longest an `acquire` call waits before it answers "not yet" (the caller asks again).
         ticket_ttl_s: Tickets of a holder that has not renewed for this long are dropped.
-        abandon_after_s: A waiter nobody asked about for this long leaves the queue.
+        abandon_after_s: A waiter nobody asked about for this long (no `acquire` call waiting on it) leaves the
+            queue.
         recover_after_s: Quiet time before each step of the cap in effect back up.
     """
 
-    def __init__(self, key: str, max_live: int, *, max_hold_s: float = 10.0, ticket_ttl_s: float = 60.0,
+    def __init__(self, key: str, max_live: int, *, max_hold_s: float = 30.0, ticket_ttl_s: float = 60.0,
                  abandon_after_s: float = 15.0, recover_after_s: float = 5.0) -> None:
         if max_live < 1:
             raise ValueError(f"max_live must be >= 1, got {max_live}")
@@ -74,7 +77,7 @@ class LiveCap:
                 logger.warning("live cap %r: dropped %d ticket(s) of holder %s, silent for %.0f s", self.key,
                                len(dropped), holder, self._ttl)
         for ticket, w in list(self._waiting.items()):
-            if now - w.touched > self._abandon_after:
+            if w.active == 0 and now - w.touched > self._abandon_after:
                 del self._waiting[ticket]
         if (self.effective_max_live < self.max_live
                 and now - max(self._last_throttle, self._last_step) >= self._recover_after):
@@ -124,8 +127,13 @@ class LiveCap:
             if left <= 0:
                 return False
             # Woken by a release, a renewal or a sweep (which any other call runs at most once a second).
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(w.event.wait(), left)
+            w.active += 1
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(w.event.wait(), left)
+            finally:
+                w.active -= 1
+                w.touched = time.time()
 
     def release(self, ticket: str) -> bool:
         """Give `ticket` back (or leave the queue); True if it was known. Safe to call more than once."""
