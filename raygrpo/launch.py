@@ -17,7 +17,7 @@ import ray
 
 from raygrpo.actors.ors_server import start_embedded_server
 from raygrpo.actors.policy_engine import start_engines, stop_engines
-from raygrpo.actors.rate_limiter import ensure_rate_limiter
+from raygrpo.actors.rate_limiter import ensure_rate_limiter, give_back_tickets
 from raygrpo.actors.vllm_server import start_vllm_server, stop_vllm_server
 from raygrpo.config import RunConfig
 from raygrpo.envs.registry import kind_of
@@ -27,7 +27,7 @@ from raygrpo.pools import ActorSpawner, PoolGroup, PoolSet, SlotState
 from raygrpo.runtime import ray_info
 from raygrpo.sandbox.docker_engine import DockerUnavailable, may_have_docker
 from raygrpo.sandbox.docker_owner import run_leftovers
-from raygrpo.sandbox.lease_reaper import reap_stale_leases
+from raygrpo.sandbox.lease_reaper import LeaseWatch, reap_stale_leases
 from raygrpo.sandbox.ledger import LEASE_DIR_ENV, lease_dir
 from raygrpo.sandbox.reaper import OrphanReaper
 from raygrpo.sandbox.registry import ROOT_ENV, RUN_ENV, sandbox_root
@@ -80,6 +80,7 @@ class RolloutRuntime:
         self.lease_dir = str(lease_dir())
         self.leaked_sandboxes: int = 0
         self._reaper: OrphanReaper | None = None
+        self._lease_watch: LeaseWatch | None = None
 
     @property
     def tasks(self) -> list[TaskRef]:
@@ -139,6 +140,8 @@ class RolloutRuntime:
         # What crashed runs left at remote providers (leases whose owner is stale), before this run's actors start.
         reap_stale_leases(self.lease_dir)
         self._reaper = OrphanReaper(self.sandbox_root)
+        # This run's own: the sandboxes of an actor lost mid-run, stopped and their live tickets given back.
+        self._lease_watch = LeaseWatch(self.lease_dir, self.run_id, on_freed=give_back_tickets).start()
         job_env = dict((ray.get_runtime_context().runtime_env or {}).get("env_vars") or {})
         env_vars = {**job_env, ROOT_ENV: self.sandbox_root, RUN_ENV: self.run_id, LEASE_DIR_ENV: self.lease_dir}
         template = WorkerSettings(name="", envs={}, policy=self.policy, model=cfg.model, sampling=cfg.sampling,
@@ -214,6 +217,9 @@ class RolloutRuntime:
                 logger.warning("embedded server %s did not stop cleanly: %s", name, exc)
             ray.kill(handle, no_restart=True)
         self.servers = {}
+        if self._lease_watch is not None:
+            self._lease_watch.close()
+            self._lease_watch = None
         if self._reaper is not None:
             self.leaked_sandboxes = self._reaper.close() + len(self._docker_leftovers())
             self._reaper = None

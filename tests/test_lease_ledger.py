@@ -7,6 +7,7 @@ crash acceptance tests (a killed driver, two concurrent runs) are `tests/test_le
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -26,7 +27,8 @@ from raygrpo.sandbox.fake_provider.audit import audit
 from raygrpo.sandbox.fake_provider.service import FakeProviderProcess
 from raygrpo.sandbox.fake_provider.state import Limits
 from raygrpo.sandbox.lease_hooks import lease_policy
-from raygrpo.sandbox.lease_reaper import reap_leases
+from raygrpo.governor import Governor
+from raygrpo.sandbox.lease_reaper import LeaseWatch, reap_leases
 from raygrpo.sandbox.ledger import LEASE_DIR_ENV, LEASE_LABEL, LeaseLedger, safe_id
 from raygrpo.specs import HarborSpec
 from tests.harbor_utils import EXAMPLE_TASKS, make_task
@@ -166,6 +168,41 @@ def test_reap_stops_a_dead_owners_sandboxes_and_never_a_live_owners(tmp_path, pr
     assert audit(provider.log_path).live == 1
     # Nothing is left of the dead owner: its record went with its last lease.
     assert [p.name for p in (root / "owners").iterdir()] == [mine.owner]
+
+
+def test_the_lease_watch_stops_a_dead_owners_sandboxes_mid_run_and_gives_their_live_tickets_back(tmp_path, provider):
+    """An actor lost mid-run: the watch of its run stops its sandboxes and frees the governor's tickets they held;
+    another run's leases, and the live owner's of the same run, are untouched."""
+    root = tmp_path / "leases"
+    url = provider.url
+    lost = create_labelled(url, "lost")
+    unticketed = create_labelled(url, "no-cap")
+    leases_of_a_dead_owner(root, lease_spec("lost", url=url, bind=lost, run="run-a", live_ticket="t-lost"),
+                           lease_spec("no-cap", url=url, bind=unticketed, run="run-a"),
+                           lease_spec("other-run", url=url, run="run-b", live_ticket="t-other"))
+    LeaseLedger(root).intent("alive", provider_key="fake", backend=FAKE, reach={"url": url}, deadline=0.0,
+                             run="run-a", live_ticket="t-alive")
+    freed: list[tuple[str, list[str]]] = []
+    governor = Governor("fake", None, 4)
+    for ticket in ("t-lost", "t-alive"):
+        assert asyncio.run(governor.acquire_live(ticket, "holder"))
+
+    def give_back(key: str, tickets: list[str]) -> None:
+        freed.append((key, tickets))
+        governor.release_lives(tickets)
+
+    watch = LeaseWatch(root, "run-a", on_freed=give_back, every_s=0.2).start()
+    try:
+        deadline = time.time() + 20
+        while not freed and time.time() < deadline:
+            time.sleep(0.1)
+    finally:
+        watch.close()
+    assert freed == [("fake", ["t-lost"])]
+    assert governor.stats()["live"] == 1  # t-alive's sandbox still runs
+    assert watch.outcomes == {"stopped": 2}
+    assert sorted(s["id"] for s in provider.live()) == []
+    assert sorted(x.id for x in LeaseLedger(root).leases()) == ["alive", "other-run"]
 
 
 def test_leases_that_cannot_be_reaped_are_reported_and_kept(tmp_path, provider):
@@ -319,3 +356,33 @@ async def test_a_create_whose_answer_never_came_is_stopped_by_its_label(tmp_path
         provider.set_limits(hold_creates=False)
     assert provider.live() == [] and LeaseLedger().leases() == []
     assert audit(provider.log_path).deletes == 1
+
+
+async def test_a_start_cancelled_while_waiting_for_its_create_slot_leaves_no_lease(tmp_path, provider, monkeypatch):
+    """The intent is written before the start waits for its slot (so the create goes out on time); a start cancelled
+    in that wait never sent a create, and its record goes with the adapter."""
+    from raygrpo.provisioning import reset_gates
+
+    reset_gates()
+    monkeypatch.setenv(LEASE_DIR_ENV, str(tmp_path / "leases"))
+    spec = _fake_spec(tmp_path, provider.url, create_rate_per_s=0.2)
+    provider_ = HarborProvider(spec, name="suite")
+    first, second = provider_.adapter(), provider_.adapter()
+    task = list_harbor_tasks(spec, "suite")[0]
+    try:
+        await first.start(task)  # takes the schedule's first slot; the next is 5 s later
+        waiting = asyncio.ensure_future(second.start(task))
+        deadline = time.time() + 10
+        while len(LeaseLedger().leases()) < 2 and time.time() < deadline:
+            await asyncio.sleep(0.05)
+        assert len(LeaseLedger().leases()) == 2 and len(provider.live()) == 1
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+    finally:
+        await second.close()
+        await first.close()
+        await provider_.aclose()
+        reset_gates()
+    assert LeaseLedger().leases() == [] and provider.live() == []
+    assert audit(provider.log_path).creates == 1

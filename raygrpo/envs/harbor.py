@@ -346,15 +346,17 @@ class HarborAdapter(LiveAdapter):
         waited = clock() - began
         refusals, refused_since = 0, 0.0
         while True:
+            # The intent is on disk before the slot is waited for: a durable write inside the slot would delay the
+            # create past it (under load, by more than the schedule's margin: the provider's window then refuses it).
+            await self._lease_intent()
             asked = clock()
-            async with gate.start_slot():
+            async with gate.start_slot(self._live_ticket):
                 waited += clock() - asked
                 deadline = loop.time() + self.spec.start_timeout_s
                 self._start_called = True
                 began = clock()
                 try:
                     async with asyncio.timeout_at(deadline):
-                        await self._lease_intent()
                         await self.env.start(force_build=False)
                         self._lease_bind()
                 except Exception as exc:
@@ -399,7 +401,8 @@ class HarborAdapter(LiveAdapter):
         Raises:
             OSError: The record could not be written (the create must not be sent).
         """
-        self._lease = await self.provider.leases.intent(self.session_id, self.harbor_task) or self._lease
+        self._lease = (await self.provider.leases.intent(self.session_id, self.harbor_task, self._live_ticket)
+                       or self._lease)
 
     def _lease_bind(self) -> None:
         """The create answered: the lease gets the sandbox's id (when the backend exposes one)."""
@@ -559,6 +562,9 @@ class HarborAdapter(LiveAdapter):
                 logger.debug("%s: sandbox %s stopped", self.label, self.session_id)
                 if self._lease is not None:
                     await asyncio.wait_for(self._lease_release(), self.spec.stop_timeout_s)
+            elif self._lease is not None:  # written, but the create was never sent (cancelled waiting for its slot)
+                self.provider.leases.discard(self._lease)
+                self._lease = None
         except TimeoutError:
             logger.warning("%s: stopping sandbox %s took over %g s; the sandbox reaper gets what is left",
                            self.label, self.session_id, self.spec.stop_timeout_s)

@@ -108,9 +108,10 @@ class HarborLeases:
                 kwargs = {**kwargs, name: math.ceil(self.derived_lifetime_s(task))}  # whole seconds (e2b: an int)
         return kwargs
 
-    async def intent(self, session_id: str, task: Task) -> Lease | None:
+    async def intent(self, session_id: str, task: Task, live_ticket: str | None = None) -> Lease | None:
         """Write the lease's intent record (durably, off the event loop) before its create is sent; None when the
-        suite is not leased. Again for the same lease (a retried create) rewrites it with fresh times.
+        suite is not leased. Again for the same lease (a retried create) rewrites it with fresh times. `live_ticket`:
+        the governor's live ticket the sandbox holds (given back by whoever reaps the lease).
 
         Raises:
             OSError: The record could not be written: the create must not be sent.
@@ -124,7 +125,7 @@ class HarborLeases:
             self.ledger.intent, self.lease_id(session_id), provider_key=self.spec.effective_rate_limit_key,
             backend=self.spec.backend, reach=reach, deadline=now + self.derived_lifetime_s(task),
             # The create goes out within the start's deadline; the lifetime counts from it.
-            expires=None if lifetime is None else now + self.spec.start_timeout_s + lifetime)
+            expires=None if lifetime is None else now + self.spec.start_timeout_s + lifetime, live_ticket=live_ticket)
 
     def bind(self, lease: Lease | None, env: Any, task: Task) -> None:
         """The create answered: record the sandbox's id when the backend exposes one (`env.sandbox_id`)."""
@@ -134,6 +135,11 @@ class HarborLeases:
         if isinstance(sandbox_id, str) and sandbox_id:
             lifetime = self.lifetime_s(task)
             self.ledger.bind(lease, sandbox_id, expires=None if lifetime is None else time.time() + lifetime)
+
+    def discard(self, lease: Lease) -> None:
+        """Drop a lease whose create was never sent (its start was cancelled before its create slot)."""
+        if self.ledger is not None:
+            self.ledger.remove(lease)
 
     async def release(self, lease: Lease | None, started: bool) -> None:
         """The sandbox was stopped: drop the lease. When its start never completed, the provider may still hold a

@@ -8,14 +8,18 @@ reaped (its backend has no hook, or the provider did not answer) is reported wit
 kept, unless its lifetime at the provider is over (then the provider has ended it: reported as expired and dropped).
 
 `raygrpo reap` runs it from the command line; every run (`raygrpo.launch.RolloutRuntime`) runs it at start-up, over
-every run's leases before its actors start, and at its end over its own (`reap_stale_leases`).
+every run's leases before its actors start, and at its end over its own (`reap_stale_leases`); while it runs,
+`LeaseWatch` reaps its own stale leases every few seconds (an actor lost with its node) and gives the live tickets
+their sandboxes held back to the governor.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -195,3 +199,72 @@ def reap_stale_leases(ledger_dir: str | os.PathLike | None = None, run: str | No
         logger.info("lease ledger %s: no stale lease%s (%d of live owners)", ledger.root,
                     f" of run {run}" if run else "", report.untouched)
     return report
+
+
+#: Gives live tickets back to the governor of a provider key: `on_freed(provider_key, tickets)`.
+TicketsFreed = Callable[[str, list[str]], None]
+
+
+class LeaseWatch:
+    """Reaps a run's stale leases while the run goes on: the sandboxes of an env pool actor that died (its node was
+    lost, it was OOM-killed) are stopped within about `every_s` of its owner going stale, instead of living on at the
+    provider (and counting against its live limit) until their lifetime ends or the run is over. The live tickets
+    those sandboxes held go back to their governor through `on_freed`. Runs in a thread of its own.
+
+    Args:
+        ledger_dir: The ledger directory.
+        run: The run whose leases are watched.
+        on_freed: Called with a provider key and the live tickets of its reaped leases (a failure is logged).
+        every_s: Seconds between reaps.
+        stale_after_s: See `reap_leases` (on this host, a dead owner process is stale at once).
+    """
+
+    def __init__(self, ledger_dir: str | os.PathLike, run: str, on_freed: TicketsFreed | None = None,
+                 every_s: float = 10.0, stale_after_s: float = STALE_AFTER_S) -> None:
+        self.ledger_dir = ledger_dir
+        self.run = run
+        self.on_freed = on_freed
+        self.every_s = every_s
+        self.stale_after_s = stale_after_s
+        #: Stale leases reaped so far, by outcome.
+        self.outcomes: dict[str, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"lease-watch-{run}", daemon=True)
+
+    def start(self) -> LeaseWatch:
+        self._thread.start()
+        return self
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Stop watching (a reap in progress finishes first, within `timeout_s`)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            if not Path(self.ledger_dir).is_dir():
+                continue
+            try:
+                self.reap_once()
+            except Exception:  # noqa: BLE001 - the next round tries again; the run goes on
+                logger.warning("reaping the stale leases of run %s failed", self.run, exc_info=True)
+
+    def reap_once(self) -> ReapReport:
+        """One reap of the run's stale leases; gives their live tickets back."""
+        report = reap_leases(self.ledger_dir, run=self.run, stale_after_s=self.stale_after_s,
+                             budget_s=self.every_s)
+        freed: dict[str, list[str]] = {}
+        for reaped in report.reaped:
+            self.outcomes[reaped.outcome] = self.outcomes.get(reaped.outcome, 0) + 1
+            if reaped.outcome != "kept" and reaped.lease.live_ticket:
+                freed.setdefault(reaped.lease.provider_key, []).append(reaped.lease.live_ticket)
+        if report.reaped:
+            logger.warning("lease watch of run %s: %s", self.run, report.lines()[-1])
+        for key, tickets in freed.items():
+            if self.on_freed is not None:
+                try:
+                    self.on_freed(key, tickets)
+                except Exception:  # noqa: BLE001 - the governor takes them back when their holder's renewals stop
+                    logger.warning("could not give %d live ticket(s) of %r back", len(tickets), key, exc_info=True)
+        return report

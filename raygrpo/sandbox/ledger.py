@@ -99,6 +99,8 @@ class Lease:
         sandbox_id: The provider's id of the sandbox, once its create answered.
         created: When the intent was written (wall clock).
         host: The owner's host name.
+        live_ticket: The governor's live ticket the sandbox holds (`raygrpo.governor`), None without a live cap:
+            whoever reaps the lease gives it back, so a lost node's sandboxes stop counting against the cap.
     """
 
     id: str
@@ -112,6 +114,7 @@ class Lease:
     sandbox_id: str | None = None
     created: float = field(default_factory=time.time)
     host: str = HOSTNAME
+    live_ticket: str | None = None
 
     @property
     def labels(self) -> dict[str, str]:
@@ -223,7 +226,8 @@ class LeaseLedger:
             shutil.rmtree(self.owners / owner, ignore_errors=True)
 
     def intent(self, lease_id: str, *, provider_key: str, backend: str, deadline: float,
-               reach: dict[str, Any] | None = None, expires: float | None = None, run: str | None = None) -> Lease:
+               reach: dict[str, Any] | None = None, expires: float | None = None, run: str | None = None,
+               live_ticket: str | None = None) -> Lease:
         """Write (durably) the intent record of a sandbox about to be created; call it before the create is sent.
         Writing it again for the same id (a retried create) replaces it.
 
@@ -235,6 +239,7 @@ class LeaseLedger:
             reach: The non-secret backend arguments that reach the provider again.
             expires: Wall-clock time by which the provider ends the sandbox on its own, if it was given a lifetime.
             run: The run id (default: `$RAYGRPO_RUN_ID`).
+            live_ticket: The governor's live ticket the sandbox holds, if any.
 
         Raises:
             OSError: The record could not be written (the create must then not be sent).
@@ -242,7 +247,7 @@ class LeaseLedger:
         owner = self.own()
         lease = Lease(id=safe_id(lease_id), provider_key=provider_key, backend=backend, reach=dict(reach or {}),
                       owner=owner, run=run if run is not None else os.environ.get(RUN_ENV), deadline=deadline,
-                      expires=expires)
+                      expires=expires, live_ticket=live_ticket)
         _write(self.path(lease.id), lease.to_dict(), durable=True)
         return lease
 
