@@ -7,11 +7,15 @@ read). `ChatRenderer` is the only place that knows how a chat template lays out 
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 from typing import Any
 
 from raygrpo.chat_tools import template_renders_tools, tools_fallback_template
 from raygrpo.types import ToolCall
+
+#: Renderings kept by each `ChatRenderer` (oldest dropped first).
+RENDER_CACHE_SIZE = 1024
 
 
 def training_template(tokenizer: Any) -> str | None:
@@ -56,6 +60,7 @@ class ChatRenderer:
             raise ValueError("the tokenizer has no eos token; the agent loop needs one to end a turn")
         self.eos_token_id: int = tokenizer.eos_token_id
         self.chat_template: str | None = None
+        self._rendered: dict[str, tuple[int, ...]] = {}
         if not template_renders_tools(tokenizer):
             self.chat_template = tools_fallback_template(tokenizer)  # raygrpo's own format (see raygrpo.chat_tools)
         elif not self._prefix_preserving():
@@ -71,11 +76,21 @@ class ChatRenderer:
         return full.startswith(short[: short.rfind(eos) + len(eos)] if eos in short else short)
 
     def _template(self, messages: list[dict[str, Any]], **kwargs: Any) -> list[int]:
-        if self.chat_template is not None:
-            kwargs["chat_template"] = self.chat_template
-        ids = self.tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False, **kwargs)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
+        """The template's ids for `messages`; the same rendering asked again (a GRPO group's G copies of a task's
+        prompt, the fixed prefix of every tool block) is answered from a bounded cache: rendering the template and
+        tokenizing it is the costliest CPU of an agent turn."""
+        key = json.dumps([messages, kwargs], sort_keys=True, default=str)
+        ids = self._rendered.get(key)
+        if ids is None:
+            if self.chat_template is not None:
+                kwargs["chat_template"] = self.chat_template
+            out = self.tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False, **kwargs)
+            if isinstance(out, dict) or hasattr(out, "input_ids"):
+                out = out["input_ids"]
+            ids = tuple(out)
+            while len(self._rendered) >= RENDER_CACHE_SIZE:
+                self._rendered.pop(next(iter(self._rendered)))
+            self._rendered[key] = ids
         return list(ids)
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:

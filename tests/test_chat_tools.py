@@ -114,3 +114,31 @@ def test_fallback_needs_chatml_tokens(tiny_model_dir):
     tok.get_vocab = lambda: {}  # a vocabulary without ChatML's markers
     with pytest.raises(ValueError, match="im_start"):
         ChatRenderer(tok)
+
+
+def test_renderings_asked_again_come_from_the_cache_unchanged_and_the_cache_is_bounded(tiny_model_dir, monkeypatch):
+    """A GRPO group renders its task's prompt G times: once through the template, then from the cache; what the
+    caller does with the ids it got never reaches the cache, and the cache keeps at most its size."""
+    from transformers import AutoTokenizer
+
+    import raygrpo.chat as chat
+    from raygrpo.chat import ChatRenderer
+
+    renderer = ChatRenderer(AutoTokenizer.from_pretrained(tiny_model_dir))
+    calls = []
+    real = renderer.tokenizer.apply_chat_template
+    monkeypatch.setattr(renderer.tokenizer, "apply_chat_template", lambda *a, **k: calls.append(1) or real(*a, **k))
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {}}}}]
+    messages = [{"role": "user", "content": "Fix the bug."}]
+    first = renderer.prompt_ids(messages, tools)
+    first.append(-1)
+    again = renderer.prompt_ids([dict(m) for m in messages], tools)
+    assert len(calls) == 1 and again == first[:-1]
+    assert renderer.prompt_ids([{"role": "user", "content": "Another task."}], tools) != again and len(calls) == 2
+    tool = [{"role": "tool", "name": "bash", "content": "ok"}]
+    assert renderer.tool_suffix_ids(tool) == renderer.tool_suffix_ids(tool) and len(calls) == 4
+
+    monkeypatch.setattr(chat, "RENDER_CACHE_SIZE", 3)
+    for i in range(10):
+        renderer.prompt_ids([{"role": "user", "content": f"task {i}"}], None)
+    assert len(renderer._rendered) == 3
