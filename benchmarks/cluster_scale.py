@@ -50,13 +50,14 @@ Printed: progress lines (logging, stderr) and ONE JSON object last (stdout), wit
   `cpu_ms_per_rollout_last` over rollouts 9N/10+1..N (9,001-10,000), `cpu_growth` = last / first (target <= 1.3),
   `cpu_ms_per_rollout_by_tenth` all ten, `cpu_ms_per_rollout_by_process_first` / `_last` the first and last tenths
   per kind of process (`ray::EnvPool`, the governor `ray::RateLimiter`, `raylet`, `driver`, ...) and `cpu_s_by_process`
-  the whole session's. A process that exits keeps the CPU it had at its last sample (the sampler
+  the whole session's; `governor`: the governor actor's own counts at the end (create slots granted, live tickets
+  granted, returned, expired and forgotten, refusals). A process that exits keeps the CPU it had at its last sample (the sampler
   runs every second), so the removed node's processes count up to their death. Note the windows are not symmetric
   in the work they hold: the first tenth also carries the starts of the rollouts in flight when it closes, the last
   one finishes those its predecessor started and drains to zero (fewer rollouts/s over Ray's fixed background CPU).
 
 Run: `python benchmarks/cluster_scale.py` (10,000 rollouts at 40 creates/s and 400 live, 10 s holds, 4 nodes: at
-least 250 s of creates; on a 2-core machine it is CPU-bound and took 19 minutes, see benchmarks/README.md) or
+least 250 s of creates; about 5.5 minutes on a 2-core machine, see benchmarks/README.md) or
 `--quick` (600 rollouts at 12/s and 24 live, 1.5 s holds, 4 nodes: about 3 minutes on 2 cores, half of it starting
 the cluster and the actors). Options: `--rollouts`, `--create-rate`, `--live-cap`, `--hold-s`, `--nodes`,
 `--actors-per-node`, `--out FILE` (the JSON also written there), `--keep` (keep the provider's log and the lease
@@ -319,6 +320,20 @@ def actor_nodes(cluster: Any, runtime: Any) -> dict[str, list[Any]]:
     return placed
 
 
+def governor_state(cfg: Any) -> dict[str, Any]:
+    """The governor's own counts (slots granted, live tickets, refusals), or {} when it does not answer."""
+    import ray
+
+    from raygrpo.actors.rate_limiter import NAMESPACE, limiter_name
+
+    try:
+        handle = ray.get_actor(limiter_name(cfg.envs[ENV_NAME].effective_rate_limit_key), namespace=NAMESPACE)
+        return ray.get(handle.ping.remote(), timeout=30)
+    except Exception as exc:  # noqa: BLE001 - a figure left out, not a failed run
+        logger.warning("the governor did not answer: %s", exc)
+        return {}
+
+
 def governor_node(cluster: Any) -> str | None:
     """Which node the provider key's governor actor (`ray::RateLimiter` / `ray::Governor`) runs on: `head`, a worker
     node's id prefix, or None when it is not found."""
@@ -443,6 +458,7 @@ def run(shape: Shape, work: Path) -> dict[str, Any]:
             live_after_rollouts = len(provider.live())
             cpu_by_kind = cpu.by_kind()
             stats = orchestrator.stats
+            governor_stats = governor_state(cfg)
             if remover is not None:
                 remover.join(120)
         pool = runtime.pool_snapshot.get(f"envs.{ENV_NAME}.pool", {})
@@ -508,6 +524,7 @@ def run(shape: Shape, work: Path) -> dict[str, Any]:
         "hold_s_median": holds[0],
         "hold_s_p95": holds[1],
         "governor_live_cap_set": live_cap_supported(),
+        "governor": governor_stats,
         "nodes": shape.nodes,
         "actors": actors,
         "max_concurrent_per_actor": per_actor,

@@ -17,7 +17,7 @@ import ray
 
 from raygrpo.actors.ors_server import start_embedded_server
 from raygrpo.actors.policy_engine import start_engines, stop_engines
-from raygrpo.actors.rate_limiter import ensure_rate_limiter, give_back_tickets
+from raygrpo.actors.rate_limiter import ensure_rate_limiter, forget_holders
 from raygrpo.actors.vllm_server import start_vllm_server, stop_vllm_server
 from raygrpo.config import RunConfig
 from raygrpo.envs.registry import kind_of
@@ -140,8 +140,8 @@ class RolloutRuntime:
         # What crashed runs left at remote providers (leases whose owner is stale), before this run's actors start.
         reap_stale_leases(self.lease_dir)
         self._reaper = OrphanReaper(self.sandbox_root)
-        # This run's own: the sandboxes of an actor lost mid-run, stopped and their live tickets given back.
-        self._lease_watch = LeaseWatch(self.lease_dir, self.run_id, on_freed=give_back_tickets).start()
+        # This run's own: the sandboxes of an actor lost mid-run, stopped, and its live tickets dropped.
+        self._lease_watch = LeaseWatch(self.lease_dir, self.run_id, on_freed=forget_holders).start()
         job_env = dict((ray.get_runtime_context().runtime_env or {}).get("env_vars") or {})
         env_vars = {**job_env, ROOT_ENV: self.sandbox_root, RUN_ENV: self.run_id, LEASE_DIR_ENV: self.lease_dir}
         template = WorkerSettings(name="", envs={}, policy=self.policy, model=cfg.model, sampling=cfg.sampling,

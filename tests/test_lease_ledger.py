@@ -170,38 +170,43 @@ def test_reap_stops_a_dead_owners_sandboxes_and_never_a_live_owners(tmp_path, pr
     assert [p.name for p in (root / "owners").iterdir()] == [mine.owner]
 
 
-def test_the_lease_watch_stops_a_dead_owners_sandboxes_mid_run_and_gives_their_live_tickets_back(tmp_path, provider):
-    """An actor lost mid-run: the watch of its run stops its sandboxes and frees the governor's tickets they held;
-    another run's leases, and the live owner's of the same run, are untouched."""
+def test_the_lease_watch_stops_a_dead_owners_sandboxes_mid_run_and_its_governor_forgets_it(tmp_path, provider):
+    """An actor lost mid-run: the watch of its run stops its sandboxes, and the governor drops the live tickets of
+    the actor's gate and what it still had queued; another run's leases, and a live owner's in the same run, are
+    untouched."""
     root = tmp_path / "leases"
     url = provider.url
     lost = create_labelled(url, "lost")
-    unticketed = create_labelled(url, "no-cap")
-    leases_of_a_dead_owner(root, lease_spec("lost", url=url, bind=lost, run="run-a", live_ticket="t-lost"),
-                           lease_spec("no-cap", url=url, bind=unticketed, run="run-a"),
-                           lease_spec("other-run", url=url, run="run-b", live_ticket="t-other"))
+    uncapped = create_labelled(url, "no-cap")
+    leases_of_a_dead_owner(root, lease_spec("lost", url=url, bind=lost, run="run-a", live_holder="dead-gate"),
+                           lease_spec("no-cap", url=url, bind=uncapped, run="run-a"),
+                           lease_spec("other-run", url=url, run="run-b", live_holder="other-gate"))
     LeaseLedger(root).intent("alive", provider_key="fake", backend=FAKE, reach={"url": url}, deadline=0.0,
-                             run="run-a", live_ticket="t-alive")
-    freed: list[tuple[str, list[str]]] = []
-    governor = Governor("fake", None, 4)
-    for ticket in ("t-lost", "t-alive"):
-        assert asyncio.run(governor.acquire_live(ticket, "holder"))
+                             run="run-a", live_holder="live-gate")
+    governor = Governor("fake", None, 3)
 
-    def give_back(key: str, tickets: list[str]) -> None:
-        freed.append((key, tickets))
-        governor.release_lives(tickets)
+    async def fill() -> asyncio.Task:
+        for ticket, holder in (("t1", "dead-gate"), ("t2", "dead-gate"), ("t3", "live-gate")):
+            assert await governor.acquire_live(ticket, holder)
+        return asyncio.ensure_future(governor.acquire_live("t4", "dead-gate"))  # a dead caller's queued request
 
-    watch = LeaseWatch(root, "run-a", on_freed=give_back, every_s=0.2).start()
-    try:
-        deadline = time.time() + 20
-        while not freed and time.time() < deadline:
-            time.sleep(0.1)
-    finally:
-        watch.close()
-    assert freed == [("fake", ["t-lost"])]
-    assert governor.stats()["live"] == 1  # t-alive's sandbox still runs
-    assert watch.outcomes == {"stopped": 2}
-    assert sorted(s["id"] for s in provider.live()) == []
+    forgotten: list[tuple[str, list[str]]] = []
+
+    async def scenario() -> None:
+        queued = await fill()
+        await asyncio.sleep(0.05)
+        watch = LeaseWatch(root, "run-a", on_freed=lambda key, holders: (forgotten.append((key, holders)),
+                                                                          governor.forget_holders(holders)))
+        await asyncio.to_thread(watch.reap_once)
+        assert await asyncio.wait_for(queued, 5) is False  # cancelled, not granted to nobody
+        assert await governor.acquire_live("t5", "dead-gate") is False  # a late call of the dead gate
+        assert watch.outcomes == {"stopped": 2}
+
+    asyncio.run(scenario())
+    assert forgotten == [("fake", ["dead-gate"])]
+    stats = governor.stats()
+    assert stats["live"] == 1 and stats["waiting_live"] == 0 and stats["live_forgotten"] == 2
+    assert provider.live() == []
     assert sorted(x.id for x in LeaseLedger(root).leases()) == ["alive", "other-run"]
 
 

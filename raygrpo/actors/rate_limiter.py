@@ -93,12 +93,12 @@ def get_rate_limiter(key: str, rate_per_s: float | None, *, max_live: int | None
     return handle
 
 
-def give_back_tickets(key: str, tickets: list[str]) -> None:
-    """Give live tickets back to `key`'s governor, if it exists (fire-and-forget): the tickets of sandboxes someone
-    else stopped (`raygrpo.sandbox.lease_reaper.LeaseWatch`), whose holder died with them."""
+def forget_holders(key: str, holders: list[str]) -> None:
+    """Tell `key`'s governor (fire-and-forget) that these live-ticket holders are dead: the gates of actors whose
+    sandboxes someone else reaped (`raygrpo.sandbox.lease_reaper.LeaseWatch`)."""
     handles = _handles.get(key)
     handle = handles[0] if handles else ray.get_actor(limiter_name(key), namespace=NAMESPACE)
-    handle.release_lives.remote(tickets)
+    handle.forget_holders.remote(holders)
 
 
 def ensure_rate_limiter(key: str, rate_per_s: float | None, timeout_s: float = 60.0, *, max_live: int | None = None,

@@ -401,8 +401,8 @@ class HarborAdapter(LiveAdapter):
         Raises:
             OSError: The record could not be written (the create must not be sent).
         """
-        self._lease = (await self.provider.leases.intent(self.session_id, self.harbor_task, self._live_ticket)
-                       or self._lease)
+        holder = self._gate.holder if self._gate is not None and self._live_ticket is not None else None
+        self._lease = await self.provider.leases.intent(self.session_id, self.harbor_task, holder) or self._lease
 
     def _lease_bind(self) -> None:
         """The create answered: the lease gets the sandbox's id (when the backend exposes one)."""

@@ -108,10 +108,10 @@ class HarborLeases:
                 kwargs = {**kwargs, name: math.ceil(self.derived_lifetime_s(task))}  # whole seconds (e2b: an int)
         return kwargs
 
-    async def intent(self, session_id: str, task: Task, live_ticket: str | None = None) -> Lease | None:
+    async def intent(self, session_id: str, task: Task, live_holder: str | None = None) -> Lease | None:
         """Write the lease's intent record (durably, off the event loop) before its create is sent; None when the
-        suite is not leased. Again for the same lease (a retried create) rewrites it with fresh times. `live_ticket`:
-        the governor's live ticket the sandbox holds (given back by whoever reaps the lease).
+        suite is not leased. Again for the same lease (a retried create) rewrites it with fresh times. `live_holder`:
+        who holds the sandbox's live ticket with the governor (forgotten by whoever reaps the lease).
 
         Raises:
             OSError: The record could not be written: the create must not be sent.
@@ -125,7 +125,7 @@ class HarborLeases:
             self.ledger.intent, self.lease_id(session_id), provider_key=self.spec.effective_rate_limit_key,
             backend=self.spec.backend, reach=reach, deadline=now + self.derived_lifetime_s(task),
             # The create goes out within the start's deadline; the lifetime counts from it.
-            expires=None if lifetime is None else now + self.spec.start_timeout_s + lifetime, live_ticket=live_ticket)
+            expires=None if lifetime is None else now + self.spec.start_timeout_s + lifetime, live_holder=live_holder)
 
     def bind(self, lease: Lease | None, env: Any, task: Task) -> None:
         """The create answered: record the sandbox's id when the backend exposes one (`env.sandbox_id`)."""

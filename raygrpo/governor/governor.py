@@ -82,6 +82,11 @@ class Governor:
             return True, None
         return True, await self.schedule.reserve(request_id)
 
+    def forget_holders(self, holders: list[str]) -> int:
+        """These holders are dead (their actor is gone and its sandboxes reaped): drop their live tickets and queued
+        requests (see `LiveCap.forget`). Returns the tickets dropped."""
+        return sum(self.live.forget(h) for h in holders) if self.live is not None else 0
+
     def renew_live(self, holder: str, tickets: list[str]) -> None:
         if self.live is not None:
             self.live.renew(holder, tickets)

@@ -12,6 +12,9 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
+#: Dead holders remembered (their late calls are refused).
+GONE_KEPT = 10_000
+
 
 @dataclass
 class _Waiter:
@@ -61,7 +64,8 @@ class LiveCap:
         self._last_step = 0.0
         self._last_sweep = 0.0
         self._peak = 0
-        self._counts = {"granted": 0, "returned": 0, "expired": 0, "throttled": 0}
+        self._counts = {"granted": 0, "returned": 0, "expired": 0, "throttled": 0, "forgotten": 0}
+        self._gone: dict[str, float] = {}  # holders known dead (the most recent GONE_KEPT)
 
     def _sweep(self, now: float) -> None:
         if now - self._last_sweep < 1.0:
@@ -98,6 +102,8 @@ class LiveCap:
         once the ticket is released meanwhile (its caller gave up)."""
         now = time.time()
         self._sweep(now)
+        if holder in self._gone:
+            return False
         self._renewed[holder] = now
         if ticket in self._live:
             return True
@@ -147,9 +153,31 @@ class LiveCap:
             self._wake()
         return found or w is not None
 
+    def forget(self, holder: str) -> int:
+        """`holder` is dead (its process is gone, its sandboxes reaped): drop its tickets, cancel what it still has
+        queued (calls of a dead caller go on waiting here until their hold ends, and would be granted to nobody), and
+        refuse its later calls. Returns the tickets dropped."""
+        self._gone[holder] = time.time()
+        while len(self._gone) > GONE_KEPT:
+            self._gone.pop(next(iter(self._gone)))
+        self._renewed.pop(holder, None)
+        dropped = [t for t, h in self._live.items() if h == holder]
+        for ticket in dropped:
+            del self._live[ticket]
+        for ticket, w in list(self._waiting.items()):
+            if w.holder == holder:
+                del self._waiting[ticket]
+                w.cancelled = True
+                w.event.set()
+        self._counts["forgotten"] += len(dropped)
+        self._wake()
+        return len(dropped)
+
     def renew(self, holder: str, tickets: list[str]) -> None:
         """`holder` still holds `tickets`; a governor that lost them (it restarted) takes them back."""
         now = time.time()
+        if holder in self._gone:
+            return
         self._renewed[holder] = now
         for ticket in tickets:
             self._waiting.pop(ticket, None)

@@ -9,8 +9,8 @@ kept, unless its lifetime at the provider is over (then the provider has ended i
 
 `raygrpo reap` runs it from the command line; every run (`raygrpo.launch.RolloutRuntime`) runs it at start-up, over
 every run's leases before its actors start, and at its end over its own (`reap_stale_leases`); while it runs,
-`LeaseWatch` reaps its own stale leases every few seconds (an actor lost with its node) and gives the live tickets
-their sandboxes held back to the governor.
+`LeaseWatch` reaps its own stale leases every few seconds (an actor lost with its node) and has the governor forget
+the dead actor's live tickets.
 """
 
 from __future__ import annotations
@@ -201,25 +201,26 @@ def reap_stale_leases(ledger_dir: str | os.PathLike | None = None, run: str | No
     return report
 
 
-#: Gives live tickets back to the governor of a provider key: `on_freed(provider_key, tickets)`.
-TicketsFreed = Callable[[str, list[str]], None]
+#: Has the governor of a provider key forget dead holders of live tickets: `on_freed(provider_key, holders)`.
+HoldersGone = Callable[[str, list[str]], None]
 
 
 class LeaseWatch:
     """Reaps a run's stale leases while the run goes on: the sandboxes of an env pool actor that died (its node was
     lost, it was OOM-killed) are stopped within about `every_s` of its owner going stale, instead of living on at the
-    provider (and counting against its live limit) until their lifetime ends or the run is over. The live tickets
-    those sandboxes held go back to their governor through `on_freed`. Runs in a thread of its own.
+    provider (and counting against its live limit) until their lifetime ends or the run is over. Their governor
+    forgets the dead actor's gate (`on_freed`): the live tickets it held, and the requests it still had queued there
+    (which the governor would otherwise grant to nobody until their time-outs). Runs in a thread of its own.
 
     Args:
         ledger_dir: The ledger directory.
         run: The run whose leases are watched.
-        on_freed: Called with a provider key and the live tickets of its reaped leases (a failure is logged).
+        on_freed: Called with a provider key and the live-ticket holders of its reaped leases (a failure is logged).
         every_s: Seconds between reaps.
         stale_after_s: See `reap_leases` (on this host, a dead owner process is stale at once).
     """
 
-    def __init__(self, ledger_dir: str | os.PathLike, run: str, on_freed: TicketsFreed | None = None,
+    def __init__(self, ledger_dir: str | os.PathLike, run: str, on_freed: HoldersGone | None = None,
                  every_s: float = 10.0, stale_after_s: float = STALE_AFTER_S) -> None:
         self.ledger_dir = ledger_dir
         self.run = run
@@ -251,20 +252,21 @@ class LeaseWatch:
                 logger.warning("reaping the stale leases of run %s failed", self.run, exc_info=True)
 
     def reap_once(self) -> ReapReport:
-        """One reap of the run's stale leases; gives their live tickets back."""
+        """One reap of the run's stale leases; their live-ticket holders are forgotten by their governors."""
         report = reap_leases(self.ledger_dir, run=self.run, stale_after_s=self.stale_after_s,
                              budget_s=self.every_s)
-        freed: dict[str, list[str]] = {}
+        gone: dict[str, set[str]] = {}
         for reaped in report.reaped:
             self.outcomes[reaped.outcome] = self.outcomes.get(reaped.outcome, 0) + 1
-            if reaped.outcome != "kept" and reaped.lease.live_ticket:
-                freed.setdefault(reaped.lease.provider_key, []).append(reaped.lease.live_ticket)
+            if reaped.lease.live_holder:  # a kept lease's owner is as dead as a reaped one's
+                gone.setdefault(reaped.lease.provider_key, set()).add(reaped.lease.live_holder)
         if report.reaped:
             logger.warning("lease watch of run %s: %s", self.run, report.lines()[-1])
-        for key, tickets in freed.items():
+        for key, holders in gone.items():
             if self.on_freed is not None:
                 try:
-                    self.on_freed(key, tickets)
-                except Exception:  # noqa: BLE001 - the governor takes them back when their holder's renewals stop
-                    logger.warning("could not give %d live ticket(s) of %r back", len(tickets), key, exc_info=True)
+                    self.on_freed(key, sorted(holders))
+                except Exception:  # noqa: BLE001 - the governor drops them when their renewals stop
+                    logger.warning("could not tell governor %r of %d dead holder(s)", key, len(holders),
+                                   exc_info=True)
         return report

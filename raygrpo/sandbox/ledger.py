@@ -99,8 +99,9 @@ class Lease:
         sandbox_id: The provider's id of the sandbox, once its create answered.
         created: When the intent was written (wall clock).
         host: The owner's host name.
-        live_ticket: The governor's live ticket the sandbox holds (`raygrpo.governor`), None without a live cap:
-            whoever reaps the lease gives it back, so a lost node's sandboxes stop counting against the cap.
+        live_holder: Who holds the sandbox's live ticket with the governor (`raygrpo.governor`: the owner's gate),
+            None without a live cap. Whoever reaps a stale lease has the governor forget that holder (its tickets, and
+            the requests it still had queued), so a lost node's sandboxes stop counting against the cap.
     """
 
     id: str
@@ -114,7 +115,7 @@ class Lease:
     sandbox_id: str | None = None
     created: float = field(default_factory=time.time)
     host: str = HOSTNAME
-    live_ticket: str | None = None
+    live_holder: str | None = None
 
     @property
     def labels(self) -> dict[str, str]:
@@ -227,7 +228,7 @@ class LeaseLedger:
 
     def intent(self, lease_id: str, *, provider_key: str, backend: str, deadline: float,
                reach: dict[str, Any] | None = None, expires: float | None = None, run: str | None = None,
-               live_ticket: str | None = None) -> Lease:
+               live_holder: str | None = None) -> Lease:
         """Write (durably) the intent record of a sandbox about to be created; call it before the create is sent.
         Writing it again for the same id (a retried create) replaces it.
 
@@ -239,7 +240,7 @@ class LeaseLedger:
             reach: The non-secret backend arguments that reach the provider again.
             expires: Wall-clock time by which the provider ends the sandbox on its own, if it was given a lifetime.
             run: The run id (default: `$RAYGRPO_RUN_ID`).
-            live_ticket: The governor's live ticket the sandbox holds, if any.
+            live_holder: Who holds the sandbox's live ticket with the governor, if anyone.
 
         Raises:
             OSError: The record could not be written (the create must then not be sent).
@@ -247,7 +248,7 @@ class LeaseLedger:
         owner = self.own()
         lease = Lease(id=safe_id(lease_id), provider_key=provider_key, backend=backend, reach=dict(reach or {}),
                       owner=owner, run=run if run is not None else os.environ.get(RUN_ENV), deadline=deadline,
-                      expires=expires, live_ticket=live_ticket)
+                      expires=expires, live_holder=live_holder)
         _write(self.path(lease.id), lease.to_dict(), durable=True)
         return lease
 
