@@ -141,7 +141,7 @@ class RolloutRuntime:
         reap_stale_leases(self.lease_dir)
         self._reaper = OrphanReaper(self.sandbox_root)
         # This run's own: the sandboxes of an actor lost mid-run, stopped, and its live tickets dropped.
-        self._lease_watch = LeaseWatch(self.lease_dir, self.run_id, on_freed=forget_holders).start()
+        self._lease_watch = LeaseWatch(self.lease_dir, self.run_id, on_holders_gone=forget_holders).start()
         job_env = dict((ray.get_runtime_context().runtime_env or {}).get("env_vars") or {})
         env_vars = {**job_env, ROOT_ENV: self.sandbox_root, RUN_ENV: self.run_id, LEASE_DIR_ENV: self.lease_dir}
         template = WorkerSettings(name="", envs={}, policy=self.policy, model=cfg.model, sampling=cfg.sampling,

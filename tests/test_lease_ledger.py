@@ -23,11 +23,11 @@ from raygrpo.cli import main as cli_main
 from raygrpo.envs.harbor import HarborProvider, HarborStartError
 from raygrpo.envs.harbor_leases import LIFETIME_MARGIN_S, HarborLeases
 from raygrpo.envs.harbor_tasks import list_harbor_tasks, load_task
+from raygrpo.governor import Governor
 from raygrpo.sandbox.fake_provider.audit import audit
 from raygrpo.sandbox.fake_provider.service import FakeProviderProcess
 from raygrpo.sandbox.fake_provider.state import Limits
 from raygrpo.sandbox.lease_hooks import lease_policy
-from raygrpo.governor import Governor
 from raygrpo.sandbox.lease_reaper import LeaseWatch, reap_leases
 from raygrpo.sandbox.ledger import LEASE_DIR_ENV, LEASE_LABEL, LeaseLedger, safe_id
 from raygrpo.specs import HarborSpec
@@ -195,7 +195,7 @@ def test_the_lease_watch_stops_a_dead_owners_sandboxes_mid_run_and_its_governor_
     async def scenario() -> None:
         queued = await fill()
         await asyncio.sleep(0.05)
-        watch = LeaseWatch(root, "run-a", on_freed=lambda key, holders: (forgotten.append((key, holders)),
+        watch = LeaseWatch(root, "run-a", on_holders_gone=lambda key, holders: (forgotten.append((key, holders)),
                                                                           governor.forget_holders(holders)))
         await asyncio.to_thread(watch.reap_once)
         assert await asyncio.wait_for(queued, 5) is False  # cancelled, not granted to nobody

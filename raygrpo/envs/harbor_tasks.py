@@ -144,22 +144,8 @@ def _run_file_filter_class() -> type:
     class RunFileFilter(TaskFileFilter):
         def __init__(self, task_dir: Path) -> None:
             super().__init__(task_dir)
-            self._excluded: dict[Path, bool] = {}
-            self._selected: dict[Path, Any] = {}
-
-        def is_excluded(self, path: Path) -> bool:
-            key = Path(path)
-            found = self._excluded.get(key)
-            if found is None:
-                found = self._excluded[key] = super().is_excluded(key)
-            return found
-
-        def select(self, source_dir: Path) -> Any:
-            key = Path(source_dir)
-            found = self._selected.get(key)
-            if found is None:
-                found = self._selected[key] = super().select(key)
-            return found
+            self.is_excluded = functools.cache(super().is_excluded)  # type: ignore[method-assign]
+            self.select = functools.cache(super().select)  # type: ignore[method-assign]
 
     return RunFileFilter
 

@@ -201,7 +201,7 @@ def reap_stale_leases(ledger_dir: str | os.PathLike | None = None, run: str | No
     return report
 
 
-#: Has the governor of a provider key forget dead holders of live tickets: `on_freed(provider_key, holders)`.
+#: Has the governor of a provider key forget dead holders of live tickets: `(provider_key, holders)`.
 HoldersGone = Callable[[str, list[str]], None]
 
 
@@ -209,22 +209,23 @@ class LeaseWatch:
     """Reaps a run's stale leases while the run goes on: the sandboxes of an env pool actor that died (its node was
     lost, it was OOM-killed) are stopped within about `every_s` of its owner going stale, instead of living on at the
     provider (and counting against its live limit) until their lifetime ends or the run is over. Their governor
-    forgets the dead actor's gate (`on_freed`): the live tickets it held, and the requests it still had queued there
-    (which the governor would otherwise grant to nobody until their time-outs). Runs in a thread of its own.
+    forgets the dead actor's gate (`on_holders_gone`): the live tickets it held, and the requests it still had queued
+    there (which the governor would otherwise grant to nobody until their time-outs). Runs in a thread of its own.
 
     Args:
         ledger_dir: The ledger directory.
         run: The run whose leases are watched.
-        on_freed: Called with a provider key and the live-ticket holders of its reaped leases (a failure is logged).
+        on_holders_gone: Called with a provider key and the live-ticket holders of its reaped leases (a failure is
+            logged).
         every_s: Seconds between reaps.
         stale_after_s: See `reap_leases` (on this host, a dead owner process is stale at once).
     """
 
-    def __init__(self, ledger_dir: str | os.PathLike, run: str, on_freed: HoldersGone | None = None,
+    def __init__(self, ledger_dir: str | os.PathLike, run: str, on_holders_gone: HoldersGone | None = None,
                  every_s: float = 10.0, stale_after_s: float = STALE_AFTER_S) -> None:
         self.ledger_dir = ledger_dir
         self.run = run
-        self.on_freed = on_freed
+        self.on_holders_gone = on_holders_gone
         self.every_s = every_s
         self.stale_after_s = stale_after_s
         #: Stale leases reaped so far, by outcome.
@@ -263,9 +264,9 @@ class LeaseWatch:
         if report.reaped:
             logger.warning("lease watch of run %s: %s", self.run, report.lines()[-1])
         for key, holders in gone.items():
-            if self.on_freed is not None:
+            if self.on_holders_gone is not None:
                 try:
-                    self.on_freed(key, sorted(holders))
+                    self.on_holders_gone(key, sorted(holders))
                 except Exception:  # noqa: BLE001 - the governor drops them when their renewals stop
                     logger.warning("could not tell governor %r of %d dead holder(s)", key, len(holders),
                                    exc_info=True)
