@@ -99,10 +99,14 @@ class _Counter:
 
 class SleepParams(BaseModel):
     seconds: float
+    until_napping: int = 0
 
 
 class SleepEnvironment(Environment):
-    """`nap(seconds)` sleeps on the server, then finishes the episode with reward 1.0.
+    """`nap(seconds, until_napping=0)` sleeps on the server, then finishes the episode with reward 1.0.
+
+    With `until_napping`, a nap ends early once that many naps are under way at once (a barrier bounded by
+    `seconds`), so a test of concurrency does not depend on how fast a loaded machine starts the sessions.
 
     Class attributes `live` (sessions constructed and not torn down) and `napping` (calls inside `nap`) record their
     peaks on the server side.
@@ -135,9 +139,14 @@ class SleepEnvironment(Environment):
     @tool
     async def nap(self, params: SleepParams) -> ToolOutput:
         """Sleep `seconds` on the server, then end the episode with reward 1.0."""
-        type(self).napping.add(1)
+        napping = type(self).napping
+        napping.add(1)
         try:
-            await asyncio.sleep(params.seconds)
+            deadline = asyncio.get_running_loop().time() + params.seconds
+            while asyncio.get_running_loop().time() < deadline:
+                if params.until_napping and napping.peak >= params.until_napping:
+                    break
+                await asyncio.sleep(min(0.05, max(0.0, deadline - asyncio.get_running_loop().time())))
         finally:
             type(self).napping.add(-1)
         return ToolOutput(blocks=[TextBlock(text=f"slept {params.seconds}")], reward=1.0, finished=True)
