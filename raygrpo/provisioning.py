@@ -56,7 +56,7 @@ class RateLimiterClient(Protocol):
     trip), and the provider's refusals (`refused`). Only `reserve`, `acquire_live` and `admit` are awaited; the rest
     may be fire-and-forget."""
 
-    async def reserve(self, request_id: str) -> Reservation: ...
+    async def reserve(self, request_id: str, first: bool = False) -> Reservation: ...
 
     def release(self, request_id: str) -> Any: ...
 
@@ -256,12 +256,13 @@ class ProvisioningGate:
         limiter = self._limiter
         assert limiter is not None
         give_up = None if self._max_wait is None else time.time() + self._max_wait
+        missed = False
         while True:
             rid, res = admitted if admitted is not None else (uuid.uuid4().hex, None)
             admitted = None
             try:
                 if res is None or not (res.ready or res.cancelled):
-                    res = await self._reserve(limiter, rid, give_up)
+                    res = await self._reserve(limiter, rid, give_up, first=missed)
                 if res.cancelled:  # released behind our back (e.g. taken for abandoned): queue again
                     continue
                 while (left := res.at - time.time()) > 0:
@@ -272,16 +273,18 @@ class ProvisioningGate:
             if time.time() <= res.deadline:
                 return
             self._late += 1
-            logger.debug("create slot of %r missed by %.3f s; queueing again", self.key, time.time() - res.at)
+            missed = True
+            logger.debug("create slot of %r missed by %.3f s; queueing again, first", self.key, time.time() - res.at)
 
-    async def _reserve(self, limiter: RateLimiterClient, rid: str, give_up: float | None) -> Reservation:
+    async def _reserve(self, limiter: RateLimiterClient, rid: str, give_up: float | None,
+                       first: bool = False) -> Reservation:
         while True:
             if give_up is not None and time.time() > give_up:
                 raise ProvisioningError(
                     f"no create slot for {self.key!r} within max_wait_s={self._max_wait} s "
                     f"(rate {self.rate_per_s}/s); lower the starts queued or raise max_wait_s"
                 )
-            res = await limiter.reserve(rid)
+            res = await limiter.reserve(rid, first)
             if res.rate_per_s != self.rate_per_s and not self._rate_warned:
                 self._rate_warned = True
                 logger.warning(

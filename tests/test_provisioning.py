@@ -132,6 +132,24 @@ async def test_released_slot_goes_to_the_next_request():
 
 
 @pytest.mark.timeout(20)
+async def test_a_missed_slot_queues_again_first_and_the_spacing_holds():
+    limiter = CreateRateLimiter("p", 2.0, max_lead_s=0.0, max_hold_s=0.02, min_lead_s=0.0)
+    near = await limiter.reserve("near")
+    assert near.ready
+    queued = {f"q{i}": await limiter.reserve(f"q{i}") for i in range(4)}
+    assert not any(res.ready for res in queued.values())
+    # "near"'s caller woke too late: its new request goes before the four queued ones, which each move one slot on.
+    again = await limiter.reserve("again", first=True)
+    assert again.at == pytest.approx(queued["q0"].at)
+    moved = {rid: (await limiter.reserve(rid)).at for rid in queued}
+    assert [moved[f"q{i}"] for i in range(4)] == pytest.approx([queued[f"q{i}"].at for i in range(1, 4)]
+                                                                + [queued["q3"].at + limiter.interval_s])
+    slots = sorted([near.at, again.at, *moved.values()])
+    assert min(b - a for a, b in zip(slots, slots[1:])) >= limiter.interval_s - 1e-9
+    assert limiter.stats()["queued"] == 5
+
+
+@pytest.mark.timeout(20)
 async def test_answers_are_held_until_the_slot_is_near():
     limiter = CreateRateLimiter("p", 10.0, max_lead_s=0.2, max_hold_s=0.1, min_lead_s=0.0)
     pending = 0
@@ -212,9 +230,11 @@ async def test_late_answer_queues_again():
     class LateOnce:
         def __init__(self) -> None:
             self.calls = 0
+            self.first: list[bool] = []
 
-        async def reserve(self, request_id: str) -> Reservation:
+        async def reserve(self, request_id: str, first: bool = False) -> Reservation:
             self.calls += 1
+            self.first.append(first)
             now = time.time()
             at = now - 1.0 if self.calls == 1 else now + 0.01
             return Reservation(request_id, at, at + 0.04, True, 5.0)
@@ -227,6 +247,7 @@ async def test_late_answer_queues_again():
     async with gate.start_slot():
         pass
     assert fake.calls == 2 and gate.stats()["late_wakes"] == 1
+    assert fake.first == [False, True]  # the second request goes before the queue
 
 
 @pytest.mark.timeout(20)

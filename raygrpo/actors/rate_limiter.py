@@ -171,9 +171,9 @@ class RayRateLimiterClient:
                     )
         return self._handle
 
-    async def reserve(self, request_id: str) -> Reservation:
+    async def reserve(self, request_id: str, first: bool = False) -> Reservation:
         """Ask the governor for `request_id`'s create slot (see `_call`)."""
-        return await self._call("reserve", request_id)
+        return await self._call("reserve", request_id, first)
 
     async def acquire_live(self, ticket: str, holder: str) -> bool:
         """Ask the governor for a live ticket (see `_call`); False: not yet, ask again."""

@@ -52,12 +52,13 @@ class Governor:
         self.live = LiveCap(key, max_live) if max_live else None
         self._refusals = {"rate": 0, "live": 0}
 
-    async def reserve(self, request_id: str) -> Reservation:
-        """A create slot (see `CreateRateLimiter.reserve`); ready at once when there is no rate limit."""
+    async def reserve(self, request_id: str, first: bool = False) -> Reservation:
+        """A create slot (see `CreateRateLimiter.reserve`; `first`: before every queued request); ready at once
+        when there is no rate limit."""
         if self.schedule is None:
             now = time.time()
             return Reservation(request_id, now, now + 3600.0, True, 0.0)
-        return await self.schedule.reserve(request_id)
+        return await self.schedule.reserve(request_id, first)
 
     def release(self, request_id: str) -> bool:
         return self.schedule.release(request_id) if self.schedule is not None else False

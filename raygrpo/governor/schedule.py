@@ -6,8 +6,10 @@ another process, after a sleep that wakes late (a few ms to tens of ms on a load
 - Slots are at least `interval = (1 + margin_s) / rate_per_s` apart, so any `rate + 1` slots span at least
   `1 + margin_s` seconds.
 - A caller never creates before its slot (it sleeps until `at`, re-checking the wall clock), and it creates only if
-  it woke by `deadline = at + 0.8 * margin_s`; a later wake gives the slot up and queues again. So any two creates
-  `rate` slots apart are at least `1 + margin_s - 0.8 * margin_s > 1` s apart: no 1 s window holds `rate + 1`.
+  it woke by `deadline = at + 0.8 * margin_s`; a later wake gives the slot up and queues again, at the front
+  (`reserve(..., first=True)`), so a missed slot costs its start about `max_lead_s`, not the whole queue. So any
+  two creates `rate` slots apart are at least `1 + margin_s - 0.8 * margin_s > 1` s apart: no 1 s window holds
+  `rate + 1`.
   The remaining `0.2 * margin_s` covers the synchronous code between the gate's check and the backend's create.
 - The default `margin_s = 0.05` gives 1/1.05 = 95% of the rate when every wake is on time; a late wake costs one
   slot. Across nodes the schedule is in wall-clock time, so clock skew between nodes adds to the lateness.
@@ -159,6 +161,21 @@ class CreateRateLimiter:
         self._next_at = at + self.interval_s
         return at
 
+    def _take_first(self, now: float) -> float:
+        """A slot for a request that goes before every queued one (it missed its own slot): it takes the earliest
+        queued slot, each queued request the next one's, the last a new one. The set of slot times only grows by
+        the new one, so the spacing holds, and no queued slot moves earlier (nobody needs waking)."""
+        slot = self._take(now)
+        earliest = max(now + self._min_lead, self._not_before)
+        ahead = sorted((q for q in self._queued.values() if earliest <= q.at < slot), key=lambda q: q.at)
+        if not ahead:
+            return slot
+        first = ahead[0].at
+        for q, later in zip(ahead, ahead[1:]):
+            q.at = later.at
+        ahead[-1].at = slot
+        return first
+
     def _give_back(self, at: float, now: float) -> None:
         if at >= max(now + self._min_lead, self._not_before):
             heapq.heappush(self._free, at)
@@ -217,15 +234,17 @@ class CreateRateLimiter:
                 self._counts["abandoned"] += 1
                 self._give_back(q.at, now)
 
-    async def reserve(self, request_id: str) -> Reservation:
-        """Queue `request_id` (or continue its wait); answer when its slot is near, or "still queued"."""
+    async def reserve(self, request_id: str, first: bool = False) -> Reservation:
+        """Queue `request_id` (or continue its wait); answer when its slot is near, or "still queued".
+
+        `first`: a new request goes before every queued one (its caller woke too late for the slot it had)."""
         now = time.time()
         self._sweep(now)
         if request_id in self._delivered:  # a retried call: answer the same slot again
             return self._answer(request_id, self._delivered[request_id], ready=True)
         q = self._queued.get(request_id)
         if q is None:
-            q = self._queued[request_id] = _Queued(self._take(now), touched=now)
+            q = self._queued[request_id] = _Queued(self._take_first(now) if first else self._take(now), touched=now)
         hold_until = now + self._max_hold
         q.active += 1
         try:
