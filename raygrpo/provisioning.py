@@ -153,6 +153,9 @@ class ProvisioningGate:
         self._wait_total = 0.0
         self._wait_max = 0.0
         self._late = 0
+        self._late_on_arrival = 0
+        self._late_total_s = 0.0
+        self._late_max_s = 0.0
         self._cancelled = 0
         self._refused = 0
         self._backoff_total = 0.0
@@ -265,16 +268,21 @@ class ProvisioningGate:
                     res = await self._reserve(limiter, rid, give_up, first=missed)
                 if res.cancelled:  # released behind our back (e.g. taken for abandoned): queue again
                     continue
+                slept_from = time.time()
                 while (left := res.at - time.time()) > 0:
                     await asyncio.sleep(left)
             except BaseException:
                 limiter.release(rid)
                 raise
-            if time.time() <= res.deadline:
+            now = time.time()
+            if now <= res.deadline:
                 return
             self._late += 1
+            self._late_on_arrival += slept_from > res.deadline
+            self._late_total_s += now - res.at
+            self._late_max_s = max(self._late_max_s, now - res.at)
             missed = True
-            logger.debug("create slot of %r missed by %.3f s; queueing again, first", self.key, time.time() - res.at)
+            logger.debug("create slot of %r missed by %.3f s; queueing again, first", self.key, now - res.at)
 
     async def _reserve(self, limiter: RateLimiterClient, rid: str, give_up: float | None,
                        first: bool = False) -> Reservation:
@@ -336,6 +344,11 @@ class ProvisioningGate:
             "mean_wait_s": self._wait_total / self._granted if self._granted else 0.0,
             "max_wait_s": self._wait_max,
             "late_wakes": self._late,
+            # Of those, the slot's deadline had passed before the wait for it began (the answer or the start's own
+            # steps since `admit` came too late), and how late the misses were.
+            "late_on_arrival": self._late_on_arrival,
+            "late_mean_s": self._late_total_s / self._late if self._late else 0.0,
+            "late_max_s": self._late_max_s,
             "cancelled": self._cancelled,
             "max_live": self.max_live,
             "live_tickets": len(self._tickets),
@@ -397,6 +410,16 @@ def gate_for(
             rate_per_s, max_live,
         )
     return gate
+
+
+def gate_stats() -> list[dict[str, Any]]:
+    """The stats of every gate of the running event loop (an env pool actor's), one per provider key; none when
+    called outside an event loop."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return []
+    return [gate.stats() for gate in _gates.get(loop, {}).values()]
 
 
 def reset_gates() -> None:

@@ -24,7 +24,7 @@ from raygrpo.policy.acting import ActingPolicy, acting_policy
 from raygrpo.policy.base import PolicyClient, SamplingParams
 from raygrpo.policy.factory import build_policy_client
 from raygrpo.policy.tiny import resolve_model_path
-from raygrpo.provisioning import LimiterFactory
+from raygrpo.provisioning import LimiterFactory, gate_stats
 from raygrpo.rollout import run_rollout
 from raygrpo.types import TaskRef, Trajectory
 
@@ -203,6 +203,7 @@ class RolloutWorker:
             "peak_envs": self.peak_envs,
             "envs_opened": self.envs_opened,
             "running": len(self._tasks),
+            "gates": gate_stats(),
         }
 
     async def aclose(self, timeout_s: float = 30.0) -> dict[str, Any]:

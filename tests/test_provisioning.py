@@ -22,6 +22,7 @@ from raygrpo.provisioning import (
     ProvisioningGate,
     Reservation,
     gate_for,
+    gate_stats,
     local_limiter,
     max_per_window,
     reset_gates,
@@ -248,12 +249,15 @@ async def test_late_answer_queues_again():
         pass
     assert fake.calls == 2 and gate.stats()["late_wakes"] == 1
     assert fake.first == [False, True]  # the second request goes before the queue
+    stats = gate.stats()  # the first answer came a second after its slot: late before the wait for it began
+    assert stats["late_on_arrival"] == 1 and stats["late_max_s"] >= 1.0
 
 
 @pytest.mark.timeout(20)
 async def test_gate_for_shares_one_gate_per_key(caplog):
     a = gate_for("e2b", 4, None)
     assert gate_for("e2b", 4, None) is a
+    assert [g["key"] for g in gate_stats()] == ["e2b"]  # what an env pool actor reports in its stats
     assert gate_for("docker", 4, None) is not a
     with caplog.at_level(logging.WARNING, logger="raygrpo.provisioning"):
         assert gate_for("e2b", 8, None) is a
