@@ -295,6 +295,30 @@ def test_the_lifetime_is_derived_from_the_rollout_deadline_unless_the_user_set_o
     assert not (tmp_path / "none").exists()
 
 
+async def test_a_release_waits_for_its_leases_id_write_even_when_the_start_was_cancelled(tmp_path, monkeypatch):
+    task = load_task(str(sorted(p for p in EXAMPLE_TASKS.iterdir() if p.is_dir())[0]))
+    spec = HarborSpec(path=str(EXAMPLE_TASKS), environment_type="e2b")
+    ledger = LeaseLedger(tmp_path / "leases")
+    leases = HarborLeases(spec, "suite", rollout_timeout_s=400, ledger=ledger)
+    lease = await leases.intent("s-1", task)
+    slow_bind = ledger.bind
+
+    def bind_late(*args, **kwargs):  # the write, off the event loop, finishes after its start was cancelled
+        time.sleep(0.3)
+        slow_bind(*args, **kwargs)
+
+    monkeypatch.setattr(ledger, "bind", bind_late)
+    sandbox = type("Sandbox", (), {"sandbox_id": "sb-1"})()
+    binding = asyncio.create_task(leases.bind(lease, sandbox, task))
+    await asyncio.sleep(0.05)
+    binding.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await binding
+    await leases.release(lease, started=True)
+    await asyncio.sleep(0.4)  # past the write, had the release not waited for it
+    assert ledger.leases() == [] and leases._binding == {}
+
+
 def _fake_spec(tmp_path, url: str, **fields) -> HarborSpec:
     make_task(tmp_path / "suite", "t")
     kwargs = {"url": url, "reward": 1.0, **fields.pop("environment_kwargs", {})}

@@ -358,7 +358,7 @@ class HarborAdapter(LiveAdapter):
                 try:
                     async with asyncio.timeout_at(deadline):
                         await self.env.start(force_build=False)
-                        self._lease_bind()
+                        await self._lease_bind()
                 except Exception as exc:
                     if (refusal := rate_limit_signal(exc)) is None:
                         raise
@@ -404,10 +404,10 @@ class HarborAdapter(LiveAdapter):
         holder = self._gate.holder if self._gate is not None and self._live_ticket is not None else None
         self._lease = await self.provider.leases.intent(self.session_id, self.harbor_task, holder) or self._lease
 
-    def _lease_bind(self) -> None:
+    async def _lease_bind(self) -> None:
         """The create answered: the lease gets the sandbox's id (when the backend exposes one)."""
         self._lease_started = True
-        self.provider.leases.bind(self._lease, self.env, self.harbor_task)
+        await self.provider.leases.bind(self._lease, self.env, self.harbor_task)
 
     async def _lease_release(self) -> None:
         """The sandbox was stopped: its lease goes (see `HarborLeases.release`); kept when that fails."""
@@ -577,7 +577,9 @@ class HarborAdapter(LiveAdapter):
                 self._gate.release_live(self._live_ticket)
                 self._live_ticket = None
             if self._trial_dir is not None:
-                shutil.rmtree(self._trial_dir, ignore_errors=True)
+                # Off the event loop: under load a tree of file system calls there delays other starts past their
+                # create slots. The thread finishes the removal even if this close is cancelled meanwhile.
+                await asyncio.to_thread(shutil.rmtree, self._trial_dir, ignore_errors=True)
 
 
 def _harbor_import_path(spec: str | None) -> str | None:

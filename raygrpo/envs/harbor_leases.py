@@ -61,6 +61,8 @@ class HarborLeases:
         self.rollout_timeout_s = rollout_timeout_s or DEFAULT_ROLLOUT_TIMEOUT_S
         self.ledger = (ledger or LeaseLedger()) if self.policy.tracked else None
         self._told_user_lifetime = False
+        #: Sandbox ids being written to their leases, by lease id: a release waits for its lease's write.
+        self._binding: dict[str, asyncio.Future[None]] = {}
         if self.ledger is not None:
             self.ledger.own()  # the heartbeat runs from now on, before the first rollout
 
@@ -127,14 +129,25 @@ class HarborLeases:
             # The create goes out within the start's deadline; the lifetime counts from it.
             expires=None if lifetime is None else now + self.spec.start_timeout_s + lifetime, live_holder=live_holder)
 
-    def bind(self, lease: Lease | None, env: Any, task: Task) -> None:
-        """The create answered: record the sandbox's id when the backend exposes one (`env.sandbox_id`)."""
+    async def bind(self, lease: Lease | None, env: Any, task: Task) -> None:
+        """The create answered: record the sandbox's id when the backend exposes one (`env.sandbox_id`), off the
+        event loop (a file write there would delay other starts' create slots)."""
         if lease is None or self.ledger is None:
             return
         sandbox_id = getattr(env, "sandbox_id", None)
         if isinstance(sandbox_id, str) and sandbox_id:
             lifetime = self.lifetime_s(task)
-            self.ledger.bind(lease, sandbox_id, expires=None if lifetime is None else time.time() + lifetime)
+            # A write in a thread goes on when its start is cancelled; `release` waits for it, so that it cannot
+            # put the record back after the release removed it.
+            write = self._binding[lease.id] = asyncio.ensure_future(asyncio.to_thread(
+                self.ledger.bind, lease, sandbox_id, expires=None if lifetime is None else time.time() + lifetime))
+            write.add_done_callback(lambda done: self._bound(lease.id, done))
+            await asyncio.shield(write)
+
+    def _bound(self, lease_id: str, write: asyncio.Future[None]) -> None:
+        self._binding.pop(lease_id, None)
+        if not write.cancelled() and (exc := write.exception()) is not None:  # seen here if its start was cancelled
+            logger.debug("%s: lease %s: recording its sandbox id failed: %s", self.label, lease_id, exc)
 
     def discard(self, lease: Lease) -> None:
         """Drop a lease whose create was never sent (its start was cancelled before its create slot)."""
@@ -151,6 +164,8 @@ class HarborLeases:
         """
         if lease is None or self.ledger is None:
             return
+        if (write := self._binding.get(lease.id)) is not None:
+            await asyncio.wait([write])
         if not started:
             hook = self.policy.hook
             if hook is None:
@@ -161,4 +176,4 @@ class HarborLeases:
             if stopped:
                 logger.warning("%s: sandbox(es) %s of lease %s, whose start did not complete, stopped by label",
                                self.label, ", ".join(stopped), lease.id)
-        self.ledger.remove(lease)
+        await asyncio.to_thread(self.ledger.remove, lease)
