@@ -140,7 +140,10 @@ def _run_cluster(workdir: str) -> dict:
             results = ray.get(pending, timeout=180)
             from raygrpo.actors.rate_limiter import get_rate_limiter
 
-            governor = ray.get(get_rate_limiter(KEY, RATE, max_live=LIVE).ping.remote(), timeout=30)
+            handle = get_rate_limiter(KEY, RATE, max_live=LIVE)
+            governor = ray.get(handle.ping.remote(), timeout=30)
+            governor_node = ray.get(handle.node_id.remote(), timeout=30)
+            driver_node = ray.get_runtime_context().get_node_id()
     figures = audit(log)
     lines = [json.loads(x) for x in open(log)]
     refusals = [r["t"] for r in lines if r["op"] == "create" and r["status"] == 429]
@@ -156,6 +159,7 @@ def _run_cluster(workdir: str) -> dict:
         "max_live": figures.max_live,
         "refused_before_storm": sum(1 for t in refusals if t < storm_at),
         "governor": governor,
+        "governor_on_driver_node": governor_node == driver_node,
         "refused": len(refusals),
         "max_refused_per_1s": max_per_window(refusals) if refusals else 0,
         "max_creates_per_1s_before_storm": max_per_window(before),
@@ -189,6 +193,7 @@ def test_governor_holds_limits_across_nodes_and_a_429_storm_loses_nothing(tmp_pa
     print(json.dumps(report))
     total = ACTORS * PER_ACTOR
     assert report["probe_nodes"] == NODES
+    assert report["governor_on_driver_node"]  # losing a worker node never takes the governor with it
     # Nothing lost: every lifecycle created and deleted its sandbox, nothing is left at the provider.
     assert report["done"] == [PER_ACTOR] * ACTORS and report["failed"] == [0] * ACTORS
     assert report["creates"] == total and report["deletes"] == total and report["live_at_end"] == 0

@@ -9,7 +9,8 @@ provider key share one limiter, as they share the provider's quota. Whoever crea
 
 Lifetime: tied to the job (not detached), so nothing outlives the run. A non-detached actor dies with its owner,
 the process that created it: call `ensure_rate_limiter` in the driver before the env pool actors start so the
-driver owns it (else the first env pool actor to start a sandbox does, and the limiter dies with that actor).
+driver owns it and it runs on the driver's node (else the first env pool actor to start a sandbox creates it, and
+the limiter dies with that actor).
 A limiter shared with another job dies when that job ends; this job's callers then create their own.
 If the limiter dies anyway, callers re-resolve the name (creating a new one) and go on; if its process crashes
 while its owner lives, Ray restarts it (`max_restarts`). Either way the new limiter knows nothing of the slots the
@@ -30,6 +31,7 @@ from typing import Any
 
 import ray
 from ray.exceptions import RayActorError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from tenacity import AsyncRetrying, RetryCallState, RetryError, retry_if_exception_type, stop_after_delay, wait_fixed
 
 from raygrpo.governor import Governor
@@ -71,6 +73,10 @@ class RateLimiter(Governor):
     async def ping(self) -> dict[str, Any]:
         return self.stats()
 
+    async def node_id(self) -> str:
+        """The Ray node it runs on."""
+        return ray.get_runtime_context().get_node_id()
+
 
 RateLimiterActor = ray.remote(num_cpus=0, max_restarts=MAX_RESTARTS, max_concurrency=10_000)(RateLimiter)
 
@@ -81,14 +87,17 @@ _handles: dict[str, list[Any]] = {}
 
 
 def get_rate_limiter(key: str, rate_per_s: float | None, *, max_live: int | None = None, recovering: bool = False,
-                     **kwargs: Any):
+                     node_id: str | None = None, **kwargs: Any):
     """The handle of `key`'s governor, created if it does not exist (blocking: a GCS round trip or two).
 
     The creator's `rate_per_s`, `max_live` and settings hold; later callers get the existing actor whatever they pass.
+    `node_id`: the node a new governor must run on (Ray's soft node affinity placed it elsewhere in 11 of 12 tries on a
+    simulated cluster, so it is a hard one: pass a live node, such as the caller's own).
     """
-    handle = RateLimiterActor.options(name=limiter_name(key), namespace=NAMESPACE, get_if_exists=True).remote(
-        key, rate_per_s, max_live, recovering=recovering, **kwargs
-    )
+    options: dict[str, Any] = {"name": limiter_name(key), "namespace": NAMESPACE, "get_if_exists": True}
+    if node_id is not None:
+        options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
+    handle = RateLimiterActor.options(**options).remote(key, rate_per_s, max_live, recovering=recovering, **kwargs)
     _handles.setdefault(key, []).append(handle)
     return handle
 
@@ -103,11 +112,15 @@ def forget_holders(key: str, holders: list[str]) -> None:
 
 def ensure_rate_limiter(key: str, rate_per_s: float | None, timeout_s: float = 60.0, *, max_live: int | None = None,
                         **kwargs: Any) -> dict[str, Any]:
-    """Create `key`'s governor from this process (the driver, so that it owns it) and wait until it answers.
+    """Create `key`'s governor from this process (the driver, so that it owns it) on this process's node, and wait
+    until it answers. On the driver's node it is lost only with the driver; elsewhere, losing a worker node would
+    also lose the governor, and with it a few seconds of creates (the new one's pause) and its live-cap state.
 
     Returns its stats; logs a warning if an existing governor has other limits.
     """
-    stats = ray.get(get_rate_limiter(key, rate_per_s, max_live=max_live, **kwargs).ping.remote(), timeout=timeout_s)
+    here = ray.get_runtime_context().get_node_id()
+    stats = ray.get(get_rate_limiter(key, rate_per_s, max_live=max_live, node_id=here, **kwargs).ping.remote(),
+                    timeout=timeout_s)
     if (stats["rate_per_s"], stats["max_live"]) != (rate_per_s, max_live):
         logger.warning("governor %r already runs at %s creates/s and %s live, not %s and %s", key,
                        stats["rate_per_s"], stats["max_live"], rate_per_s, max_live)
