@@ -25,7 +25,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -35,7 +34,7 @@ from typing import Any
 import psutil
 from ray.cluster_utils import AutoscalingCluster
 
-from tests.ray_procs import processes_naming, stop_cluster
+from tests.ray_procs import listen_ports, processes_naming, stop_cluster
 
 RAY = str(Path(sys.executable).with_name("ray"))
 REPO = Path(__file__).resolve().parent.parent
@@ -46,13 +45,6 @@ _OWN_PORTS = ("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "-
 
 #: What every process of the cluster and its driver need: Ray on loopback, token auth off (explicitly, never mixed).
 DRIVER_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-
-
-def free_port() -> int:
-    """A free TCP port on 127.0.0.1 (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LocalAutoscalingCluster(AutoscalingCluster):
@@ -73,7 +65,7 @@ class LocalAutoscalingCluster(AutoscalingCluster):
                  idle_timeout_minutes: float = 0.05, upscaling_speed: float = 10.0,
                  env: dict[str, str] | None = None) -> None:
         self.temp_dir = Path(f"/tmp/rga-{secrets.token_hex(3)}")  # short: Ray's socket paths live under it
-        self.gcs_port = free_port()
+        (self.gcs_port,) = listen_ports(1)
         self.extra_env = dict(env or {})
         self._proc: subprocess.Popen | None = None
         self._config_path = self.temp_dir.with_suffix(".json")
@@ -157,7 +149,7 @@ class LocalAutoscalingCluster(AutoscalingCluster):
         cmd = [RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(self.gcs_port),
                "--autoscaling-config", str(self._config_path), "--num-cpus", str(int(resources.pop("CPU", 1))),
                "--temp-dir", str(self.temp_dir), "--include-dashboard", "false", "--disable-usage-stats",
-               *(arg for flag in _OWN_PORTS for arg in (flag, str(free_port())))]
+               *(arg for flag, port in zip(_OWN_PORTS, listen_ports(len(_OWN_PORTS))) for arg in (flag, str(port)))]
         if resources:
             cmd += ["--resources", json.dumps(resources)]
         if _system_config:

@@ -9,7 +9,9 @@ workers. `stop_cluster` stops the `ray start --block` process group, then kills 
 from __future__ import annotations
 
 import os
+import random
 import signal
+import socket
 import subprocess
 from pathlib import Path
 
@@ -55,3 +57,26 @@ def stop_cluster(proc: subprocess.Popen | None, marker: str | Path, grace_s: flo
         except ProcessLookupError:
             pass
     return processes_naming(marker)
+
+
+#: Ports below the kernel's ephemeral range (outgoing connections take theirs there, so a port found free there can
+#: be taken by a connection before the server binds it) and above Ray's worker ports (10002-19999 by default).
+_LISTEN_RANGE = (20000, 32000)
+
+
+def listen_ports(n: int) -> list[int]:
+    """`n` distinct TCP ports on 127.0.0.1 that nothing holds now, for a server started next (`ray start`'s
+    `--port`, `--dashboard-port`, agents). Picked at random outside the ephemeral range: a port from `bind(0)` lies
+    inside it, where the many client connections of a Ray already running on the machine may take it first."""
+    picked: list[int] = []
+    while len(picked) < n:
+        port = random.randint(*_LISTEN_RANGE)
+        if port in picked:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        picked.append(port)
+    return picked

@@ -15,7 +15,6 @@ import os
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -32,7 +31,7 @@ from raygrpo.sandbox.registry import process_env_marks
 from tests.docker_utils import docker_ready  # noqa: F401 - a fixture
 from tests.e2e_support import NapEnvironment
 from tests.ors_utils import ors_server, wait_until
-from tests.ray_procs import stop_cluster
+from tests.ray_procs import listen_ports, stop_cluster
 from tests.test_e2e_harbor import os_leaks
 
 REPO = Path(__file__).resolve().parent.parent
@@ -40,12 +39,6 @@ RAY = str(Path(sys.executable).with_name("ray"))
 FAKE_SECRET = "rgfake-" + secrets.token_hex(12)
 
 pytestmark = [pytest.mark.cluster]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def job_state(status_output: str) -> str:
@@ -119,14 +112,45 @@ class Head:
         return proc.stdout + proc.stderr
 
 
+def _start_head(env: dict[str, str], sandbox_base: Path) -> tuple[subprocess.Popen, Head, Path]:
+    """`ray start --head --block` with every port of its own picked free outside the ephemeral range; its output goes
+    to a log file beside its temp dir, for the message of a head that does not come up."""
+    temp_dir = Path(f"/tmp/rgh-{secrets.token_hex(3)}")
+    log = Path(f"{temp_dir}.log")
+    gcs_port, dash_port, *own = listen_ports(2 + len(_OWN_PORTS))
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(gcs_port),
+             "--include-dashboard", "true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash_port),
+             "--num-cpus", "4", "--resources", json.dumps({"docker_host": 2}), "--temp-dir", str(temp_dir),
+             "--disable-usage-stats", *(arg for flag, port in zip(_OWN_PORTS, own) for arg in (flag, str(port)))],
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    head = Head(dashboard=f"http://127.0.0.1:{dash_port}", gcs=f"127.0.0.1:{gcs_port}", temp_dir=temp_dir,
+                sandbox_base=sandbox_base, env=env)
+    return proc, head, log
+
+
+def _why_not_up(proc: subprocess.Popen, head: Head, log: Path) -> str:
+    """What a head that did not answer left behind: `ray start`'s exit status and output, the dashboard's log."""
+    parts = [f"the head did not answer at {head.dashboard} (ray start: "
+             f"{'running' if proc.poll() is None else f'exited {proc.returncode}'})",
+             "--- ray start output ---", log.read_text(errors="replace")[-3000:] if log.exists() else "(none)"]
+    for name in ("dashboard.log", "dashboard_agent.log", "gcs_server.err"):
+        found = sorted(head.temp_dir.glob(f"session_*/logs/{name}"))
+        if found:
+            parts += [f"--- {name} ---", found[-1].read_text(errors="replace")[-2000:]]
+    return "\n".join(parts)
+
+
 @pytest.fixture(scope="module")
 def head(tmp_path_factory) -> Iterator[Head]:
     """`ray start --head --block` on 127.0.0.1 with token auth and `docker_host: 2`; stopped by pid at the end. Every
     port of its own is a free one: the session's local Ray (`ray_local`) may already hold Ray's defaults (the job
-    agent's 52365 among them), and a head whose agent cannot bind refuses every job."""
-    temp_dir = Path(f"/tmp/rgh-{secrets.token_hex(3)}")
+    agent's 52365 among them), and a head whose agent cannot bind refuses every job.
+
+    A head that does not answer within 90 s is reported (its output and logs on stderr) and started once more on
+    other ports; the second failure fails the tests with the same report."""
     sandbox_base = tmp_path_factory.mktemp("job-sandboxes")
-    gcs_port, dash_port = _free_port(), _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     env.update({
         "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16),
@@ -135,21 +159,20 @@ def head(tmp_path_factory) -> Iterator[Head]:
         "RAYGRPO_SANDBOX_ROOT": str(sandbox_base),
         "RAY_USAGE_STATS_ENABLED": "0",
     })
-    proc = subprocess.Popen(
-        [RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(gcs_port),
-         "--include-dashboard", "true", "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash_port),
-         "--num-cpus", "4", "--resources", json.dumps({"docker_host": 2}), "--temp-dir", str(temp_dir),
-         "--disable-usage-stats", *(arg for flag in _OWN_PORTS for arg in (flag, str(_free_port())))],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    head = Head(dashboard=f"http://127.0.0.1:{dash_port}", gcs=f"127.0.0.1:{gcs_port}", temp_dir=temp_dir,
-                sandbox_base=sandbox_base, env=env)
-    try:
-        up = wait_until(lambda: head.ray("job", "list", "--address", head.dashboard, timeout=30,
-                                         check=False).returncode == 0, 90)
-        assert up, f"the head did not answer at {head.dashboard}"
-        yield head
-    finally:
-        _stop_head(proc, temp_dir)
+    for attempt in (1, 2):
+        proc, head, log = _start_head(env, sandbox_base)
+        try:
+            up = wait_until(lambda: head.ray("job", "list", "--address", head.dashboard, timeout=30,
+                                             check=False).returncode == 0, 90)
+            if up:
+                yield head
+                return
+            report = _why_not_up(proc, head, log)
+            assert attempt == 1, report
+            print(f"[test_cluster_job] first head failed to start; starting another\n{report}", file=sys.stderr)
+        finally:
+            _stop_head(proc, head.temp_dir)
+            log.unlink(missing_ok=True)
 
 
 def _stop_head(proc: subprocess.Popen, temp_dir: Path) -> None:
