@@ -61,9 +61,10 @@ class EnvPool:
         return self._worker
 
     async def ready(self) -> str:
-        """Build the worker now (tokenizer, policy client, providers) so the first rollout does not pay for it."""
+        """Build the worker now (tokenizer, policy client, providers) so the first rollout does not pay for it;
+        returns the id of the node it runs on (a pool keeps the replacement of a lost actor off that node)."""
         await self._ready()
-        return self.settings.name
+        return ray.get_runtime_context().get_node_id()
 
     async def run(
         self, task: TaskRef, group_id: str = "", attempt: int = 0, sample: int = 0, min_version: int = 0,

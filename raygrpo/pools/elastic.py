@@ -12,7 +12,7 @@ zero-timeout wait), so the orchestrator can call it as often as it dispatches:
 
 `lost(slot)` forgets an actor whose call raised `RayActorError` (it, or its node, died or was cut off) and kills
 it for good, so a partitioned actor that comes back cannot run rollouts that were already retried elsewhere. The
-next tick refills the pool.
+next tick refills the pool, on another node than the lost actor's while one fits (for `AVOID_LOST_NODE_S`).
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ logger = logging.getLogger(__name__)
 STATS_INTERVAL_S = 5.0
 #: A pool with no live actor gives up after this many start failures in a row.
 MAX_START_FAILURES = 3
+#: Seconds a lost actor's node is kept out of new actors' placement (Ray declares a dead node dead within this).
+AVOID_LOST_NODE_S = 60.0
 
 
 class PoolStartError(RuntimeError):
@@ -76,6 +78,8 @@ class ElasticPool:
         self._next_start = 0.0
         self._last_error = ""
         self._last_stats = 0.0
+        #: Nodes of lost actors, until when new actors keep off them (monotonic seconds).
+        self._avoid: dict[str, float] = {}
 
     @classmethod
     def from_spawner(cls, spawner: ActorSpawner) -> ElasticPool:
@@ -159,7 +163,9 @@ class ElasticPool:
             self._ask_stats(ray)
 
     def _start(self) -> None:
-        name, handle = self.spawner.spawn()
+        now = time.monotonic()
+        self._avoid = {node: until for node, until in self._avoid.items() if until > now}
+        name, handle = self.spawner.spawn(avoid_nodes=self._avoid.keys())
         slot = PoolSlot(handle=handle, name=name, capacity=self.k, envs=self.envs, state=SlotState.STARTING)
         slot.ready_ref = handle.ready.remote()
         self.slots.append(slot)
@@ -178,7 +184,7 @@ class ElasticPool:
         starting = {s.ready_ref: s for s in self.slots if s.state is SlotState.STARTING}
         for ref, slot in self._finished(ray, starting):
             try:
-                ray.get(ref)
+                slot.node_id = ray.get(ref)
             except Exception as exc:  # noqa: BLE001 - a failed start is counted and retried, not raised here
                 self.start_failures += 1
                 self._failures_in_a_row += 1
@@ -248,6 +254,8 @@ class ElasticPool:
 
         logger.warning("%s: env pool actor %s lost: %s", self.name, slot.name, reason)
         self.lost_count += 1
+        if slot.node_id:
+            self._avoid[slot.node_id] = time.monotonic() + AVOID_LOST_NODE_S
         self._forget(slot, ray)
 
     def _forget(self, slot: PoolSlot, ray: Any) -> None:

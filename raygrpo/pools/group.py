@@ -7,11 +7,15 @@ The spawner is plain data plus a method, so it pickles: in `raygrpo rollout` the
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 from raygrpo.placement import actor_resources
 from raygrpo.worker import WorkerSettings
+
+#: The label Ray gives every node: its id.
+NODE_ID_LABEL = "ray.io/node-id"
 
 
 @dataclass
@@ -70,15 +74,23 @@ class ActorSpawner:
     #: The next actor's number in the group (names are never reused within a run).
     next_index: int = 0
 
-    def spawn(self) -> tuple[str, Any]:
+    def spawn(self, avoid_nodes: Collection[str] = ()) -> tuple[str, Any]:
         """Create one more actor of the group (Ray places it when a node has its resources); returns its name and
-        handle. Names are never reused within a run."""
+        handle. Names are never reused within a run.
+
+        `avoid_nodes` (node ids) are kept out of its placement while another node can take it: a node whose actor
+        was just lost may be dead while Ray still counts it alive (~12 s by default), and an actor placed there
+        fails again after that long. Where no other node fits, it goes on one of them all the same."""
         from raygrpo.actors.env_pool import EnvPoolActor
 
         i, self.next_index = self.next_index, self.next_index + 1
         name = f"{self.group.prefix}-{i}"
         settings = dataclasses.replace(self.settings, name=name, envs=self.group.envs, max_concurrent=self.group.k,
                                        worker_index=self.index_base + i)
+        placement: dict[str, Any] = {}
+        if avoid_nodes:
+            placement = {"label_selector": {NODE_ID_LABEL: f"!in({','.join(sorted(avoid_nodes))})"},
+                         "fallback_strategy": [{"label_selector": {}}]}
         handle = EnvPoolActor.options(
             name=name,
             num_cpus=self.group.num_cpus,
@@ -87,5 +99,6 @@ class ActorSpawner:
             max_concurrency=self.group.k + 16,
             scheduling_strategy="SPREAD",  # a pool's actors on as many nodes as carry its resources
             runtime_env={"env_vars": dict(self.env_vars)},
+            **placement,
         ).remote(settings)
         return name, handle

@@ -38,6 +38,8 @@ class PoolSlot:
     in_flight: int = 0
     #: When it last changed state or last became idle (monotonic seconds).
     since: float = field(default_factory=time.monotonic)
+    #: The id of the node it runs on, once its start is settled (None until then, or for an actor given as is).
+    node_id: str | None = None
     ready_ref: Any = None
     stop_ref: Any = None
     stats_ref: Any = None
