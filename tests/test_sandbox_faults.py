@@ -229,3 +229,35 @@ async def test_null_backend_with_reward_through_the_verifier(tmp_path: Path):
     result = await Verifier(task=task, trial_paths=paths, environment=env).verify()
     await env.stop(delete=True)
     assert result.rewards == {"reward": 0.5}
+
+
+@pytest.mark.timeout(60)
+async def test_verifier_latency_delays_the_test_script_only(tmp_path: Path):
+    """`verifier_latency_s` is added to the exec that runs the task's test script, not to the verifier's other execs
+    (removing old rewards, chmod) nor to the agent's."""
+    import time
+
+    inner, task, paths = make_env(make_task(tmp_path), tmp_path / "trials", tmp_path / "x", import_path=NULL,
+                                  kwargs={"reward": 1.0})
+    env = wrap_environment(inner, FaultConfig(exec_latency_s=0.01, verifier_latency_s=0.3))
+    timed: list[tuple[str, float]] = []
+    exec_ = env.exec
+
+    async def timed_exec(command, *args, **kwargs):
+        began = time.perf_counter()
+        try:
+            return await exec_(command, *args, **kwargs)
+        finally:
+            timed.append((command, time.perf_counter() - began))
+
+    object.__setattr__(env, "exec", timed_exec)
+    await env.start(force_build=False)
+    try:
+        await env.exec("echo 42 > /app/answer.txt")
+        result = await Verifier(task=task, trial_paths=paths, environment=env).verify()
+    finally:
+        await env.stop(delete=True)
+    assert result.rewards == {"reward": 1.0}
+    slow = [c for c, s in timed if s >= 0.3]
+    assert len(slow) == 1 and "test-stdout.txt" in slow[0], timed
+    assert all(s < 0.2 for c, s in timed if c not in slow), timed

@@ -9,7 +9,8 @@ so that the same tests run against the local backend now and a real backend late
 
 Every fault is a clear exception (or a clear delay) raised where the real failure would surface:
 
-- start latency: `start()` sleeps first, as a slow provider's create would;
+- start latency: `start()` sleeps first, as a slow provider's create would; exec and verifier latency likewise
+  before an exec (the verifier's on the exec that runs the task's test script);
 - `InjectedStartFailure`: `start()` fails before anything exists (nothing to stop);
 - `InjectedPostStartFailure`: the inner sandbox started, then "its healthcheck failed": the wrapper stops the inner
   sandbox itself before raising, so nothing leaks even when the caller does not call `stop()`;
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from harbor.environments.base import BaseEnvironment, ExecResult
+from harbor.models.trial.paths import EnvironmentPaths
 
 from raygrpo.specs.faults import FaultConfig, FixedLatency, LogNormalLatency, UniformLatency
 
@@ -67,6 +69,9 @@ class InjectedExecTimeout(InjectedFault):
 class InjectedSandboxDeath(InjectedFault):
     """Injected: the sandbox died mid-episode; it cannot run anything any more."""
 
+
+#: Where Harbor's verifier sends the output of the task's test script: it names the exec that runs the verifier.
+_VERIFIER_OUTPUT = str(EnvironmentPaths.verifier_dir / "test-stdout.txt")
 
 # Methods of BaseEnvironment that the wrapper implements itself (the fault surface).
 _OWN = frozenset(
@@ -195,6 +200,8 @@ class FaultInjectingEnvironment(BaseEnvironment):
         dies = self._rng.random() < f.death_rate
         hangs = self._rng.random() < f.exec_hang_rate
         delay = _latency(f.exec_latency_s, self._rng)
+        if f.verifier_latency_s is not None and _VERIFIER_OUTPUT in command:
+            delay += _latency(f.verifier_latency_s, self._rng)
         if dies:
             self._dead = True
             logger.debug("injected death of sandbox %r", self.key)

@@ -74,6 +74,10 @@ class FaultConfig(_Strict):
             `{"dist": "lognormal", "median": m, "sigma": s, "max_s": cap}` (cap optional).
         exec_latency_s (`float` or `dict`, *optional*):
             delay added before every exec, same schema (e.g. to make a no-op backend take time per tool call).
+        verifier_latency_s (`float` or `dict`, *optional*):
+            delay added, on top of `exec_latency_s`, to the exec that runs the verifier's test script (the one
+            whose output Harbor's verifier sends to `/logs/verifier/test-stdout.txt`), same schema: a verifier that
+            takes time on a backend whose commands take none.
         start_failure_rate (`float`, defaults to `0.0`):
             probability that `start()` fails (after its latency) before anything exists:
             `InjectedStartFailure`.
@@ -94,6 +98,7 @@ class FaultConfig(_Strict):
 
     start_latency_s: float | Latency | None = None
     exec_latency_s: float | Latency | None = None
+    verifier_latency_s: float | Latency | None = None
     start_failure_rate: float = Field(default=0.0, ge=0, le=1)
     post_start_failure_rate: float = Field(default=0.0, ge=0, le=1)
     exec_hang_rate: float = Field(default=0.0, ge=0, le=1)
@@ -105,6 +110,7 @@ class FaultConfig(_Strict):
         return bool(
             self.start_latency_s
             or self.exec_latency_s
+            or self.verifier_latency_s
             or self.start_failure_rate
             or self.post_start_failure_rate
             or self.exec_hang_rate
