@@ -319,7 +319,7 @@ def local_arm(args, dirs: list[Path], total: int, per_actor: int, work: Path) ->
         "speedup": round(theirs["serial_seconds"] / ours["raygrpo_seconds"], 1),
         "serial_seconds": round(theirs["serial_seconds"], 2),
         "alone_seconds": [round(a, 3) for a in alone],
-        **{k: v for k, v in ours.items() if k not in ("raygrpo_seconds", "cpu_ms_per_rollout")},
+        **{k: v for k, v in ours.items() if "seconds" not in k and "cpu_ms" not in k},
         **{k: v for k, v in theirs.items() if k != "serial_seconds"},
     }
 

@@ -70,10 +70,8 @@ def _run_cluster() -> dict:
                 assert wait_until(lambda: len(live_slots()) == 2, 120), pool.snapshot()
                 live_after_s = time.monotonic() - lost_at
                 after = {s.name: s.node_id for s in live_slots()}
-                still_alive = any(n["NodeID"] == victim.node_id and n["Alive"] for n in ray.nodes())
                 return {"first": first, "after": after, "removed": victim.node_id, "live_after_s": live_after_s,
-                        "start_failures": pool.start_failures, "removed_still_alive_then": still_alive,
-                        "lost_at_check": time.monotonic() - lost_at}
+                        "start_failures": pool.start_failures}
     finally:
         ray.shutdown()
         cluster.shutdown()
