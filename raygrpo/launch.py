@@ -241,10 +241,12 @@ class RolloutRuntime:
 
     @property
     def leaked_envs(self) -> int:
-        """Environments still alive after shutdown: the largest of the actors' own count, the ORS servers' count of
+        """Environments still alive after shutdown: the largest of the actors' own count (warm sandboxes included), the ORS servers' count of
         live sessions, and the sandboxes of this run still found on this machine: local ones through the OS, docker
         ones (compose projects labelled with the run) through docker."""
-        actor_live = sum(int(s.get("live_envs") or 0) for s in self.final_stats)
+        # An actor's open sandboxes include its rollouts' (live_envs) and those its warm pool still holds.
+        actor_live = sum(max(int(s.get("live_envs") or 0), int(s.get("open_sandboxes") or 0))
+                         for s in self.final_stats)
         return max(actor_live, sum(self.server_live_sessions.values()), self.leaked_sandboxes)
 
 

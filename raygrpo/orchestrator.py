@@ -36,8 +36,9 @@ logger = logging.getLogger(__name__)
 @dataclass
 class RolloutRequest:
     """One rollout to run: a task, the group it belongs to, its index in the group, which attempt this is, the
-    lowest policy version it may generate with (`SamplingParams.min_version`), how its last attempt failed, and a
-    built-in acting policy (`"oracle"`, `"noop"`) to run it with instead of the run's (None: the run's)."""
+    lowest policy version it may generate with (`SamplingParams.min_version`), how its last attempt failed, a
+    built-in acting policy (`"oracle"`, `"noop"`) to run it with instead of the run's (None: the run's), and the
+    actor told it comes next (its warm pool starts the sandbox ahead; None: none was)."""
 
     task: TaskRef
     group_id: str
@@ -46,6 +47,7 @@ class RolloutRequest:
     min_version: int = 0
     last_error: str | None = None
     policy: str | None = None
+    hint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,8 @@ class Orchestrator:
         self._pending: dict[Any, tuple[PoolSlot, RolloutRequest]] = {}
         self._queue: deque[RolloutRequest] = deque()
         self._queued: Counter[str] = Counter()
+        #: Per actor name: queued rollouts it was told come to it next and that were not dispatched yet.
+        self._told: Counter[str] = Counter()
 
     @property
     def in_flight(self) -> int:
@@ -167,6 +171,7 @@ class Orchestrator:
         with self.pools.lock:
             self._tick()
             self._dispatch()
+            self._hint()
             wake = self.pools.wait_refs()
         if not self._pending:
             if self._queue:
@@ -195,7 +200,8 @@ class Orchestrator:
                 self.stats.failed_attempts.append(traj)
                 if self.on_failed_attempt is not None:
                     self.on_failed_attempt(traj)
-                self._queue.appendleft(dataclasses.replace(request, attempt=request.attempt + 1, last_error=traj.error))
+                self._queue.appendleft(dataclasses.replace(request, attempt=request.attempt + 1, last_error=traj.error,
+                                                           hint=None))
                 self._queued[request.task.env] += 1
                 continue
             finals.append(traj)
@@ -209,7 +215,7 @@ class Orchestrator:
         while self._queue and self.pools.has_room():
             request = self._queue.popleft()
             env = request.task.env
-            slot = None if env in full else self.pools.free_slot(env)
+            slot = None if env in full else self.pools.free_slot(env, prefer=request.hint)
             if slot is None:
                 full.add(env)
                 held.append(request)
@@ -217,8 +223,36 @@ class Orchestrator:
                     break
                 continue
             self._queued[env] -= 1
+            if request.hint is not None:
+                self._told[request.hint] -= 1
             self._submit(slot, request)
         self._queue.extendleft(reversed(held))
+
+    def _hint(self) -> None:
+        """Tell actors that keep a warm pool which queued rollouts come to them next, in queue order, at most
+        `PoolSlot.tell_limit` undispatched per actor, each to the actor with the least in flight and told: it starts their sandboxes ahead,
+        and `_dispatch` gives the rollout to it when it has room (else to another, where it starts cold)."""
+        if not self._queue or not self.pools.keeps_warm():
+            return
+        room: dict[str, list[PoolSlot]] = {}
+        told: dict[str, tuple[PoolSlot, list[TaskRef]]] = {}
+        queued_envs = sum(1 for n in self._queued.values() if n)
+        for request in self._queue:
+            env = request.task.env
+            slots = room.get(env)
+            if slots is None:
+                slots = room[env] = [s for s in self.pools.warm_slots(env) if self._told[s.name] < s.tell_limit]
+            if request.hint is None and slots:
+                slot = min(slots, key=lambda s: self._told[s.name] + s.in_flight)
+                request.hint = slot.name
+                self._told[slot.name] += 1
+                told.setdefault(slot.name, (slot, []))[1].append(request.task)
+                if self._told[slot.name] >= slot.tell_limit:
+                    slots.remove(slot)
+            if len(room) >= queued_envs and not any(room.values()):
+                break  # no actor has room to be told more
+        for slot, tasks in told.values():
+            slot.handle.prewarm.remote(tasks)
 
     def _retry(self, request: RolloutRequest, traj: Trajectory) -> bool:
         """Whether to run a failed attempt again: an infrastructure failure, retries left, and not the same failure
@@ -277,6 +311,7 @@ class Orchestrator:
         """Cancel every rollout still in flight and forget the queued ones."""
         self._queue.clear()
         self._queued.clear()
+        self._told.clear()
         for ref, (slot, _) in list(self._pending.items()):
             try:
                 ray.cancel(ref)

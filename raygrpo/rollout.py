@@ -135,11 +135,16 @@ async def run_rollout(
             if on_env_close is not None:
                 on_env_close()
             traj.timings = {**phases.seconds, "total": time.perf_counter() - started}
-            # Inside "provision": waiting for the provider's governor and backing off its refusals (not start time).
+            # Inside "provision": waiting for the provider's governor, backing off its refusals, waiting for a warm
+            # sandbox, and the sandbox's own start.
             waited = getattr(adapter, "timings", None) or {}
-            traj.timings.update({k: waited[k] for k in ("governor_wait", "backoff") if k in waited})
+            traj.timings.update({k: waited[k] for k in PROVISION_PARTS if k in waited})
+            traj.sandbox = getattr(adapter, "provenance", None)
     return traj
 
+
+#: The parts of `provision` an adapter may time (`timings`) that a trajectory reports on their own.
+PROVISION_PARTS = ("governor_wait", "backoff", "warm_wait", "start")
 
 #: How long a cancelled rollout keeps waiting for its environment to close (the adapter bounds the close itself).
 CLOSE_GRACE_S = 60.0

@@ -102,7 +102,8 @@ class RunSummary:
         if missing > 0:
             status_counts["cancelled"] += missing  # requested but never finished (interrupted run)
         phases: dict[str, dict[str, float]] = {}
-        for phase in ("provision", "governor_wait", "backoff", "generate", "tools", "verify", "total"):
+        for phase in ("provision", "governor_wait", "backoff", "warm_wait", "start", "generate", "tools", "verify",
+                      "total"):
             values = [t.timings[phase] for t in trajs if phase in t.timings]
             if values:
                 phases[phase] = {"p50": _percentile(values, 0.5), "p95": _percentile(values, 0.95)}
@@ -125,6 +126,7 @@ class RunSummary:
             "retried_attempts": len(self.failed_attempts),
             "phase_seconds": phases,
             "max_concurrent_envs": peak_concurrency(spans),
+            "sandboxes": dict(sorted(Counter(t.sandbox for t in trajs if t.sandbox).items())),
             "tool_calls": sum(t.tool_calls for t in trajs),
             "per_env": per_env,
             **(extra or {}),

@@ -152,7 +152,7 @@ class ToolCall:
 
 
 #: Version of a trajectory line's fields; bumped with every change to them (the README lists the fields).
-TRAJECTORY_SCHEMA_VERSION = 4
+TRAJECTORY_SCHEMA_VERSION = 5
 #: `steps[].tool` of a final answer that an ORS environment's `@terminal` tool scored.
 ANSWER_STEP = "(answer)"
 #: `steps[].tool` of a task's reference solution run by the oracle policy (its metadata: `exit_code`, `output_tail`).
@@ -175,7 +175,9 @@ class Trajectory:
         error: Short description of a failure, if any.
         turns: Number of model generations.
         tool_calls: Number of tool calls executed.
-        timings: Seconds spent per phase: `provision`, `generate`, `tools`, `verify`, `total`.
+        timings: Seconds spent per phase: `provision`, `generate`, `tools`, `verify`, `total`; and within
+            `provision`, where the environment times them: `governor_wait` (for the provider's governor), `backoff`
+            (after its refusals), `warm_wait` (for a warm sandbox), `start` (the sandbox's own start).
         policy_versions: The policy version of each turn.
         attempt: 0 for a first try; n for the n-th retry after an infrastructure failure.
         group_id: The group (G rollouts of one task) this trajectory belongs to.
@@ -191,6 +193,8 @@ class Trajectory:
             `{exit_code, output_tail, rewards}` (the raw rewards before reduction) and, where the spec keeps them,
             `logs` (the sandbox's `/logs` files; a run folder holds them under `verifier_logs/` and the line names
             the folder as `logs_dir`). None where nothing was verified.
+        sandbox: How its environment was provided, where the environment says: `"cold"` (started for it),
+            `"hedged"` (started for it, by the second of two starts), `"warm"` (from the warm pool). None otherwise.
     """
 
     task: TaskRef
@@ -214,6 +218,7 @@ class Trajectory:
     env_span: tuple[float, float] | None = None
     steps: list[dict[str, Any]] = field(default_factory=list)
     verifier: dict[str, Any] | None = None
+    sandbox: str | None = None
 
     @property
     def scored(self) -> bool:

@@ -196,13 +196,29 @@ class RolloutWorker:
             logger.info("%s: %s/%s attempt %d failed: %s", self.name, task.env, task.index, attempt, traj.error)
         return traj
 
+    def prewarm(self, tasks: list[TaskRef]) -> None:
+        """Rollouts of these tasks come to this worker next (the driver's queue and schedule say so): providers with
+        a warm pool start their sandboxes ahead (`HarborProvider.expect`); the others ignore it."""
+        by_env: dict[str, list[TaskRef]] = {}
+        for task in tasks:
+            by_env.setdefault(task.env, []).append(task)
+        for env, env_tasks in by_env.items():
+            expect = getattr(self.providers.get(env), "expect", None)
+            if expect is not None and not self.closed:
+                expect(env_tasks)
+
     def stats(self) -> dict[str, Any]:
+        """Rollouts and environments of this worker now; `open_sandboxes` counts every sandbox its providers hold
+        (a warm pool's too), `providers` their own figures (starts, hedges, warm pool)."""
+        providers = {name: p.stats() for name, p in self.providers.items() if hasattr(p, "stats")}
         return {
             "name": self.name,
             "live_envs": self.live_envs,
             "peak_envs": self.peak_envs,
             "envs_opened": self.envs_opened,
             "running": len(self._tasks),
+            "open_sandboxes": sum(int(p.get("open_sandboxes", 0)) for p in providers.values()),
+            "providers": providers,
             "gates": gate_stats(),
         }
 

@@ -78,6 +78,11 @@ class EnvPool:
         traj.task, traj.node = task, self.node  # the driver's paths, as it sent them
         return traj
 
+    async def prewarm(self, tasks: list[TaskRef]) -> None:
+        """Rollouts of these tasks come to this actor next: warm pools start their sandboxes (`RolloutWorker.prewarm`)."""
+        worker = await self._ready()
+        worker.prewarm([relocate(t, self._driver_workdir) for t in tasks])
+
     async def stats(self) -> dict[str, Any]:
         if self._worker is None:
             return {"name": self.settings.name, "live_envs": 0, "peak_envs": 0, "envs_opened": 0, "running": 0}

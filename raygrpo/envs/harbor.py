@@ -39,25 +39,24 @@ import asyncio
 import contextlib
 import copy
 import logging
-import shutil
-import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raygrpo.envs.base import EnvError, RewardMissingError, refuse_call
 from raygrpo.envs.harbor_docker import DockerSupport
-from raygrpo.envs.harbor_files import upload_copied_files
 from raygrpo.envs.harbor_leases import HarborLeases
+from raygrpo.envs.harbor_sandbox import HarborSandbox
 from raygrpo.envs.harbor_solution import run_solution
+from raygrpo.envs.harbor_starts import SandboxStarts
 from raygrpo.envs.harbor_tasks import discover_task_dirs, load_environment_class, load_task
 from raygrpo.envs.harbor_verify import VerifierEvidence, gather, probe_tooling, run_verifier
+from raygrpo.envs.harbor_warm import WarmPool
 from raygrpo.envs.harness import load_harness
 from raygrpo.envs.live import LiveAdapter, LiveAdapters
 from raygrpo.envs.rewards import reduce_rewards
 from raygrpo.errors import TaskError, VerifierError, describe
-from raygrpo.governor import BackoffSettings, rate_limit_signal
+from raygrpo.governor import BackoffSettings
 from raygrpo.imports import is_file_spec, split_spec
 from raygrpo.provisioning import LimiterFactory, ProvisioningGate, gate_for
 from raygrpo.sandbox.faults import wrap_environment
@@ -69,8 +68,6 @@ if TYPE_CHECKING:
     from harbor.environments.base import BaseEnvironment
     from harbor.models.task.task import Task
     from harbor.models.trial.paths import TrialPaths
-
-    from raygrpo.sandbox.ledger import Lease
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +121,12 @@ class HarborProvider:
         self._closed = False
         #: raygrpo's additions to Harbor's docker backend (labels, an init, image reuse, build failures).
         self.docker = DockerSupport(self.label) if spec.environment_type == "docker" else None
+        #: Every sandbox of the suite on this actor not closed yet: adapters', the warm pool's, hedges' losers.
+        self.sandboxes = LiveAdapters(self.label)
+        #: Starts sandboxes (hedged where the spec says), and measures them.
+        self.starts = SandboxStarts(self, spec.hedge)
+        #: Sandboxes started ahead for the tasks that come next (None without `warm_pool`).
+        self.warm = WarmPool(self, self.starts, spec.warm_pool) if spec.warm_pool is not None else None
         if spec.backend == "local" and spec.environment_kwargs.get("toolbox", True):
             # Built once per machine; here, when the actor starts, rather than on the event loop of a first rollout.
             with contextlib.suppress(ToolboxError):  # then each start fails saying why (an env_error)
@@ -146,13 +149,30 @@ class HarborProvider:
             raise EnvError(f"{self.label}: the Harbor provider is closed")
         return HarborAdapter(self)
 
+    def expect(self, tasks: list[TaskRef]) -> None:
+        """Rollouts of these tasks come to this actor next: the warm pool starts sandboxes for them (nothing
+        without a warm pool)."""
+        if self.warm is not None and not self._closed:
+            self.warm.expect([self.task_dir_of(t) for t in tasks])
+
+    def stats(self) -> dict[str, Any]:
+        """Its starts (hedges included) and its warm pool's figures."""
+        out: dict[str, Any] = {"starts": self.starts.stats(), "open_sandboxes": self.sandboxes.open_count()}
+        if self.warm is not None:
+            out["warm_pool"] = self.warm.stats()
+        return out
+
     async def aclose(self) -> None:
-        """Stop every sandbox still alive and wait for background stops of cancelled rollouts. Never raises;
-        idempotent."""
+        """Stop every sandbox still alive (adapters', the warm pool's, hedges' losers) and wait for background stops
+        of cancelled rollouts. Never raises; idempotent."""
         self._closed = True
         # Stops still running in the background (their rollouts were cancelled) must finish before the actor
         # reports it is shut down, or the sandboxes outlive it.
         await self._live.close_all(self.spec.stop_timeout_s + 5, "sandbox(es)")
+        if self.warm is not None:
+            await self.warm.aclose()
+        await self.starts.aclose()
+        await self.sandboxes.close_all(self.spec.stop_timeout_s + 5, "sandbox(es)")
 
     # ── used by adapters ─────────────────────────────────────────────────────────────────────────────────────────
 
@@ -163,8 +183,8 @@ class HarborProvider:
 
     @property
     def live_sandboxes(self) -> int:
-        """Adapters of this provider whose sandbox start began and that are not closed yet."""
-        return self._live.open_count()
+        """Sandboxes of this provider whose start began and that are not closed yet (warm ones included)."""
+        return self.sandboxes.open_count()
 
     @property
     def gate(self) -> ProvisioningGate:
@@ -252,8 +272,9 @@ class HarborAdapter(LiveAdapter):
     """One episode of one Harbor task: a sandbox started in `start`, driven through the harness, graded by the
     task's verifier in `score`, stopped in `close`.
 
-    `timings` records seconds per phase of this episode (`create`, `start`, `healthcheck`, `exec` (summed over
-    calls), `verify`, `stop`), for benchmarks and debugging.
+    `timings` records seconds per phase of this episode: of its sandbox's start when it started one (`create`,
+    `governor_wait`, `backoff`, `start`, `healthcheck`), the wait for a warm one (`warm_wait`), then `exec` (summed
+    over calls), `verify`, `stop`; for summaries, benchmarks and debugging.
 
     Args:
         provider: The provider (suite, harness, gate) this adapter belongs to.
@@ -267,21 +288,16 @@ class HarborAdapter(LiveAdapter):
         self.harness = provider.harness_cls(exec_timeout_s=spec.exec_timeout_s, max_output_chars=spec.max_output_chars)
         self.task: TaskRef | None = None
         self.harbor_task: Task | None = None
-        self.env: BaseEnvironment | None = None
-        self.session_id: str | None = None
+        #: The episode's sandbox, once it has one (started for it, or adopted from the warm pool).
+        self.sandbox: HarborSandbox | None = None
+        #: How it got it: `"cold"` (started for it), `"hedged"` (a second start won), `"warm"` (the warm pool's).
+        self.provenance: str | None = None
         self.timings: dict[str, float] = {}
-        self._trial_dir: str | None = None
-        self._trial_paths: TrialPaths | None = None
         self._tool_names: set[str] = set()
-        self._start_called = False
         self._dead: str | None = None
         self._evidence: VerifierEvidence | None = None
         self._score_cancelled = False
         self._tooling_missing: list[str] = []
-        self._lease: Lease | None = None
-        self._lease_started = False
-        self._gate: ProvisioningGate | None = None
-        self._live_ticket: str | None = None
 
     # ── state ─────────────────────────────────────────────────────────────────────────────────────────────────────
 
@@ -290,13 +306,33 @@ class HarborAdapter(LiveAdapter):
         name = f" task {self.harbor_task.name}" if self.harbor_task is not None else ""
         return f"{self.provider.label}{name}"
 
+    @property
+    def env(self) -> BaseEnvironment | None:
+        """The sandbox's Harbor environment (None before it has one)."""
+        return self.sandbox.env if self.sandbox is not None else None
+
+    @property
+    def session_id(self) -> str | None:
+        return self.sandbox.session_id if self.sandbox is not None else None
+
+    @property
+    def _trial_paths(self) -> TrialPaths | None:
+        trial = self.sandbox.trial if self.sandbox is not None else None
+        return trial.paths if trial is not None else None
+
+    @property
+    def _trial_dir(self) -> str | None:
+        trial = self.sandbox.trial if self.sandbox is not None else None
+        return trial.path if trial is not None else None
+
     # ── EnvAdapter ────────────────────────────────────────────────────────────────────────────────────────────────
 
     async def start(self, task: TaskRef) -> Observation:
-        """Create and start the task's sandbox, run its healthcheck, prepare `/logs/verifier`, and return the
-        instruction with the harness's tools.
+        """Get the task's sandbox, started and prepared (`HarborSandbox.start`: created, started, healthchecked,
+        `/logs/verifier` made), run the harness's set-up in it, and return the instruction with the harness's tools.
 
-        The sandbox start runs inside the provider's provisioning gate (per-actor concurrency, cluster-wide create
+        The sandbox is the warm pool's where it holds one of the task that passes its check, else one started now
+        (hedged when the spec says so). The sandbox start runs inside the provider's provisioning gate (per-actor concurrency, cluster-wide create
         rate); `start_timeout_s` counts from when the gate lets it in, so waiting for a slot never fails a start. On
         any failure the adapter must still be closed (`close` is safe after a failed or cancelled start).
 
@@ -326,98 +362,34 @@ class HarborAdapter(LiveAdapter):
             raise HarborStartError(f"{self.label}: the sandbox failed to start: {self._dead}") from exc
 
     async def _start(self, task: TaskRef) -> Observation:
-        from harbor.models.trial.paths import EnvironmentPaths, TrialPaths
-
         clock = time.perf_counter
-        began = clock()
-        task_dir = self.provider.task_dir_of(task)
-        harbor_task = self.harbor_task = self.provider.task(task_dir)
-        self._trial_dir = tempfile.mkdtemp(prefix=f"raygrpo-harbor-{harbor_task.short_name[:40]}-")
-        self._trial_paths = TrialPaths(trial_dir=Path(self._trial_dir))
-        self._trial_paths.mkdir()
-        self.session_id = f"{harbor_task.short_name}__{uuid.uuid4().hex[:10]}__env"
-        self.env = await self.provider.create_environment(harbor_task, self._trial_paths, self.session_id)
-        self.timings["create"] = clock() - began
-
-        loop = asyncio.get_running_loop()
-        gate = self._gate = self.provider.gate
-        began = clock()
-        self._live_ticket = await gate.acquire_live()
-        waited = clock() - began
-        refusals, refused_since = 0, 0.0
-        while True:
-            # The intent is on disk before the slot is waited for: a durable write inside the slot would delay the
-            # create past it (under load, by more than the schedule's margin: the provider's window then refuses it).
-            await self._lease_intent()
-            asked = clock()
-            async with gate.start_slot(self._live_ticket):
-                waited += clock() - asked
-                deadline = loop.time() + self.spec.start_timeout_s
-                self._start_called = True
-                began = clock()
-                try:
-                    async with asyncio.timeout_at(deadline):
-                        await self.env.start(force_build=False)
-                        await self._lease_bind()
-                except Exception as exc:
-                    if (refusal := rate_limit_signal(exc)) is None:
-                        raise
-                else:
-                    self.timings["start"] = clock() - began
-                    break
-            # The provider refused the create (429): not a failure of this rollout; back off, then queue again.
-            refusals += 1
-            refused_since = refused_since or time.time()
-            backoff = await gate.back_off(refusal, refusals, refused_since)
-            self.timings["backoff"] = self.timings.get("backoff", 0.0) + backoff
-        self.timings["governor_wait"] = waited
-        if self.provider.docker is not None:
-            self.provider.docker.started(harbor_task)
-        began = clock()
+        provider = self.provider
+        task_dir = provider.task_dir_of(task)
+        harbor_task = self.harbor_task = provider.task(task_dir)
+        sandbox = None
+        if provider.warm is not None:
+            began = clock()
+            sandbox = await provider.warm.take(task_dir)
+            self.timings["warm_wait"] = clock() - began
+        if sandbox is not None:
+            self.sandbox, self.provenance = sandbox, "warm"
+            deadline = asyncio.get_running_loop().time() + self.spec.start_timeout_s
+        else:
+            sandbox, hedged = await provider.starts.start(task_dir)
+            self.sandbox, self.provenance = sandbox, "hedged" if hedged else "cold"
+            self.timings.update(sandbox.timings)
+            deadline = sandbox.deadline
+        env = sandbox.env
         async with asyncio.timeout_at(deadline):
-            if self.spec.reuploads_copied_files:
-                await upload_copied_files(self.env, harbor_task.paths.environment_dir)
-            await self.env.run_healthcheck()
-            self.timings["healthcheck"] = clock() - began
-            # test.sh writes its reward here; the shell cannot create the parent itself.
-            await self.env.empty_dirs([EnvironmentPaths.for_os(self.env.os).verifier_dir], chmod=True)
-            # Tool commands run as the task's agent user, as in a Harbor trial.
-            self.env.default_user = harbor_task.config.agent.user
             setup = getattr(self.harness, "setup", None)
             if setup is not None:
-                await setup(self.env)
+                await setup(env)
             if self.spec.probe_verifier:
-                self._tooling_missing = await self.provider.tooling_missing(task_dir, harbor_task, self.env)
+                self._tooling_missing = await provider.tooling_missing(task_dir, harbor_task, env)
         self.timings["exec"] = 0.0
         tools = copy.deepcopy(list(self.harness.tools))
         self._tool_names = {t["function"]["name"] for t in tools}
-        logger.debug("%s: sandbox %s up in %.2f s", self.label, self.session_id, self.timings.get("start", 0.0))
         return Observation(messages=[{"role": "user", "content": harbor_task.instruction}], tools=tools)
-
-    async def _lease_intent(self) -> None:
-        """Write the sandbox's lease intent durably (leased backends only); call it right before each create
-        attempt is sent (a retried create rewrites it with fresh times).
-
-        Raises:
-            OSError: The record could not be written (the create must not be sent).
-        """
-        holder = self._gate.holder if self._gate is not None and self._live_ticket is not None else None
-        self._lease = await self.provider.leases.intent(self.session_id, self.harbor_task, holder) or self._lease
-
-    async def _lease_bind(self) -> None:
-        """The create answered: the lease gets the sandbox's id (when the backend exposes one)."""
-        self._lease_started = True
-        await self.provider.leases.bind(self._lease, self.env, self.harbor_task)
-
-    async def _lease_release(self) -> None:
-        """The sandbox was stopped: its lease goes (see `HarborLeases.release`); kept when that fails."""
-        try:
-            await self.provider.leases.release(self._lease, self._lease_started)
-        except Exception as exc:  # noqa: BLE001 - close never raises; the lease stays for `raygrpo reap`
-            logger.warning("%s: lease %s of sandbox %s kept: %s", self.label, self._lease.id, self.session_id,
-                           describe(exc))
-        else:
-            self._lease = None
 
     async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
         """Run one harness tool call in the sandbox.
@@ -550,36 +522,16 @@ class HarborAdapter(LiveAdapter):
         return self._evidence.to_dict() if self._evidence is not None else None
 
     def _holds_resources(self) -> bool:
-        return self.env is not None or self._trial_dir is not None
+        return self.sandbox is not None
 
     async def _release(self) -> None:
-        """Stop the sandbox (bounded by `stop_timeout_s`; the reaper gets what is left), drop its lease once it is
-        stopped (a failed stop keeps it, for `raygrpo reap`), and remove this episode's host files."""
+        """Close the episode's sandbox (see `HarborSandbox.close`: the stop, the lease, the live ticket, the host
+        files)."""
         began = time.perf_counter()
         try:
-            if self.env is not None and self._start_called:
-                await asyncio.wait_for(self.env.stop(delete=self.spec.stop_delete), self.spec.stop_timeout_s)
-                logger.debug("%s: sandbox %s stopped", self.label, self.session_id)
-                if self._lease is not None:
-                    await asyncio.wait_for(self._lease_release(), self.spec.stop_timeout_s)
-            elif self._lease is not None:  # written, but the create was never sent (cancelled waiting for its slot)
-                self.provider.leases.discard(self._lease)
-                self._lease = None
-        except TimeoutError:
-            logger.warning("%s: stopping sandbox %s took over %g s; the sandbox reaper gets what is left",
-                           self.label, self.session_id, self.spec.stop_timeout_s)
-        except Exception as exc:  # noqa: BLE001 - close never raises
-            logger.warning("%s: stopping sandbox %s failed: %s", self.label, self.session_id, describe(exc))
+            await self.sandbox.close()
         finally:
-            self.timings["stop"] = time.perf_counter() - began
-            if self._gate is not None:
-                # Given back even when the stop failed: the provider's own limit then refuses what is too much.
-                self._gate.release_live(self._live_ticket)
-                self._live_ticket = None
-            if self._trial_dir is not None:
-                # Off the event loop: under load a tree of file system calls there delays other starts past their
-                # create slots. The thread finishes the removal even if this close is cancelled meanwhile.
-                await asyncio.to_thread(shutil.rmtree, self._trial_dir, ignore_errors=True)
+            self.timings["stop"] = self.sandbox.timings.get("stop", time.perf_counter() - began)
 
 
 def _harbor_import_path(spec: str | None) -> str | None:

@@ -60,6 +60,10 @@ class ElasticPool:
                  bundle: dict[str, float] | None = None, slots: list[PoolSlot] | None = None) -> None:
         self.name = name
         self.envs = frozenset(envs) if envs is not None else None
+        #: The environments whose sandboxes its actors keep warm (the orchestrator tells those what comes next), and
+        #: the most warm sandboxes one of its actors holds (`size`, or `max_size` for `auto`).
+        self.warm_envs: frozenset[str] = frozenset()
+        self.warm_depth = 0
         self.k = k
         self.min_actors = min_actors
         self.max_actors = max_actors
@@ -84,8 +88,12 @@ class ElasticPool:
     @classmethod
     def from_spawner(cls, spawner: ActorSpawner) -> ElasticPool:
         g = spawner.group
-        return cls(g.field, g.envs, g.k, g.min_actors, g.max_actors, idle_timeout_s=g.idle_timeout_s,
+        pool = cls(g.field, g.envs, g.k, g.min_actors, g.max_actors, idle_timeout_s=g.idle_timeout_s,
                    start_timeout_s=g.start_timeout_s, spawner=spawner, bundle=g.bundle)
+        warm = {n: spec.warm_pool for n, spec in g.envs.items() if getattr(spec, "warm_pool", None) is not None}
+        pool.warm_envs = frozenset(warm)
+        pool.warm_depth = max((w.max_size if w.size == "auto" else w.size for w in warm.values()), default=0)
+        return pool
 
     # ------------------------------------------------------------------ views
 
@@ -166,7 +174,8 @@ class ElasticPool:
         now = time.monotonic()
         self._avoid = {node: until for node, until in self._avoid.items() if until > now}
         name, handle = self.spawner.spawn(avoid_nodes=self._avoid.keys())
-        slot = PoolSlot(handle=handle, name=name, capacity=self.k, envs=self.envs, state=SlotState.STARTING)
+        slot = PoolSlot(handle=handle, name=name, capacity=self.k, envs=self.envs, state=SlotState.STARTING,
+                        warm_envs=self.warm_envs, warm_depth=self.warm_depth)
         slot.ready_ref = handle.ready.remote()
         self.slots.append(slot)
         self.started += 1

@@ -69,10 +69,23 @@ class PoolSet:
         """Whether some pool serving `env` has, or can still get, an actor."""
         return any(p.serves(env) and p.can_run for p in self.pools)
 
-    def free_slot(self, env: str) -> PoolSlot | None:
-        """The least busy live actor with room for a rollout of `env`, if any."""
+    def free_slot(self, env: str, prefer: str | None = None) -> PoolSlot | None:
+        """The least busy live actor with room for a rollout of `env`, if any; the actor named `prefer` when it has
+        room (the one told the rollout comes: its warm pool holds a sandbox for it)."""
         free = [s for p in self.pools for s in p.slots if s.takes(env)]
+        if prefer is not None:
+            for slot in free:
+                if slot.name == prefer:
+                    return slot
         return min(free, key=lambda s: s.in_flight) if free else None
+
+    def keeps_warm(self) -> bool:
+        """Whether any pool's actors keep a warm pool."""
+        return any(p.warm_envs for p in self.pools)
+
+    def warm_slots(self, env: str) -> list[PoolSlot]:
+        """Live actors that keep a warm pool for `env`."""
+        return [s for p in self.pools for s in p.slots if s.warms(env)]
 
     def has_room(self) -> bool:
         return any(s.state is SlotState.LIVE and s.in_flight < s.capacity for p in self.pools for s in p.slots)

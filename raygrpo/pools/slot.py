@@ -28,6 +28,8 @@ class PoolSlot:
         capacity: Rollouts it runs at once (K).
         envs: The environments it serves (None: every one).
         state: Its state; a slot created for an existing actor is `live`.
+        warm_envs: The environments it keeps a warm pool for (it is told which of their tasks come next).
+        warm_depth: The most sandboxes its warm pool holds.
     """
 
     handle: Any
@@ -35,6 +37,8 @@ class PoolSlot:
     capacity: int
     envs: frozenset[str] | None = None
     state: SlotState = SlotState.LIVE
+    warm_envs: frozenset[str] = frozenset()
+    warm_depth: int = 0
     in_flight: int = 0
     #: When it last changed state or last became idle (monotonic seconds).
     since: float = field(default_factory=time.monotonic)
@@ -60,6 +64,16 @@ class PoolSlot:
         """Whether it can take one more rollout of `env` now."""
         return (self.state is SlotState.LIVE and self.in_flight < self.capacity
                 and (self.envs is None or env in self.envs))
+
+    def warms(self, env: str) -> bool:
+        """Whether it is live and keeps sandboxes of `env` warm."""
+        return self.state is SlotState.LIVE and env in self.warm_envs
+
+    @property
+    def tell_limit(self) -> int:
+        """How many queued rollouts it is told of at most (that were not dispatched yet): enough to fill its warm
+        pool, and at least K."""
+        return max(self.capacity, self.warm_depth)
 
     def account(self) -> None:
         """Add the time since the last change to `live_s`, `idle_s` and `busy_s`."""

@@ -18,6 +18,7 @@ from raygrpo.specs.base import EnvSpecBase, base_dir_of
 from raygrpo.specs.faults import FaultConfig
 from raygrpo.specs.governor import BackoffSpec
 from raygrpo.specs.selection import check_indices
+from raygrpo.specs.warm import HedgeSpec, WarmPoolSpec
 
 #: The backend used when neither `environment_type` nor `import_path` is set: raygrpo's bwrap sandbox.
 LOCAL_BACKEND = "raygrpo.sandbox.local:LocalSandboxEnvironment"
@@ -135,6 +136,12 @@ class HarborSpec(EnvSpecBase):
         rate_limit_key (`str`, *optional*):
             Name of the shared governor (create rate and live cap). None: the backend name (`"e2b"`, `"docker"`,
             `"local"` or the import path), so every suite on the same backend shares one.
+        warm_pool (`WarmPoolSpec`, *optional*):
+            Keep sandboxes started ahead for the tasks that come next (`{size: N | auto, ttl_s: s}`, see
+            `raygrpo.specs.warm.WarmPoolSpec`). None: every sandbox is started when its rollout asks.
+        hedge (`HedgeSpec`, *optional*):
+            Give a start that runs past a percentile of recent starts a second start in parallel; the first ready
+            is used, the other stopped (see `raygrpo.specs.warm.HedgeSpec`). None: no hedging.
     """
 
     kind: Literal["harbor"] = "harbor"
@@ -163,6 +170,8 @@ class HarborSpec(EnvSpecBase):
     max_live: int | None = Field(default=None, ge=1)
     rate_limit_backoff: BackoffSpec = Field(default_factory=BackoffSpec)
     rate_limit_key: str | None = None
+    warm_pool: WarmPoolSpec | None = None
+    hedge: HedgeSpec | None = None
 
     # ── validation (fields only: what they name is resolved by the driver) ─────────────────────────────────────
 

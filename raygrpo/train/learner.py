@@ -37,7 +37,8 @@ from raygrpo.pools import ActorSpawner, PoolSet
 from raygrpo.train.evaluate import evaluate
 from raygrpo.train.groups import to_rollout_output
 from raygrpo.train.grpo_args import build_grpo_config
-from raygrpo.train.metrics import MetricsLog, RolloutLog, per_env_stats, plot_rewards, reward_stats
+from raygrpo.train.metrics import (MetricsLog, RolloutLog, per_env_stats, plot_rewards, reward_stats,
+                                    sandbox_stats)
 from raygrpo.train.schedule import TaskSchedule
 from raygrpo.train.source import RolloutSource
 from raygrpo.train.trainer import trainer_class
@@ -267,6 +268,7 @@ class Learner:
             staleness_max=max(batch.staleness, default=0),
             groups=len(batch.groups),
             **reward_stats(trajs),
+            **sandbox_stats(trajs),
             envs={env: {**s, "groups": sum(1 for g in batch.groups if g.env == env)}
                   for env, s in per_env_stats(trajs).items()},
         )

@@ -28,6 +28,18 @@ def reward_stats(trajectories: Iterable[Trajectory]) -> dict[str, Any]:
     }
 
 
+def sandbox_stats(trajectories: Iterable[Trajectory]) -> dict[str, Any]:
+    """How the step's sandboxes were provided (`Trajectory.sandbox`): `sandboxes` (count by `cold`, `hedged`,
+    `warm`) and `warm_hits` (those from the warm pool); empty where no environment says (ORS sessions)."""
+    counts: dict[str, int] = {}
+    for traj in trajectories:
+        if traj.sandbox:
+            counts[traj.sandbox] = counts.get(traj.sandbox, 0) + 1
+    if not counts:
+        return {}
+    return {"sandboxes": dict(sorted(counts.items())), "warm_hits": counts.get("warm", 0)}
+
+
 def mean_interval(values: list[float], z: float = 1.96) -> list[float] | None:
     """A normal-approximation 95% interval `[low, high]` of the mean of `values` (None for fewer than two), kept
     within the values' own range: with few rollouts the approximation reaches below the lowest reward (a mean of 1
