@@ -1,8 +1,8 @@
 """Starting a suite's sandboxes on one actor: measured, and hedged when one runs long (`SandboxStarts`).
 
 Every sandbox start of a provider goes through here, whoever asked (a rollout, the warm pool), so the start times it
-measures are the suite's on this actor: the hedge threshold is a percentile of them and the warm pool's `auto` size
-uses their mean. A hedged start is a second `HarborSandbox` started beside the first once the first has run past
+measures are the suite's on this actor: the hedge threshold is a percentile of them and so is the start time the
+warm pool's `auto` size uses. A hedged start is a second `HarborSandbox` started beside the first once the first has run past
 the threshold since the gate let its create in; the first of the two to be ready is the start's, and the other is
 left to finish starting in the background and then stopped, so a create that answers after its rollout ended
 still gets its stop. Both go through the gate like every start, within its limits.
@@ -55,6 +55,13 @@ class SandboxStarts:
         """Mean start time of recent starts (None before any)."""
         return statistics.fmean(self._seconds) if self._seconds else None
 
+    def percentile_s(self, q: float) -> float | None:
+        """The `q` percentile of recent start times (None before any)."""
+        if not self._seconds:
+            return None
+        ordered = sorted(self._seconds)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
     def threshold_s(self) -> float:
         """How long a start runs before it is hedged: the configured percentile of recent starts, within the floor
         and cap (the cap until `min_samples` starts were measured)."""
@@ -62,9 +69,7 @@ class SandboxStarts:
         assert hedge is not None
         if len(self._seconds) < hedge.min_samples:
             return hedge.cap_s
-        ordered = sorted(self._seconds)
-        value = ordered[min(len(ordered) - 1, int(hedge.percentile * len(ordered)))]
-        return min(hedge.cap_s, max(hedge.floor_s, value))
+        return min(hedge.cap_s, max(hedge.floor_s, self.percentile_s(hedge.percentile)))
 
     def stats(self) -> dict[str, float | int | None]:
         return {"starts": self.starts, "hedged": self.hedged, "hedge_wins": self.hedge_wins,

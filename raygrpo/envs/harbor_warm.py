@@ -10,7 +10,9 @@ it, and is tracked by the provider until stopped, so leak accounting and the pro
 
 `auto` size: Little's law, L = λW. The sandboxes a pool must hold to hide the start are the rollouts that arrive
 while one starts: the measured arrival rate of this suite's rollouts on the actor (over the last `RATE_WINDOW_S`)
-times the mean start time (`SandboxStarts.mean_s`), plus one, at most `max_size`.
+times the start time, plus one, at most `max_size`. W is the `START_PERCENTILE` of recent starts, not their mean:
+a pool sized by the mean starts each sandbox as far ahead as an average start takes, and every start longer than
+that keeps its rollout waiting.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ logger = logging.getLogger(__name__)
 
 #: Seconds of arrivals the `auto` size's rate is measured over.
 RATE_WINDOW_S = 60.0
+#: Which percentile of recent start times the `auto` size plans for.
+START_PERCENTILE = 0.95
 
 
 class WarmPool:
@@ -77,7 +81,7 @@ class WarmPool:
         """How many sandboxes the pool holds at most now (ready plus starting)."""
         if self.spec.size != "auto":
             return int(self.spec.size)
-        start_s = self.starts.mean_s
+        start_s = self.starts.percentile_s(START_PERCENTILE)
         now = time.monotonic()
         while self._arrivals and self._arrivals[0] < now - RATE_WINDOW_S:
             self._arrivals.popleft()

@@ -21,8 +21,9 @@ class WarmPoolSpec(BaseModel):
     Args:
         size (`int` or `"auto"`, *optional*, defaults to `"auto"`):
             Most warm sandboxes (ready or starting) per env pool actor. `"auto"`: sized by Little's law from what the
-            actor measures, its rollouts' arrival rate times the mean start latency (plus one), at most `max_size`,
-            and never more than the tasks it was told are coming.
+            actor measures, its rollouts' arrival rate times the 95th percentile of its start times (plus one), at
+            most `max_size`; before anything is measured, as many as the tasks it was told are coming, at most
+            `max_size`.
         max_size (`int`, *optional*, defaults to `32`):
             Upper bound of `"auto"` (ignored with a number for `size`).
         ttl_s (`float`, *optional*, defaults to `300.0`):
