@@ -415,3 +415,36 @@ async def test_a_start_cancelled_while_waiting_for_its_create_slot_leaves_no_lea
         reset_gates()
     assert LeaseLedger().leases() == [] and provider.live() == []
     assert audit(provider.log_path).creates == 1
+
+
+async def test_warm_sandboxes_of_a_remote_provider_are_leased_and_stopped(tmp_path, provider, monkeypatch):
+    """Counted at the (fake) provider: warm sandboxes past their TTL, a warm one a rollout adopted, and a closed
+    provider's warm ones are all deleted there, and their leases go with them."""
+    monkeypatch.setenv(LEASE_DIR_ENV, str(tmp_path / "leases"))
+    spec = _fake_spec(tmp_path, provider.url, warm_pool={"size": 3, "ttl_s": 1.0}, stop_timeout_s=10)
+    provider_ = HarborProvider(spec, name="suite")
+    ref = list_harbor_tasks(spec, "suite")[0]
+    try:
+        provider_.expect([ref, ref, ref])
+        deadline = time.monotonic() + 20
+        while provider_.warm.stats()["ready"] < 3:
+            assert time.monotonic() < deadline, provider_.warm.stats()
+            await asyncio.sleep(0.05)
+        assert len(provider.live()) == 3 and len(LeaseLedger().leases()) == 3
+        adapter = provider_.adapter()
+        await adapter.start(ref)
+        assert adapter.provenance == "warm"
+        while provider_.warm.stats()["expired"] < 2:  # the two nobody took: stopped past their TTL
+            assert time.monotonic() < deadline + 10, provider_.warm.stats()
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        assert [s["id"] for s in provider.live()] == [adapter.sandbox.env.sandbox_id]
+        await adapter.close()
+        assert provider.live() == [] and LeaseLedger().leases() == []
+        provider_.expect([ref])  # one more, left for the provider's close
+        while provider_.warm.stats()["ready"] < 1:
+            await asyncio.sleep(0.05)
+    finally:
+        await provider_.aclose()
+    assert provider.live() == [] and LeaseLedger().leases() == []
+    assert audit(provider.log_path).deletes == 4

@@ -141,6 +141,7 @@ class SandboxStarts:
             try:
                 with contextlib.suppress(BaseException):
                     await task
+                    self.record(sandbox)  # a slow start is what the threshold must see
             finally:
                 await sandbox.close()
         closer = asyncio.get_running_loop().create_task(finish_then_close(), name=f"retire-{sandbox.task_dir}")
