@@ -50,6 +50,7 @@ from raygrpo.envs.harbor_sandbox import HarborSandbox
 from raygrpo.envs.harbor_solution import run_solution
 from raygrpo.envs.harbor_starts import SandboxStarts
 from raygrpo.envs.harbor_tasks import discover_task_dirs, load_environment_class, load_task
+from raygrpo.envs.harbor_trial import keep_fresh
 from raygrpo.envs.harbor_verify import VerifierEvidence, gather, probe_tooling, run_verifier
 from raygrpo.envs.harbor_warm import WarmPool
 from raygrpo.envs.harness import load_harness
@@ -249,6 +250,12 @@ class HarborProvider:
         )
         if self.spec.faults is not None:
             env = wrap_environment(env, self.spec.faults)
+        try:
+            mounted = env.capabilities.mounted
+        except Exception:  # noqa: BLE001 - a backend that cannot say is taken to mount it
+            mounted = True
+        if mounted:
+            keep_fresh(trial_paths.trial_dir)
         return env
 
     async def tooling_missing(self, task_dir: str, task: Task, env: BaseEnvironment) -> list[str]:
