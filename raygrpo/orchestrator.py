@@ -72,6 +72,23 @@ class DispatchStats:
     lost_to_actors: int = 0
 
 
+#: Seconds a task told to an actor ahead (`Orchestrator.foresee`) is held for it before it is forgotten.
+FORETOLD_TTL_S = 600.0
+
+
+@dataclass
+class _Foretold:
+    """A foreseen task told to an actor, waiting to be enqueued: its key, the actor's name, when (monotonic)."""
+
+    key: tuple[str, str, int]
+    slot: str
+    at: float
+
+
+def _task_key(task: TaskRef) -> tuple[str, str, int]:
+    return (task.env, task.split, task.index)
+
+
 def make_groups(tasks: Iterable[TaskRef], group_size: int, min_version: int = 0) -> list[RolloutRequest]:
     """Repeat each task `group_size` times as one group (adjacent, so the group finishes together)."""
     requests = []
@@ -121,6 +138,9 @@ class Orchestrator:
         self._queued: Counter[str] = Counter()
         #: Per actor name: queued rollouts it was told come to it next and that were not dispatched yet.
         self._told: Counter[str] = Counter()
+        #: Tasks the caller will enqueue later (`foresee`), not told to an actor yet; and those told, not enqueued yet.
+        self._foreseen: deque[TaskRef] = deque()
+        self._foretold: list[_Foretold] = []
 
     @property
     def in_flight(self) -> int:
@@ -153,8 +173,26 @@ class Orchestrator:
         for env in {r.task.env for r in requests}:
             if not self.pools.serves(env):
                 raise ValueError(f"no env pool actor serves environment {env!r}")
+        if self._foretold:  # rollouts of tasks an actor was told of ahead go to that actor when it has room
+            for request in requests:
+                if request.hint is None:
+                    key = _task_key(request.task)
+                    match = next((f for f in self._foretold if f.key == key), None)
+                    if match is not None:
+                        self._foretold.remove(match)
+                        request.hint = match.slot
+                        self._told[match.slot] += 1
         self._queue.extend(requests)
         self._queued.update(r.task.env for r in requests)
+
+    def foresee(self, tasks: Iterable[TaskRef]) -> None:
+        """Tasks the caller will enqueue after what is queued now (sync training: the next step's groups, which the
+        schedule knows): actors that keep a warm pool are told of them too, after the queued rollouts, so their
+        sandboxes start while this batch runs; once enqueued, each goes to the actor told when it has room.
+        Replaces what was foreseen and not told yet; told tasks not enqueued within `FORETOLD_TTL_S` are forgotten."""
+        with self.pools.lock:
+            self._foreseen = deque(tasks)
+            self._hint()
 
     def expect(self, per_env: dict[str, int]) -> None:
         """Tell the pools how many rollouts per environment the caller will keep asking for (async training's
@@ -229,28 +267,49 @@ class Orchestrator:
         self._queue.extendleft(reversed(held))
 
     def _hint(self) -> None:
-        """Tell actors that keep a warm pool which queued rollouts come to them next, in queue order, at most
-        `PoolSlot.tell_limit` undispatched per actor, each to the actor with the least in flight and told: it starts their sandboxes ahead,
-        and `_dispatch` gives the rollout to it when it has room (else to another, where it starts cold)."""
-        if not self._queue or not self.pools.keeps_warm():
+        """Tell actors that keep a warm pool which rollouts come to them next: the queued ones in queue order, then the
+        foreseen tasks, at most `PoolSlot.tell_limit` per actor not dispatched yet, each to the actor with the least
+        in flight and told. It starts their sandboxes ahead, and `_dispatch` gives the rollout to it when it has
+        room (else to another, where it starts cold)."""
+        if not (self._queue or self._foreseen) or not self.pools.keeps_warm():
             return
+        now = time.monotonic()
+        if self._foretold and self._foretold[0].at < now - FORETOLD_TTL_S:
+            self._foretold = [f for f in self._foretold if f.at >= now - FORETOLD_TTL_S]
+        told_n = Counter(self._told)
+        told_n.update(f.slot for f in self._foretold)
         room: dict[str, list[PoolSlot]] = {}
         told: dict[str, tuple[PoolSlot, list[TaskRef]]] = {}
-        queued_envs = sum(1 for n in self._queued.values() if n)
-        for request in self._queue:
-            env = request.task.env
+
+        def slot_for(env: str) -> PoolSlot | None:
             slots = room.get(env)
             if slots is None:
-                slots = room[env] = [s for s in self.pools.warm_slots(env) if self._told[s.name] < s.tell_limit]
-            if request.hint is None and slots:
-                slot = min(slots, key=lambda s: self._told[s.name] + s.in_flight)
+                slots = room[env] = [s for s in self.pools.warm_slots(env) if told_n[s.name] < s.tell_limit]
+            if not slots:
+                return None
+            slot = min(slots, key=lambda s: told_n[s.name] + s.in_flight)
+            told_n[slot.name] += 1
+            if told_n[slot.name] >= slot.tell_limit:
+                slots.remove(slot)
+            return slot
+
+        queued_envs = sum(1 for n in self._queued.values() if n)
+        for request in self._queue:
+            if request.hint is None and (slot := slot_for(request.task.env)) is not None:
                 request.hint = slot.name
                 self._told[slot.name] += 1
                 told.setdefault(slot.name, (slot, []))[1].append(request.task)
-                if self._told[slot.name] >= slot.tell_limit:
-                    slots.remove(slot)
             if len(room) >= queued_envs and not any(room.values()):
                 break  # no actor has room to be told more
+        untold: deque[TaskRef] = deque()
+        for task in self._foreseen:
+            slot = slot_for(task.env)
+            if slot is None:
+                untold.append(task)
+                continue
+            self._foretold.append(_Foretold(_task_key(task), slot.name, now))
+            told.setdefault(slot.name, (slot, []))[1].append(task)
+        self._foreseen = untold
         for slot, tasks in told.values():
             slot.handle.prewarm.remote(tasks)
 
@@ -311,7 +370,7 @@ class Orchestrator:
         """Cancel every rollout still in flight and forget the queued ones."""
         self._queue.clear()
         self._queued.clear()
-        self._told.clear()
+        self._told.clear()  # what was foreseen stays: it is about what the caller enqueues next
         for ref, (slot, _) in list(self._pending.items()):
             try:
                 ray.cancel(ref)

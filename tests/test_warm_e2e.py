@@ -119,3 +119,27 @@ def test_an_async_train_run_with_a_warm_pool_records_warm_hits(tiny_model_dir, t
     assert sum(r["warm_hits"] for r in lines) > 0, [r["sandboxes"] for r in lines]
     assert summary["leaked_envs"] == 0
     assert no_os_leaks(sandbox_base), os_leaks(sandbox_base)
+
+
+@pytest.mark.timeout(300)
+def test_a_sync_train_run_warms_the_next_steps_sandboxes_from_the_schedule(tiny_model_dir, tmp_path, sandbox_base):
+    """A step's 4 rollouts all fit the actor at once (K = 4): nothing ever queues, so only the schedule's next step,
+    foreseen while this one runs, can have started their sandboxes."""
+    from raygrpo.train.metrics import read_metrics
+    from raygrpo.train.run import train
+
+    cfg = load_config(HARBOR, [
+        "envs.local.warm_pool={size: 4, ttl_s: 120}", "envs.local.faults={start_latency_s: 1.0}",
+        "workers.num_env_actors=1", "workers.max_concurrent_per_actor=4",
+        f"model={tiny_model_dir}", "policy.kind=scripted", "policy.script=policies.py:right",
+        "train.mode=sync", "rollout.group_size=2",
+        "trainer={per_device_train_batch_size: 4, max_steps: 3, save_steps: 100, learning_rate: 0.001}",
+    ])
+    out = tmp_path / "run"
+    summary = train(cfg, out, progress=False)
+    lines = [r for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "train"]
+    assert [r["step"] for r in lines] == [1, 2, 3] and all(r["rollouts"] == 4 for r in lines)
+    assert lines[0]["warm_hits"] == 0  # nothing was foreseen before the first step
+    assert lines[1]["warm_hits"] + lines[2]["warm_hits"] >= 4, [r["sandboxes"] for r in lines]
+    assert summary["leaked_envs"] == 0
+    assert no_os_leaks(sandbox_base), os_leaks(sandbox_base)

@@ -21,6 +21,7 @@ In both modes a batch holds only complete groups, in the order they are consumed
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import threading
@@ -125,6 +126,11 @@ class RolloutSource:
             group_requests = self._new_group()
             order.append(group_requests[0].group_id)
             requests.extend(group_requests)
+        if hasattr(self.orchestrator, "foresee"):
+            # The next step's groups, read off a copy of the schedule: warm pools start their sandboxes while this
+            # step runs and the learner trains on it.
+            ahead = copy.deepcopy(self.schedule)
+            self.orchestrator.foresee([t for _ in range(n_groups) for t in [ahead.next()] * self.group_size])
         done: dict[str, Group] = {}
         for traj in self.orchestrator.run(requests, stop=self._stop):
             group = self._assembler.add(traj)

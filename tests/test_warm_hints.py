@@ -1,0 +1,117 @@
+"""The orchestrator telling warm actors what comes next (`Orchestrator._hint`, `foresee`), without Ray: which actor is
+told of which queued rollout or foreseen task, at most its tell limit at a time, and dispatch preferring the actor
+told. Actor handles are recorders of the calls the orchestrator makes on them."""
+
+from __future__ import annotations
+
+import pytest
+
+from raygrpo.orchestrator import Orchestrator, RolloutRequest
+from raygrpo.pools import PoolSet
+from raygrpo.types import TaskRef
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class _Method:
+    def __init__(self, name: str, calls: list) -> None:
+        self.name, self.calls = name, calls
+
+    def remote(self, *args):
+        self.calls.append((self.name, args))
+        return object()  # stands for the call's ObjectRef
+
+
+class RecordingActor:
+    """Records `run` and `prewarm` calls (the only ones dispatch and hinting make)."""
+
+    def __init__(self) -> None:
+        self.calls: list = []
+        self.run = _Method("run", self.calls)
+        self.prewarm = _Method("prewarm", self.calls)
+
+    def told(self) -> list[int]:
+        return [t.index for name, args in self.calls if name == "prewarm" for t in args[0]]
+
+    def ran(self) -> list[int]:
+        return [args[0].index for name, args in self.calls if name == "run"]
+
+
+def orchestrator(k: int = 1, warm_depth: int = 2) -> tuple[Orchestrator, RecordingActor, RecordingActor]:
+    a, b = RecordingActor(), RecordingActor()
+    pools = PoolSet.of_actors([("a", a), ("b", b)], capacity=k)
+    pool = pools.pools[0]
+    pool.warm_envs, pool.warm_depth = frozenset({"h"}), warm_depth
+    for slot in pool.slots:
+        slot.warm_envs, slot.warm_depth = pool.warm_envs, warm_depth
+    return Orchestrator(pools=pools), a, b
+
+
+def requests(*indices: int) -> list[RolloutRequest]:
+    return [RolloutRequest(TaskRef(env="h", index=i), group_id=f"g{i}") for i in indices]
+
+
+def hint_and_dispatch(o: Orchestrator) -> None:
+    with o.pools.lock:
+        o._dispatch()
+        o._hint()
+
+
+def test_queued_rollouts_are_told_to_the_warm_actors_up_to_their_limit_and_go_there():
+    o, a, b = orchestrator(k=1, warm_depth=2)
+    o.enqueue(requests(0, 1, 2, 3, 4, 5, 6, 7))
+    hint_and_dispatch(o)
+    assert sorted(a.ran() + b.ran()) == [0, 1]  # K = 1 each
+    # The queue's next rollouts, two per actor (its warm depth); the rest not yet.
+    assert sorted(a.told() + b.told()) == [2, 3, 4, 5] and len(a.told()) == len(b.told()) == 2
+    told = {i: "a" for i in a.told()} | {i: "b" for i in b.told()}
+    for slot in o.pools.pools[0].slots:
+        slot.release()
+    hint_and_dispatch(o)
+    assert {a.ran()[-1]: "a", b.ran()[-1]: "b"} == {i: told[i] for i in (2, 3)}  # each went where it was told
+    assert sorted(a.told() + b.told()) == [2, 3, 4, 5, 6, 7]  # and each actor was told of one more
+
+
+def test_a_rollout_goes_to_the_actor_told_even_when_another_is_less_busy():
+    o, a, b = orchestrator(k=2, warm_depth=2)
+    slot_a, slot_b = o.pools.pools[0].slots
+    slot_b.take()  # b has one in flight, a none: a is the least busy
+    (request,) = requests(0)
+    request.hint = "b"
+    o._told["b"] += 1
+    o.enqueue([request])
+    hint_and_dispatch(o)
+    assert b.ran() == [0] and a.ran() == [] and o._told["b"] == 0
+
+
+def test_no_warm_actor_means_nothing_is_told():
+    a = RecordingActor()
+    o = Orchestrator(pools=PoolSet.of_actors([("a", a)], capacity=1))
+    o.enqueue(requests(0, 1, 2))
+    hint_and_dispatch(o)
+    assert a.told() == [] and a.ran() == [0]
+
+
+def test_foreseen_tasks_are_told_after_the_queue_and_their_rollouts_go_to_the_actor_told():
+    o, a, b = orchestrator(k=1, warm_depth=3)
+    o.foresee([TaskRef(env="h", index=i) for i in (10, 11, 12)])
+    assert sorted(a.told() + b.told()) == [10, 11, 12]
+    told_to = {i: ("a" if i in a.told() else "b") for i in (10, 11, 12)}
+    later = requests(10, 11, 12)
+    o.enqueue(later)
+    assert {r.task.index: r.hint for r in later} == told_to
+    o.cancel()  # a batch ends: what it was told is forgotten, the foreseen tasks already matched are not told twice
+    o.foresee([TaskRef(env="h", index=20)])
+    assert 20 in a.told() + b.told() and sorted(a.told() + b.told()).count(10) == 1
+
+
+def test_foreseen_tasks_wait_for_room_to_be_told():
+    o, a, b = orchestrator(k=1, warm_depth=1)
+    o.enqueue(requests(0, 1, 2, 3))
+    hint_and_dispatch(o)  # 0 and 1 run; 2 and 3 are told (one per actor): no room for foreseen tasks
+    o.foresee([TaskRef(env="h", index=9)])
+    assert 9 not in a.told() + b.told()
+    for slot in o.pools.pools[0].slots:
+        slot.release()
+    hint_and_dispatch(o)  # 2 and 3 go to the actors told; each has room to be told again
+    assert 9 in a.told() + b.told()
