@@ -9,6 +9,7 @@ instead.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -140,6 +142,43 @@ async def test_episodes_are_labelled_run_under_an_init_reuse_the_image_and_leave
     tags = subprocess.run(["docker", "images", "--format", "{{.Repository}}", "--filter", "reference=count-words*"],
                           capture_output=True, text=True, check=True).stdout.split()
     assert tags == []
+
+
+def dangling_images() -> set[str]:
+    done = subprocess.run(["docker", "images", "-q", "--no-trunc", "--filter", "dangling=true"],
+                          capture_output=True, text=True, timeout=30, check=True)
+    return set(done.stdout.split())
+
+
+async def test_concurrent_first_starts_of_a_task_build_its_image_once(docker_ready, tmp_path):
+    """Two env pool actors (two providers: the lock is per node, not per actor), three sandboxes of one new task
+    each, all started at once before its image exists: one build, the other five start from its image, and no
+    dangling image is left (concurrent builds each tag `hb__<hash>`, leaving the earlier ones untagged)."""
+    make_task(tmp_path, "once", files={"run_id.txt": uuid.uuid4().hex}, dockerfile=(
+        "FROM python:3.12-slim\nWORKDIR /app\nCOPY run_id.txt /app/run_id.txt\n"
+        "RUN sleep 1 && date +%s%N > /app/built_at\n"))
+    spec = docker_spec(tmp_path)
+    ref = list_harbor_tasks(spec, "suite")[0]
+    dangling = dangling_images()
+    providers = [HarborProvider(spec, name="suite") for _ in range(2)]
+
+    async def one(provider) -> tuple[str, str | None]:
+        adapter = provider.adapter()
+        try:
+            await adapter.start(ref)
+            built_at = await adapter.call("bash", {"command": "cat /app/built_at"})
+            return built_at.text.split()[0], adapter.env.task_env_config.docker_image
+        finally:
+            await adapter.close()
+
+    try:
+        runs = await asyncio.gather(*(one(p) for p in providers for _ in range(3)))
+    finally:
+        for provider in providers:
+            await provider.aclose()
+    assert len({built_at for built_at, _ in runs}) == 1, runs  # one build, whatever sandbox started first
+    assert sum(prebuilt is None for _, prebuilt in runs) == 1, runs  # five started from the built image
+    assert dangling_images() - dangling == set()
 
 
 async def test_a_build_that_apt_and_pip_installs_builds_and_scores(docker_ready, renderer, tmp_path):

@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from raygrpo.envs.harbor_docker import build_failure
+from raygrpo.envs.harbor_docker import NodeLock, build_failure
 from raygrpo.sandbox.docker_engine import COMPOSE_PROJECT, DockerObject
 from raygrpo.sandbox.docker_owner import (
     RUN_LABEL,
@@ -246,3 +246,24 @@ async def test_pip_downloads_through_the_wheelhouse(wheelhouse, tmp_path):
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert [p.name for p in (tmp_path / "d").iterdir()] == ["demo_pkg-1.0-py3-none-any.whl"]
+
+
+# ── the per-node build lock ───────────────────────────────────────────────────────────────────────────────────────
+
+
+async def test_node_lock_is_exclusive_across_holders_and_a_wait_for_it_can_be_cancelled(tmp_path):
+    path = tmp_path / "locks" / "hb__x.lock"
+    fds = len(os.listdir("/proc/self/fd"))
+    first, second, third = NodeLock(path), NodeLock(path), NodeLock(path)
+    await first.acquire()
+    waiting = asyncio.create_task(second.acquire())
+    await asyncio.sleep(0.3)
+    assert not waiting.done()  # another holder (a separate open file, as another process has) waits
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    first.release()
+    first.release()  # releasing twice is harmless
+    await asyncio.wait_for(third.acquire(), 2)  # the cancelled waiter holds nothing
+    third.release()
+    assert len(os.listdir("/proc/self/fd")) == fds  # no lock file left open

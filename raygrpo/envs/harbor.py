@@ -231,7 +231,7 @@ class HarborProvider:
         kwargs = dict(self.spec.environment_kwargs)
         task_env_config = task.config.environment.model_copy(deep=True)
         if self.docker is not None:
-            task_env_config, kwargs = await self.docker.prepare(task, trial_paths.trial_dir, kwargs)
+            task_env_config, kwargs = await self.docker.prepare(task, trial_paths.trial_dir, kwargs, session_id)
         kwargs = self.leases.backend_kwargs(kwargs, task, session_id)
         config = TrialEnvironmentConfig(
             type=self.spec.environment_type,

@@ -9,7 +9,10 @@
   more tag per rollout, never removed, since raygrpo stops docker sandboxes without deleting images
   (`HarborSpec.stop_delete`). The compose file names the image `hb__<hash>` instead, and once that image exists on
   the node, later sandboxes of the task start from it as a prebuilt image: no `docker compose build` per rollout.
-  Tasks that name their own image or bring a docker-compose.yaml are left to Harbor.
+  Tasks that name their own image or bring a docker-compose.yaml are left to Harbor. One sandbox per node builds
+  a missing image (an asyncio lock per actor, a file lock per node for the actors beside it); the others wait for
+  it and start from what it built: concurrent builds of one image cost the CPU once per sandbox and leave every
+  image but the last tagged one dangling.
 - **Broken images are the task's.** A start whose `docker compose build` failed at a Dockerfile step (a `RUN` that
   needs a network the build cannot reach, a base image that cannot be pulled) is a `TaskError` naming the step:
   `task_error`, not retried. A failure before any step ran (no daemon, no compose) stays an infrastructure error.
@@ -19,8 +22,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import logging
+import os
 import re
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,6 +47,10 @@ OVERLAY_NAME = "raygrpo-docker-compose.json"
 _COMPOSE_FAILURE = re.compile(r"Command: (?P<cmd>.*?)\. Return code: (?P<rc>-?\d+)\. Stdout: (?P<out>.*)\. Stderr: ",
                               re.DOTALL)
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+#: Where the per-node build locks are (one file per image; the Docker engine is the node's own).
+BUILD_LOCK_DIR = Path(tempfile.gettempdir()) / "raygrpo-docker-builds"
+#: How often a start waiting for another process's build of its image looks again.
+_LOCK_POLL_S = 0.1
 #: A step as the classic builder (`Step 2/4 : RUN ...`) and BuildKit (` > [2/4] RUN ...:`) print the failed one.
 _STEP = re.compile(r"^(?:Step (?P<n>\d+/\d+) : (?P<instruction>.*)|\s*> \[(?:\S+ )?(?P<bk_n>\d+/\d+)\] (?P<bk_instruction>.*):)$",
                    re.MULTILINE)
@@ -114,18 +125,56 @@ class DockerSupport:
         self._image_names: dict[Path, str | None] = {}
         self._built: set[str] = set()
         self._checked: set[str] = set()
+        self._actor_locks: dict[str, asyncio.Lock] = {}
+        #: The image a start is building, by its session id, with the locks it holds until its start ends.
+        self._building: dict[str, tuple[asyncio.Lock, NodeLock]] = {}
 
-    async def prepare(self, task: Task, trial_dir: Path, kwargs: dict[str, Any]) -> tuple[EnvironmentConfig,
-                                                                                          dict[str, Any]]:
+    async def prepare(self, task: Task, trial_dir: Path, kwargs: dict[str, Any], session_id: str,
+                      ) -> tuple[EnvironmentConfig, dict[str, Any]]:
         """The task's environment config for a new sandbox (its image as a prebuilt one once it exists) and the
-        backend's constructor kwargs with raygrpo's compose file added (written into `trial_dir`)."""
+        backend's constructor kwargs with raygrpo's compose file added (written into `trial_dir`).
+
+        When the image does not exist yet, this sandbox (`session_id`) is the node's one to build it, possibly
+        after waiting for another that was building it and failed: it holds the build until `release`.
+        """
         config = task.config.environment.model_copy(deep=True)
         name = await self._image_name(task)
-        if name is not None and await self._exists(name):
+        if name is not None and (await self._exists(name) or not await self._claim_build(name, session_id)):
             config.docker_image = name
         overlay = write_overlay(trial_dir / OVERLAY_NAME, owner_labels(), image=name)
         extra = [str(p) for p in kwargs.get("extra_docker_compose") or []]
         return config, {**kwargs, "extra_docker_compose": [*extra, str(overlay)]}
+
+    async def _claim_build(self, name: str, session_id: str) -> bool:
+        """Wait until no other start on this node builds `name`; True when it still does not exist and this start
+        now holds its build, False when it exists (built meanwhile)."""
+        actor_lock = self._actor_locks.setdefault(name, asyncio.Lock())
+        await actor_lock.acquire()
+        node_lock = NodeLock(BUILD_LOCK_DIR / f"{name}.lock")
+        try:
+            if name not in self._built:
+                await node_lock.acquire()
+                if await asyncio.to_thread(image_exists, name):
+                    self._built.add(name)
+            if name in self._built:
+                node_lock.release()
+                actor_lock.release()
+                return False
+        except BaseException:
+            node_lock.release()
+            actor_lock.release()
+            raise
+        self._building[session_id] = (actor_lock, node_lock)
+        return True
+
+    def release(self, session_id: str) -> None:
+        """The start of sandbox `session_id` ended (started, failed or cancelled): the build it held, if any, is
+        over; the next start waiting for the image looks whether it exists now."""
+        held = self._building.pop(session_id, None)
+        if held is not None:
+            actor_lock, node_lock = held
+            node_lock.release()
+            actor_lock.release()
 
     def started(self, task: Task) -> None:
         """A sandbox of `task` started: its image exists on this node now."""
@@ -159,6 +208,41 @@ class DockerSupport:
             if await asyncio.to_thread(image_exists, name):
                 self._built.add(name)
         return name in self._built
+
+
+class NodeLock:
+    """An exclusive lock shared by the processes of one node: `flock` on `path`, taken by polling so that waiting
+    for it stays cancellable; the kernel drops it when its holder dies.
+
+    Args:
+        path: The lock file (created with its folder).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    async def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    await asyncio.sleep(_LOCK_POLL_S)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
 
 
 def _image_name(task: Task) -> str | None:

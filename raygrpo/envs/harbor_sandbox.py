@@ -128,6 +128,13 @@ class HarborSandbox(LiveAdapter):
             raise EnvError(f"{self.label}: a sandbox starts once")
         self._started = True
         self._live.add(self)
+        try:
+            await self._start()
+        finally:
+            if self.provider.docker is not None and self.session_id is not None:
+                self.provider.docker.release(self.session_id)
+
+    async def _start(self) -> None:
         from harbor.models.trial.paths import EnvironmentPaths
 
         clock = time.perf_counter
@@ -176,6 +183,7 @@ class HarborSandbox(LiveAdapter):
         self.timings["governor_wait"] = waited
         if provider.docker is not None:
             provider.docker.started(harbor_task)
+            provider.docker.release(self.session_id)
         began = clock()
         async with asyncio.timeout_at(self.deadline):
             if self.spec.reuploads_copied_files:
