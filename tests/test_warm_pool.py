@@ -129,6 +129,32 @@ async def test_warm_sandboxes_past_their_ttl_are_stopped(root, tmp_path, delays)
         await provider.aclose()
 
 
+async def test_a_rollout_waiting_for_a_live_ticket_held_by_an_idle_warm_sandbox_gets_it(renderer, root, tmp_path,
+                                                                                        delays):
+    """Under `max_live: 1` the warm sandbox of a task that does not come holds the only ticket until its TTL (60 s);
+    a rollout of another task waiting for a ticket has the pool stop it instead, and the pool starts no other
+    warm sandbox into the freed ticket meanwhile."""
+    make_task(tmp_path / "suite", "u", test_sh='echo 1 > /logs/verifier/reward.txt')
+    provider = HarborProvider(suite(tmp_path, root, warm_pool={"size": 1, "ttl_s": 60}, max_live=1), name="suite")
+    told, other = list_harbor_tasks(provider.spec, "suite")
+    try:
+        provider.expect([told])
+        await until(lambda: provider.warm.stats()["ready"] == 1)
+        began = time.monotonic()
+        traj = await asyncio.wait_for(rollout(provider, renderer, other), 20)
+        assert traj.status is Status.OK and traj.reward == 1.0, traj.error
+        assert traj.sandbox == "cold"
+        assert time.monotonic() - began < 10  # not the TTL
+        stats = provider.warm.stats()
+        assert stats["evicted"] == 1 and stats["expired"] == 0
+        # Once the rollout's sandbox is stopped, the pool starts the told task's sandbox again.
+        await until(lambda: provider.warm.stats()["ready"] == 1)
+        assert provider.warm.stats()["started"] == 2
+    finally:
+        await provider.aclose()
+    await nothing_left(root)
+
+
 async def test_a_rollout_cancelled_while_it_waits_for_a_warm_start_leaves_it_to_the_pool(renderer, root, tmp_path,
                                                                                       delays):
     delays.extend([1.5])

@@ -19,6 +19,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from raygrpo.envs.base import EnvError
@@ -41,6 +42,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+class TicketYielder(Protocol):
+    """A warm pool, as a rollout's own start sees it: it gives live tickets up while that start waits for one."""
+
+    async def ticket_for_cold(self, acquire: Awaitable[str | None]) -> str | None: ...
+
+
 class SandboxHost(Protocol):
     """What a sandbox needs of its suite's provider (`raygrpo.envs.harbor.HarborProvider` is one)."""
 
@@ -48,6 +55,7 @@ class SandboxHost(Protocol):
     leases: HarborLeases
     docker: Any
     sandboxes: LiveAdapters
+    warm: TicketYielder | None
 
     @property
     def label(self) -> str: ...
@@ -75,11 +83,14 @@ class HarborSandbox(LiveAdapter):
     Args:
         provider: The provider of the task's suite (spec, gate, leases, docker support, the sandboxes it tracks).
         task_dir: The task dir the sandbox is for.
+        for_pool: Started by the warm pool, ahead of any rollout. A start for a rollout (`False`) that waits for a
+            live ticket has the warm pool stop idle sandboxes to free one (`WarmPool.ticket_for_cold`).
     """
 
-    def __init__(self, provider: SandboxHost, task_dir: str) -> None:
+    def __init__(self, provider: SandboxHost, task_dir: str, for_pool: bool = False) -> None:
         super().__init__(provider.sandboxes)
         self.provider = provider
+        self.for_pool = for_pool
         self.spec = provider.spec
         self.task_dir = task_dir
         self.harbor_task: Task | None = None
@@ -149,7 +160,11 @@ class HarborSandbox(LiveAdapter):
         loop = asyncio.get_running_loop()
         gate = self._gate = provider.gate
         began = clock()
-        self._live_ticket = await gate.acquire_live()
+        warm = provider.warm
+        if warm is None or self.for_pool or gate.max_live is None:
+            self._live_ticket = await gate.acquire_live()
+        else:
+            self._live_ticket = await warm.ticket_for_cold(gate.acquire_live())
         waited = clock() - began
         refusals, refused_since = 0, 0.0
         while True:

@@ -77,14 +77,15 @@ class SandboxStarts:
 
     # ── starting ─────────────────────────────────────────────────────────────────────────────────────────────────
 
-    async def start(self, task_dir: str) -> tuple[HarborSandbox, bool]:
-        """A started sandbox of `task_dir`, and whether it came from a second (hedged) start.
+    async def start(self, task_dir: str, for_pool: bool = False) -> tuple[HarborSandbox, bool]:
+        """A started sandbox of `task_dir`, and whether it came from a second (hedged) start (`for_pool`: a warm
+        pool's, see `HarborSandbox`).
 
         On failure or cancellation, every sandbox this made is closed (a loser still starting is closed once its
         start ends). A hedged start fails only when both starts failed; it raises the first one's error.
         """
         self.starts += 1
-        first = HarborSandbox(self.provider, task_dir)
+        first = HarborSandbox(self.provider, task_dir, for_pool)
         if self.hedge is None:
             try:
                 await first.start()
@@ -109,7 +110,7 @@ class SandboxStarts:
             if not first_run.done():
                 await asyncio.wait({first_run}, timeout=self.threshold_s())
             if not first_run.done():
-                second = HarborSandbox(self.provider, task_dir)
+                second = HarborSandbox(self.provider, task_dir, first.for_pool)
                 self.hedged += 1
                 runs[loop.create_task(second.start(), name=f"hedge-{task_dir}")] = second
                 logger.info("%s: a start ran past %.1f s; hedged with a second", first.label, self.threshold_s())

@@ -8,6 +8,10 @@ the next one tried; one nobody took within `ttl_s` of being ready is stopped, an
 that did not come within `ttl_s` forgotten. Every sandbox of the pool holds a live ticket, so the governor counts
 it, and is tracked by the provider until stopped, so leak accounting and the provider's `aclose` see it.
 
+A rollout's own start comes before the pool's guesses: while one waits for a live ticket (the cap is reached), the
+pool starts no more and, every `EVICT_AFTER_S` it still waits, stops one ready sandbox (of a task no longer said to
+be coming, else the one ready longest), whose ticket goes back to the governor (`ticket_for_cold`).
+
 `auto` size: Little's law, L = λW. The sandboxes a pool must hold to hide the start are the rollouts that arrive
 while one starts: the measured arrival rate of this suite's rollouts on the actor (over the last `RATE_WINDOW_S`)
 times the start time, plus one, at most `max_size`. W is the `START_PERCENTILE` of recent starts, not their mean:
@@ -23,6 +27,7 @@ import logging
 import math
 import time
 from collections import Counter, deque
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 from raygrpo.envs.harbor_sandbox import HarborSandbox, SandboxHost, SandboxUnhealthy
@@ -36,6 +41,8 @@ logger = logging.getLogger(__name__)
 
 #: Seconds of arrivals the `auto` size's rate is measured over.
 RATE_WINDOW_S = 60.0
+#: Seconds a rollout's own start waits for a live ticket before the pool stops a ready sandbox to free one.
+EVICT_AFTER_S = 0.5
 #: Which percentile of recent start times the `auto` size plans for.
 START_PERCENTILE = 0.95
 
@@ -60,8 +67,10 @@ class WarmPool:
         self._reaper: asyncio.Task | None = None
         self._closed = False
         #: Rollouts that got a warm sandbox; that found none; sandboxes stopped past their TTL, failing their
-        #: check, or failing to start; sandboxes the pool started.
-        self.hits = self.misses = self.expired = self.unhealthy = self.failed = self.started = 0
+        #: check, failing to start, or to free a live ticket for a rollout's own start; sandboxes the pool started.
+        self.hits = self.misses = self.expired = self.unhealthy = self.failed = self.evicted = self.started = 0
+        #: Rollouts' own starts waiting for a live ticket now (the pool starts none meanwhile).
+        self._cold_waiting = 0
         #: Seconds warm sandboxes were ready and not taken, summed (closed ones only; `idle_s` adds the rest).
         self._idle_done_s = 0.0
 
@@ -126,6 +135,40 @@ class WarmPool:
         finally:
             self._fill()
 
+    async def ticket_for_cold(self, acquire: Awaitable[str | None]) -> str | None:
+        """The live ticket `acquire` waits for, for a rollout's own start: while it waits, the pool starts nothing
+        and stops one ready sandbox every `EVICT_AFTER_S`, so that its ticket goes to this start."""
+        waiting = asyncio.ensure_future(acquire)
+        self._cold_waiting += 1
+        try:
+            while not (await asyncio.wait({waiting}, timeout=EVICT_AFTER_S))[0]:
+                self._evict_one()
+            return waiting.result()
+        except BaseException:
+            waiting.cancel()
+            raise
+        finally:
+            self._cold_waiting -= 1
+            if not self._cold_waiting:
+                self._fill()
+
+    def _evict_one(self) -> None:
+        told = {d for d, _ in self._hints}
+        now = time.monotonic()
+        ready = [(d in told, s.ready_at or now, d, s) for d, q in self._ready.items() for s in q]
+        if not ready:
+            return
+        _, ready_at, task_dir, sandbox = min(ready, key=lambda r: r[:2])
+        queue = self._ready[task_dir]
+        queue.remove(sandbox)
+        if not queue:
+            del self._ready[task_dir]
+        self.evicted += 1
+        self._idle_done_s += now - ready_at
+        logger.info("%s: a warm sandbox of %s stopped to free a live ticket for a rollout's own start",
+                    self.provider.label, task_dir)
+        self._close_later(sandbox)
+
     # ── keeping it full ─────────────────────────────────────────────────────────────────────────────────────────
 
     def _consume_hint(self, task_dir: str) -> None:
@@ -139,7 +182,7 @@ class WarmPool:
 
     def _fill(self) -> None:
         """Start sandboxes for the earliest tasks said to be coming that have none yet, up to the size."""
-        if self._closed:
+        if self._closed or self._cold_waiting:
             return
         room = self.size - self._held()
         if room <= 0:
@@ -163,7 +206,7 @@ class WarmPool:
     async def _warm(self, task_dir: str) -> None:
         sandbox: HarborSandbox | None = None
         try:
-            sandbox, _ = await self.starts.start(task_dir)
+            sandbox, _ = await self.starts.start(task_dir, for_pool=True)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a warm start that fails costs nothing but the start
@@ -220,7 +263,8 @@ class WarmPool:
 
     def stats(self) -> dict[str, float | int]:
         return {"hits": self.hits, "misses": self.misses, "expired": self.expired, "unhealthy": self.unhealthy,
-                "failed": self.failed, "started": self.started, "ready": sum(len(q) for q in self._ready.values()),
+                "failed": self.failed, "evicted": self.evicted, "started": self.started,
+                "ready": sum(len(q) for q in self._ready.values()),
                 "starting": sum(len(s) for s in self._starting.values()), "size": self.size,
                 "expected": len(self._hints), "idle_s": round(self.idle_s, 3)}
 
