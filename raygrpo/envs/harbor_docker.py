@@ -149,6 +149,8 @@ class DockerSupport:
         """Wait until no other start on this node builds `name`; True when it still does not exist and this start
         now holds its build, False when it exists (built meanwhile)."""
         actor_lock = self._actor_locks.setdefault(name, asyncio.Lock())
+        if actor_lock.locked():
+            logger.debug("%s: waiting for another sandbox's build of the image %s", self.label, name)
         await actor_lock.acquire()
         node_lock = NodeLock(BUILD_LOCK_DIR / f"{name}.lock")
         try:
@@ -226,11 +228,15 @@ class NodeLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
+            waiting = False
             while True:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
+                    if not waiting:
+                        waiting = True
+                        logger.info("waiting for another process on this node to release %s", self.path)
                     await asyncio.sleep(_LOCK_POLL_S)
         except BaseException:
             os.close(fd)
