@@ -155,6 +155,26 @@ async def test_a_rollout_waiting_for_a_live_ticket_held_by_an_idle_warm_sandbox_
     await nothing_left(root)
 
 
+async def test_a_warm_start_queued_for_a_live_ticket_gives_up_for_a_rollouts_own_start(renderer, root, tmp_path,
+                                                                                       delays):
+    """`max_live: 1`, a pool of 2 for the same task: one warm sandbox holds the ticket, the second warm start waits
+    for it. A rollout of another task: the queued warm start gives up (it would take the freed ticket first), the
+    ready one is stopped, and only that one."""
+    make_task(tmp_path / "suite", "u", test_sh='echo 1 > /logs/verifier/reward.txt')
+    provider = HarborProvider(suite(tmp_path, root, warm_pool={"size": 2, "ttl_s": 60}, max_live=1), name="suite")
+    told, other = list_harbor_tasks(provider.spec, "suite")
+    try:
+        provider.expect([told, told])
+        await until(lambda: provider.warm.stats()["ready"] == 1 and provider.warm.stats()["starting"] == 1)
+        traj = await asyncio.wait_for(rollout(provider, renderer, other), 20)
+        assert traj.status is Status.OK and traj.reward == 1.0, traj.error
+        stats = provider.warm.stats()
+        assert (stats["yielded"], stats["evicted"], stats["failed"]) == (1, 1, 0), stats
+    finally:
+        await provider.aclose()
+    await nothing_left(root)
+
+
 async def test_a_rollout_cancelled_while_it_waits_for_a_warm_start_leaves_it_to_the_pool(renderer, root, tmp_path,
                                                                                       delays):
     delays.extend([1.5])

@@ -43,9 +43,11 @@ logger = logging.getLogger(__name__)
 
 
 class TicketYielder(Protocol):
-    """A warm pool, as a rollout's own start sees it: it gives live tickets up while that start waits for one."""
+    """A warm pool, as a start under a live cap sees it: a rollout's own start comes before the pool's."""
 
     async def ticket_for_cold(self, acquire: Awaitable[str | None]) -> str | None: ...
+
+    async def ticket_for_warm(self, acquire: Awaitable[str | None]) -> str | None: ...
 
 
 class SandboxHost(Protocol):
@@ -84,7 +86,8 @@ class HarborSandbox(LiveAdapter):
         provider: The provider of the task's suite (spec, gate, leases, docker support, the sandboxes it tracks).
         task_dir: The task dir the sandbox is for.
         for_pool: Started by the warm pool, ahead of any rollout. A start for a rollout (`False`) that waits for a
-            live ticket has the warm pool stop idle sandboxes to free one (`WarmPool.ticket_for_cold`).
+            live ticket has the warm pool stop idle sandboxes to free one (`WarmPool.ticket_for_cold`); a pool's
+            start still waiting for one then gives up (`WarmPool.ticket_for_warm`).
     """
 
     def __init__(self, provider: SandboxHost, task_dir: str, for_pool: bool = False) -> None:
@@ -161,8 +164,10 @@ class HarborSandbox(LiveAdapter):
         gate = self._gate = provider.gate
         began = clock()
         warm = provider.warm
-        if warm is None or self.for_pool or gate.max_live is None:
+        if warm is None or gate.max_live is None:
             self._live_ticket = await gate.acquire_live()
+        elif self.for_pool:
+            self._live_ticket = await warm.ticket_for_warm(gate.acquire_live())
         else:
             self._live_ticket = await warm.ticket_for_cold(gate.acquire_live())
         waited = clock() - began

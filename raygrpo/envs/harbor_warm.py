@@ -9,8 +9,9 @@ that did not come within `ttl_s` forgotten. Every sandbox of the pool holds a li
 it, and is tracked by the provider until stopped, so leak accounting and the provider's `aclose` see it.
 
 A rollout's own start comes before the pool's guesses: while one waits for a live ticket (the cap is reached), the
-pool starts no more and, every `EVICT_AFTER_S` it still waits, stops one ready sandbox (of a task no longer said to
-be coming, else the one ready longest), whose ticket goes back to the governor (`ticket_for_cold`).
+pool starts no more, its starts still waiting for a ticket give up (`ticket_for_warm`), and every `EVICT_AFTER_S`
+the rollout's start still waits, one ready sandbox is stopped (of a task no longer said to be coming, else the one
+ready longest), whose ticket goes back to the governor (`ticket_for_cold`).
 
 `auto` size: Little's law, L = λW. The sandboxes a pool must hold to hide the start are the rollouts that arrive
 while one starts: the measured arrival rate of this suite's rollouts on the actor (over the last `RATE_WINDOW_S`)
@@ -38,6 +39,10 @@ if TYPE_CHECKING:
     from raygrpo.specs.warm import WarmPoolSpec
 
 logger = logging.getLogger(__name__)
+
+
+class WarmStartYielded(Exception):
+    """A warm pool's start gave up waiting for a live ticket: a rollout's own start waits for one too."""
 
 #: Seconds of arrivals the `auto` size's rate is measured over.
 RATE_WINDOW_S = 60.0
@@ -67,8 +72,10 @@ class WarmPool:
         self._reaper: asyncio.Task | None = None
         self._closed = False
         #: Rollouts that got a warm sandbox; that found none; sandboxes stopped past their TTL, failing their
-        #: check, failing to start, or to free a live ticket for a rollout's own start; sandboxes the pool started.
-        self.hits = self.misses = self.expired = self.unhealthy = self.failed = self.evicted = self.started = 0
+        #: check, failing to start, or to free a live ticket for a rollout's own start; starts that gave up waiting
+        #: for a ticket for one; sandboxes the pool started.
+        self.hits = self.misses = self.expired = self.unhealthy = self.failed = self.evicted = self.yielded = 0
+        self.started = 0
         #: Rollouts' own starts waiting for a live ticket now (the pool starts none meanwhile).
         self._cold_waiting = 0
         #: Seconds warm sandboxes were ready and not taken, summed (closed ones only; `idle_s` adds the rest).
@@ -152,6 +159,28 @@ class WarmPool:
             if not self._cold_waiting:
                 self._fill()
 
+    async def ticket_for_warm(self, acquire: Awaitable[str | None]) -> str | None:
+        """The live ticket `acquire` waits for, for one of the pool's starts, unless a rollout's own start waits for
+        one too (looked at every `EVICT_AFTER_S`).
+
+        Raises:
+            WarmStartYielded: It gave up for that start.
+        """
+        waiting = asyncio.ensure_future(acquire)
+        try:
+            while not (await asyncio.wait({waiting}, timeout=EVICT_AFTER_S))[0]:
+                if self._cold_waiting:
+                    waiting.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await waiting
+                    if not waiting.cancelled():  # it got the ticket as it was cancelled: keep it
+                        break
+                    raise WarmStartYielded("a rollout's own start waits for a live ticket")
+            return waiting.result()
+        except BaseException:
+            waiting.cancel()
+            raise
+
     def _evict_one(self) -> None:
         told = {d for d, _ in self._hints}
         now = time.monotonic()
@@ -209,6 +238,8 @@ class WarmPool:
             sandbox, _ = await self.starts.start(task_dir, for_pool=True)
         except asyncio.CancelledError:
             raise
+        except WarmStartYielded:
+            self.yielded += 1
         except Exception as exc:  # noqa: BLE001 - a warm start that fails costs nothing but the start
             self.failed += 1
             logger.info("%s: a warm start failed: %s", self.provider.label, describe(exc))
@@ -263,7 +294,8 @@ class WarmPool:
 
     def stats(self) -> dict[str, float | int]:
         return {"hits": self.hits, "misses": self.misses, "expired": self.expired, "unhealthy": self.unhealthy,
-                "failed": self.failed, "evicted": self.evicted, "started": self.started,
+                "failed": self.failed, "evicted": self.evicted, "yielded": self.yielded,
+                "started": self.started,
                 "ready": sum(len(q) for q in self._ready.values()),
                 "starting": sum(len(s) for s in self._starting.values()), "size": self.size,
                 "expected": len(self._hints), "idle_s": round(self.idle_s, 3)}
