@@ -77,8 +77,8 @@ def main() -> None:
     calls = args.calls * args.repeats
 
     def per_call(after: dict[str, float], start: dict[str, float]) -> dict[str, float]:
-        return {k: round(1000 * (v - start.get(k, 0.0)) / calls, 2) for k, v in after.items()
-                if round(1000 * (v - start.get(k, 0.0)) / calls, 2)}
+        ms = {k: round(1000 * (v - start.get(k, 0.0)) / calls, 2) for k, v in after.items()}
+        return {k: v for k, v in ms.items() if v}
 
     busy_ms, idle_ms = per_call(busy, before), per_call(idle, busy)
     print(json.dumps({

@@ -40,16 +40,16 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-
-class WarmStartYielded(Exception):
-    """A warm pool's start gave up waiting for a live ticket: a rollout's own start waits for one too."""
-
 #: Seconds of arrivals the `auto` size's rate is measured over.
 RATE_WINDOW_S = 60.0
 #: Seconds a rollout's own start waits for a live ticket before the pool stops a ready sandbox to free one.
 EVICT_AFTER_S = 0.5
 #: Which percentile of recent start times the `auto` size plans for.
 START_PERCENTILE = 0.95
+
+
+class WarmStartYielded(Exception):
+    """A warm pool's start gave up waiting for a live ticket: a rollout's own start waits for one too."""
 
 
 class WarmPool:
@@ -294,8 +294,7 @@ class WarmPool:
 
     def stats(self) -> dict[str, float | int]:
         return {"hits": self.hits, "misses": self.misses, "expired": self.expired, "unhealthy": self.unhealthy,
-                "failed": self.failed, "evicted": self.evicted, "yielded": self.yielded,
-                "started": self.started,
+                "failed": self.failed, "evicted": self.evicted, "yielded": self.yielded, "started": self.started,
                 "ready": sum(len(q) for q in self._ready.values()),
                 "starting": sum(len(s) for s in self._starting.values()), "size": self.size,
                 "expected": len(self._hints), "idle_s": round(self.idle_s, 3)}
