@@ -52,17 +52,21 @@ class ProvisioningError(RuntimeError):
 class RateLimiterClient(Protocol):
     """What a gate needs from its governor (`raygrpo.governor.Governor`, or a client of the named actor): create
     slots (`reserve`, awaited, may answer "still queued"; `release`), live tickets (`acquire_live`, may answer "not
-    yet"; `release_live`; `renew_live`), both at once (`admit`: a live ticket, then a create slot, in one round
-    trip), and the provider's refusals (`refused`). Only `reserve`, `acquire_live` and `admit` are awaited; the rest
-    may be fire-and-forget."""
+    yet", `warm` for a warm pool's start, which waits behind rollouts' own; `release_live`; `renew_live`), both at
+    once (`admit`: a live ticket, then a create slot, in one round trip), whether to stop an idle warm sandbox for a
+    rollout's start (`ask_evict`), and the provider's refusals (`refused`). Only `reserve`, `acquire_live`, `admit`
+    and `ask_evict` are awaited; the rest may be fire-and-forget."""
 
     async def reserve(self, request_id: str, first: bool = False) -> Reservation: ...
 
     def release(self, request_id: str) -> Any: ...
 
-    async def acquire_live(self, ticket: str, holder: str) -> bool: ...
+    async def acquire_live(self, ticket: str, holder: str, warm: bool = False) -> bool: ...
 
-    async def admit(self, ticket: str, holder: str, request_id: str) -> tuple[bool, Reservation | None]: ...
+    async def admit(self, ticket: str, holder: str, request_id: str,
+                    warm: bool = False) -> tuple[bool, Reservation | None]: ...
+
+    async def ask_evict(self, holder: str) -> bool: ...
 
     def release_live(self, ticket: str) -> Any: ...
 
@@ -163,8 +167,9 @@ class ProvisioningGate:
 
     # ── live tickets ──────────────────────────────────────────────────────────────────────────────────────────
 
-    async def acquire_live(self) -> str | None:
-        """Wait for a live ticket of `key` (None at once when there is no cap); give it back with `release_live`."""
+    async def acquire_live(self, warm: bool = False) -> str | None:
+        """Wait for a live ticket of `key` (None at once when there is no cap); give it back with `release_live`.
+        `warm`: for a warm pool's start, which the governor serves after every rollout's own."""
         if self.max_live is None:
             return None
         limiter = self._limiter
@@ -175,11 +180,11 @@ class ProvisioningGate:
         rid = uuid.uuid4().hex if self.rate_per_s is not None and not (self._sem and self._sem.locked()) else None
         try:
             if rid is None:
-                while not await limiter.acquire_live(ticket, self.holder):
+                while not await limiter.acquire_live(ticket, self.holder, warm):
                     pass
             else:
                 while True:
-                    granted, res = await limiter.admit(ticket, self.holder, rid)
+                    granted, res = await limiter.admit(ticket, self.holder, rid, warm)
                     if granted:
                         break
                 if res is not None:
@@ -204,6 +209,19 @@ class ProvisioningGate:
         if unused is not None:  # the start never took the slot asked for with the ticket
             self._limiter.release(unused[0])
         self._limiter.release_live(ticket)
+
+    async def ask_evict(self) -> bool:
+        """Whether this gate's holder should stop one of its idle warm sandboxes: a rollout's own start somewhere
+        waits for a live ticket (`LiveCap.ask_evict`). False without a cap, or when the governor stayed unreachable
+        (asked again next time)."""
+        if self.max_live is None:
+            return False
+        assert self._limiter is not None
+        try:
+            return bool(await self._limiter.ask_evict(self.holder))
+        except ProvisioningError as exc:
+            logger.warning("%s: could not ask the governor about idle warm sandboxes: %s", self.key, exc)
+            return False
 
     async def _renew(self) -> None:
         while self._tickets:

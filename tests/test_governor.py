@@ -89,6 +89,29 @@ async def test_live_cap_grants_in_order_and_never_beyond():
     assert held[:3] == ["t0", "t1", "t2"]
 
 
+async def test_live_cap_serves_rollouts_starts_before_warm_ones_and_asks_one_warm_holder_to_give_way():
+    """Cap 1, held by an idle warm sandbox: a warm start queued first still waits behind a rollout's start queued
+    after it; once that start has waited `evict_after_s`, one ask (not every one) is told to stop a warm sandbox."""
+    cap = LiveCap("p", 1, max_hold_s=5.0, evict_after_s=0.2)
+    assert await cap.acquire("idle-warm", "pool-actor", warm=True)
+    warm = asyncio.create_task(cap.acquire("next-warm", "pool-actor", warm=True))
+    await asyncio.sleep(0.05)
+    cold = asyncio.create_task(cap.acquire("rollout", "other-actor"))
+    await asyncio.sleep(0.05)
+    assert not cap.ask_evict("pool-actor")  # the rollout's start has not waited long enough
+    await asyncio.sleep(0.2)
+    assert cap.ask_evict("pool-actor")
+    assert not cap.ask_evict("pool-actor")  # one ask per waiting start per evict_after_s
+    cap.release("idle-warm")
+    assert await asyncio.wait_for(cold, 2) is True
+    await asyncio.sleep(0.05)
+    assert not warm.done()
+    assert not cap.ask_evict("pool-actor")  # no rollout's start waits now
+    cap.release("rollout")
+    assert await asyncio.wait_for(warm, 2) is True
+    assert cap.stats()["live_evictions_asked"] == 1
+
+
 async def test_live_cap_waiter_gives_up_and_released_waiter_returns():
     cap = LiveCap("p", 1, max_hold_s=0.2)
     assert await cap.acquire("a", "h")

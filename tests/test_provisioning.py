@@ -301,3 +301,35 @@ async def test_ray_limiter_death_is_survived(ray_local):
     assert max_per_window(creates) <= rate
     assert any(t > kills[1] + 1.0 for t in creates), "no create after the limiter was killed for good"
     assert ray.get(ray.get_actor(limiter_name(key), namespace=NAMESPACE).ping.remote(), timeout=30)["granted"] > 0
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(90)
+async def test_the_named_governor_serves_a_rollouts_start_before_a_warm_one_and_asks_the_warm_holder_to_give_way(
+        ray_local):
+    """Two gates (two actors) on the named governor of a key with `max_live: 1`: one holds the ticket for a warm
+    sandbox and queues a second warm start; the other's rollout start, queued later, is told to go first, and the
+    first gate, asking, is told to stop its warm sandbox."""
+    from raygrpo.actors.rate_limiter import RayRateLimiterClient, ensure_rate_limiter
+
+    key = f"test-{uuid.uuid4().hex[:8]}"
+    ensure_rate_limiter(key, None, max_live=1)
+    pool, other = (ProvisioningGate(key=key, max_live=1, limiter=RayRateLimiterClient(key, None, max_live=1))
+                   for _ in range(2))
+    held = await pool.acquire_live(warm=True)
+    assert not await pool.ask_evict()  # nobody waits
+    queued_warm = asyncio.create_task(pool.acquire_live(warm=True))
+    await asyncio.sleep(0.3)
+    own = asyncio.create_task(other.acquire_live())
+    await asyncio.sleep(1.0)
+    try:
+        assert await pool.ask_evict()
+        pool.release_live(held)
+        ticket = await asyncio.wait_for(own, 10)
+        assert ticket is not None and not queued_warm.done()
+        other.release_live(ticket)
+        pool.release_live(await asyncio.wait_for(queued_warm, 10))
+    finally:
+        for task in (queued_warm, own, pool._renewer, other._renewer):
+            if task is not None:
+                task.cancel()

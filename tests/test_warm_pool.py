@@ -175,6 +175,30 @@ async def test_a_warm_start_queued_for_a_live_ticket_gives_up_for_a_rollouts_own
     await nothing_left(root)
 
 
+async def test_a_rollout_of_another_suite_waiting_for_the_live_ticket_of_a_warm_sandbox_gets_it(renderer, root,
+                                                                                              tmp_path, delays):
+    """Two suites on one provider key (one governor, `max_live: 1`): suite A's warm pool holds the only ticket for a
+    task that does not come; a rollout of suite B, which has no pool and so no part in A's own give-way, waits for a
+    ticket. The governor tells A's pool to stop its sandbox (not its TTL of 60 s)."""
+    make_task(tmp_path / "b", "b", test_sh='echo 1 > /logs/verifier/reward.txt')
+    pooled = HarborProvider(suite(tmp_path, root, warm_pool={"size": 1, "ttl_s": 60}, max_live=1), name="a")
+    other = HarborProvider(spec_for(tmp_path / "b", root, import_path=f"{__name__}:DelayedStart", max_live=1),
+                           name="b")
+    assert pooled.spec.effective_rate_limit_key == other.spec.effective_rate_limit_key
+    try:
+        pooled.expect(list_harbor_tasks(pooled.spec, "a"))
+        await until(lambda: pooled.warm.stats()["ready"] == 1)
+        began = time.monotonic()
+        traj = await asyncio.wait_for(rollout(other, renderer, list_harbor_tasks(other.spec, "b")[0]), 20)
+        assert traj.status is Status.OK and traj.reward == 1.0, traj.error
+        assert time.monotonic() - began < 10  # not the TTL
+        assert pooled.warm.stats()["evicted"] == 1
+        assert pooled.gate.stats()["max_live"] == 1
+    finally:
+        await asyncio.gather(pooled.aclose(), other.aclose())
+    await nothing_left(root)
+
+
 async def test_a_rollout_cancelled_while_it_waits_for_a_warm_start_leaves_it_to_the_pool(renderer, root, tmp_path,
                                                                                       delays):
     delays.extend([1.5])

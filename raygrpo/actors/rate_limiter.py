@@ -188,13 +188,18 @@ class RayRateLimiterClient:
         """Ask the governor for `request_id`'s create slot (see `_call`)."""
         return await self._call("reserve", request_id, first)
 
-    async def acquire_live(self, ticket: str, holder: str) -> bool:
+    async def acquire_live(self, ticket: str, holder: str, warm: bool = False) -> bool:
         """Ask the governor for a live ticket (see `_call`); False: not yet, ask again."""
-        return await self._call("acquire_live", ticket, holder)
+        return await self._call("acquire_live", ticket, holder, warm)
 
-    async def admit(self, ticket: str, holder: str, request_id: str) -> tuple[bool, Reservation | None]:
+    async def admit(self, ticket: str, holder: str, request_id: str,
+                    warm: bool = False) -> tuple[bool, Reservation | None]:
         """Ask the governor for a live ticket and then a create slot in one call (see `Governor.admit`)."""
-        return await self._call("admit", ticket, holder, request_id)
+        return await self._call("admit", ticket, holder, request_id, warm)
+
+    async def ask_evict(self, holder: str) -> bool:
+        """Ask the governor whether to stop an idle warm sandbox for a rollout's start (see `Governor.ask_evict`)."""
+        return await self._call("ask_evict", holder)
 
     async def _call(self, method: str, *args: Any) -> Any:
         """Call the governor; re-resolve it (and retry) while it is dead or unreachable.

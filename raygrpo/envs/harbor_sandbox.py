@@ -167,7 +167,7 @@ class HarborSandbox(LiveAdapter):
         if warm is None or gate.max_live is None:
             self._live_ticket = await gate.acquire_live()
         elif self.for_pool:
-            self._live_ticket = await warm.ticket_for_warm(gate.acquire_live())
+            self._live_ticket = await warm.ticket_for_warm(gate.acquire_live(warm=True))
         else:
             self._live_ticket = await warm.ticket_for_cold(gate.acquire_live())
         waited = clock() - began

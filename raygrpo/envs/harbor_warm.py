@@ -11,7 +11,10 @@ it, and is tracked by the provider until stopped, so leak accounting and the pro
 A rollout's own start comes before the pool's guesses: while one waits for a live ticket (the cap is reached), the
 pool starts no more, its starts still waiting for a ticket give up (`ticket_for_warm`), and every `EVICT_AFTER_S`
 the rollout's start still waits, one ready sandbox is stopped (of a task no longer said to be coming, else the one
-ready longest), whose ticket goes back to the governor (`ticket_for_cold`).
+ready longest), whose ticket goes back to the governor (`ticket_for_cold`). Across actors (and suites sharing a
+provider key) the governor keeps that order: it grants warm starts' tickets after every rollout's own, and a pool
+holding ready sandboxes under a live cap asks it every `ASK_EVICT_EVERY_S` whether a rollout's start elsewhere has
+waited `EVICT_AFTER_S` (`ProvisioningGate.ask_evict`); one pool is told per wait, and stops one ready sandbox.
 
 `auto` size: Little's law, L = λW. The sandboxes a pool must hold to hide the start are the rollouts that arrive
 while one starts: the measured arrival rate of this suite's rollouts on the actor (over the last `RATE_WINDOW_S`)
@@ -34,6 +37,7 @@ from typing import TYPE_CHECKING
 from raygrpo.envs.harbor_sandbox import HarborSandbox, SandboxHost, SandboxUnhealthy
 from raygrpo.envs.harbor_starts import SandboxStarts
 from raygrpo.errors import describe
+from raygrpo.governor.live import EVICT_AFTER_S
 
 if TYPE_CHECKING:
     from raygrpo.specs.warm import WarmPoolSpec
@@ -42,8 +46,9 @@ logger = logging.getLogger(__name__)
 
 #: Seconds of arrivals the `auto` size's rate is measured over.
 RATE_WINDOW_S = 60.0
-#: Seconds a rollout's own start waits for a live ticket before the pool stops a ready sandbox to free one.
-EVICT_AFTER_S = 0.5
+#: Seconds between asks to the governor, while the pool holds ready sandboxes under a live cap, whether a rollout's
+#: start on another actor (or of another suite) waits for a ticket.
+ASK_EVICT_EVERY_S = 1.0
 #: Which percentile of recent start times the `auto` size plans for.
 START_PERCENTILE = 0.95
 
@@ -70,6 +75,7 @@ class WarmPool:
         self._starting: dict[str, set[asyncio.Task]] = {}
         self._arrivals: deque[float] = deque()
         self._reaper: asyncio.Task | None = None
+        self._watch: asyncio.Task | None = None
         self._closed = False
         #: Rollouts that got a warm sandbox; that found none; sandboxes stopped past their TTL, failing their
         #: check, failing to start, or to free a live ticket for a rollout's own start; starts that gave up waiting
@@ -181,7 +187,7 @@ class WarmPool:
             waiting.cancel()
             raise
 
-    def _evict_one(self) -> None:
+    def _evict_one(self, whose: str = "here") -> None:
         told = {d for d, _ in self._hints}
         now = time.monotonic()
         ready = [(d in told, s.ready_at or now, d, s) for d, q in self._ready.items() for s in q]
@@ -194,8 +200,8 @@ class WarmPool:
             del self._ready[task_dir]
         self.evicted += 1
         self._idle_done_s += now - ready_at
-        logger.info("%s: a warm sandbox of %s stopped to free a live ticket for a rollout's own start",
-                    self.provider.label, task_dir)
+        logger.info("%s: a warm sandbox of %s stopped to free a live ticket for a rollout's own start (%s)",
+                    self.provider.label, task_dir, whose)
         self._close_later(sandbox)
 
     # ── keeping it full ─────────────────────────────────────────────────────────────────────────────────────────
@@ -255,7 +261,21 @@ class WarmPool:
                 await sandbox.close()
                 return
             self._ready.setdefault(task_dir, deque()).append(sandbox)
+            self._ensure_watch()
         self._fill()
+
+    def _ensure_watch(self) -> None:
+        if self.provider.gate.max_live is not None and (self._watch is None or self._watch.done()):
+            self._watch = asyncio.get_running_loop().create_task(self._watch_cap(), name="warm-pool-cap")
+
+    async def _watch_cap(self) -> None:
+        """While the pool holds ready sandboxes: stop one whenever the governor says a rollout's own start elsewhere
+        waits for the ticket it holds."""
+        gate = self.provider.gate
+        while not self._closed and self._ready:
+            await asyncio.sleep(ASK_EVICT_EVERY_S)
+            if self._ready and not self._closed and await gate.ask_evict():
+                self._evict_one("on another actor or suite")
 
     def _ensure_reaper(self) -> None:
         if self._reaper is None or self._reaper.done():
@@ -303,8 +323,9 @@ class WarmPool:
         """Stop every warm sandbox and cancel the starts still running (each closes what it made)."""
         self._closed = True
         self._hints.clear()
-        if self._reaper is not None:
-            self._reaper.cancel()
+        for loop_task in (self._reaper, self._watch):
+            if loop_task is not None:
+                loop_task.cancel()
         runs = [t for s in self._starting.values() for t in s]
         for run in runs:
             run.cancel()

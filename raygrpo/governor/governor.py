@@ -63,8 +63,13 @@ class Governor:
     def release(self, request_id: str) -> bool:
         return self.schedule.release(request_id) if self.schedule is not None else False
 
-    async def acquire_live(self, ticket: str, holder: str) -> bool:
-        return True if self.live is None else await self.live.acquire(ticket, holder)
+    async def acquire_live(self, ticket: str, holder: str, warm: bool = False) -> bool:
+        """A live ticket (see `LiveCap.acquire`; `warm`: for a warm pool's start); True at once without a cap."""
+        return True if self.live is None else await self.live.acquire(ticket, holder, warm)
+
+    async def ask_evict(self, holder: str) -> bool:
+        """Whether `holder` should stop one of its idle warm sandboxes for a rollout's start (`LiveCap.ask_evict`)."""
+        return self.live.ask_evict(holder) if self.live is not None else False
 
     def release_live(self, ticket: str) -> bool:
         return self.live.release(ticket) if self.live is not None else False
@@ -73,11 +78,12 @@ class Governor:
         """Give several live tickets back at once (a client's releases, batched); returns how many were known."""
         return sum(self.release_live(ticket) for ticket in tickets)
 
-    async def admit(self, ticket: str, holder: str, request_id: str) -> tuple[bool, Reservation | None]:
+    async def admit(self, ticket: str, holder: str, request_id: str,
+                    warm: bool = False) -> tuple[bool, Reservation | None]:
         """A start's first two questions in one round trip: a live ticket (`acquire_live`), then, once it is held
         and there is a rate limit, `request_id`'s create slot (`reserve`; it may answer "still queued").
         Returns `(False, None)` when the ticket is not granted yet (ask again)."""
-        if not await self.acquire_live(ticket, holder):
+        if not await self.acquire_live(ticket, holder, warm):
             return False, None
         if self.schedule is None:
             return True, None

@@ -14,6 +14,9 @@ logger = logging.getLogger(__name__)
 
 #: Dead holders remembered (their late calls are refused).
 GONE_KEPT = 10_000
+#: Seconds a rollout's own start waits for a ticket before a holder of idle warm sandboxes is asked to stop one
+#: (`LiveCap.ask_evict`), and between two such asks for the same start.
+EVICT_AFTER_S = 0.5
 
 
 @dataclass
@@ -24,16 +27,27 @@ class _Waiter:
     cancelled: bool = False
     #: `acquire` calls waiting on it now (a waiter being asked about is never abandoned).
     active: int = 0
+    #: A warm pool's start, ahead of any rollout: every rollout's own start goes before it.
+    warm: bool = False
+    #: When it was queued; when a holder was last asked to stop a warm sandbox for it.
+    since: float = 0.0
+    evict_asked: float = 0.0
 
 
 class LiveCap:
-    """The live-sandbox cap of one provider key: at most `max_live` tickets out at once, granted in request order.
+    """The live-sandbox cap of one provider key: at most `max_live` tickets out at once, granted in request order,
+    rollouts' own starts before warm pools' starts.
 
     A ticket is taken before a sandbox's create is sent and given back after its stop (or its failed start), so
     every sandbox that can exist at the provider holds one. Holders renew their tickets (`renew`); the tickets of a
     holder silent for `ticket_ttl_s` (its process died) are dropped, and a restarted governor, which lost its state,
     takes back the tickets its holders renew. A provider that refuses a create for its live limit lowers the cap in
     effect to what is live (`throttle`); it climbs back by one every `recover_after_s` without such an answer.
+
+    A warm pool's start (`warm=True`) waits behind every rollout's own start, whatever the order they asked in: a
+    guess about what comes next must not hold up a rollout that is here. Warm sandboxes already started hold their
+    tickets until used, so holders of idle ones ask `ask_evict` now and then: once a rollout's start has waited
+    `evict_after_s` with the cap reached, one asker is told to stop one (one per waiting start per `evict_after_s`).
 
     Args:
         key: Provider key.
@@ -43,10 +57,12 @@ class LiveCap:
         abandon_after_s: A waiter nobody asked about for this long (no `acquire` call waiting on it) leaves the
             queue.
         recover_after_s: Quiet time before each step of the cap in effect back up.
+        evict_after_s: How long a rollout's start waits before a holder of idle warm sandboxes is asked to stop one.
     """
 
     def __init__(self, key: str, max_live: int, *, max_hold_s: float = 30.0, ticket_ttl_s: float = 60.0,
-                 abandon_after_s: float = 15.0, recover_after_s: float = 5.0) -> None:
+                 abandon_after_s: float = 15.0, recover_after_s: float = 5.0,
+                 evict_after_s: float = EVICT_AFTER_S) -> None:
         if max_live < 1:
             raise ValueError(f"max_live must be >= 1, got {max_live}")
         self.key = key
@@ -57,6 +73,7 @@ class LiveCap:
         self._ttl = ticket_ttl_s
         self._abandon_after = abandon_after_s
         self._recover_after = recover_after_s
+        self._evict_after = evict_after_s
         self._live: dict[str, str] = {}  # ticket -> holder
         self._renewed: dict[str, float] = {}  # holder -> last renewal
         self._waiting: OrderedDict[str, _Waiter] = OrderedDict()
@@ -64,7 +81,8 @@ class LiveCap:
         self._last_step = 0.0
         self._last_sweep = 0.0
         self._peak = 0
-        self._counts = {"granted": 0, "returned": 0, "expired": 0, "throttled": 0, "forgotten": 0}
+        self._counts = {"granted": 0, "returned": 0, "expired": 0, "throttled": 0, "forgotten": 0,
+                        "evictions_asked": 0}
         self._gone: dict[str, float] = {}  # holders known dead (the most recent GONE_KEPT)
 
     def _sweep(self, now: float) -> None:
@@ -89,17 +107,23 @@ class LiveCap:
             self.effective_max_live += 1
         self._wake()
 
+    def _queued(self) -> list[tuple[str, _Waiter]]:
+        """The waiters in the order they are granted: rollouts' own starts, then warm ones, each in request order."""
+        waiting = list(self._waiting.items())
+        return [tw for tw in waiting if not tw[1].warm] + [tw for tw in waiting if tw[1].warm]
+
     def _wake(self) -> None:
         free = self.effective_max_live - len(self._live)
-        for w in self._waiting.values():
+        for _, w in self._queued():
             if free <= 0:
                 break
             w.event.set()
             free -= 1
 
-    async def acquire(self, ticket: str, holder: str) -> bool:
+    async def acquire(self, ticket: str, holder: str, warm: bool = False) -> bool:
         """Take `ticket` for `holder` when the cap allows (True), or answer False after `max_hold_s` (ask again) or
-        once the ticket is released meanwhile (its caller gave up)."""
+        once the ticket is released meanwhile (its caller gave up). `warm`: for a warm pool's start, which waits
+        behind every rollout's own."""
         now = time.time()
         self._sweep(now)
         if holder in self._gone:
@@ -111,14 +135,15 @@ class LiveCap:
         w = self._waiting.get(ticket)
         while True:
             if w is None or (ticket not in self._waiting and not w.cancelled):  # new, or swept as abandoned
-                w = self._waiting[ticket] = _Waiter(holder, time.time(), asyncio.Event())
+                w = self._waiting[ticket] = _Waiter(holder, time.time(), asyncio.Event(), warm=warm,
+                                                    since=time.monotonic())
                 self._wake()
             if w.cancelled:
                 return False
             w.touched = time.time()
             if w.event.is_set():
                 ahead = 0
-                for other in self._waiting:
+                for other, _ in self._queued():
                     if other == ticket:
                         break
                     ahead += 1
@@ -140,6 +165,19 @@ class LiveCap:
             finally:
                 w.active -= 1
                 w.touched = time.time()
+
+    def ask_evict(self, holder: str) -> bool:
+        """Whether `holder`, which holds idle warm sandboxes, should stop one: a rollout's own start has waited
+        `evict_after_s` with the cap reached, and nobody was asked for it in the last `evict_after_s`."""
+        if holder in self._gone or len(self._live) < self.effective_max_live:
+            return False
+        now = time.monotonic()
+        for _, w in self._waiting.items():
+            if not w.warm and not w.cancelled and now - max(w.since, w.evict_asked) >= self._evict_after:
+                w.evict_asked = now
+                self._counts["evictions_asked"] += 1
+                return True
+        return False
 
     def release(self, ticket: str) -> bool:
         """Give `ticket` back (or leave the queue); True if it was known. Safe to call more than once."""
