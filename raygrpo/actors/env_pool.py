@@ -13,6 +13,7 @@ working_dir (`raygrpo.workdir`) and records its node in every trajectory.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 from typing import Any
@@ -28,6 +29,18 @@ from raygrpo.workdir import relocate
 from raygrpo.worker import RolloutWorker, WorkerSettings
 
 logger = logging.getLogger(__name__)
+
+
+def freeze_heap() -> None:
+    """Leave what this process holds once its worker is built (Ray, the tokenizer, transformers, torch: ~260k objects)
+    out of every later garbage collection (`gc.freeze`, after a collection so no garbage is kept).
+
+    Without it, each full collection walks all of them again (~0.15 s on this project's 2-core machine), once every
+    few hundred rollouts: about a sixth of the rollout path's CPU in the remote arm of `benchmarks/provisioning.py`.
+    Objects made later are collected as usual.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 class EnvPool:
@@ -56,6 +69,7 @@ class EnvPool:
         async with self._lock:
             if self._worker is None:
                 self._worker = await asyncio.to_thread(RolloutWorker.build, self.settings, limiters=RayRateLimiterClient)
+                freeze_heap()
                 # Sandbox dirs are node-local: each actor looks after the sandboxes of its own node.
                 self._reaper = OrphanReaper(interval_s=10.0)
         return self._worker

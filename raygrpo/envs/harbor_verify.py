@@ -117,18 +117,34 @@ async def run_verifier(env: BaseEnvironment, task: Task, trial_paths: TrialPaths
     return result
 
 
-def _test_command(env: BaseEnvironment, task: Task, trial_paths: TrialPaths) -> str:
-    """The command Harbor's verifier runs `test.sh` with (as `harbor.verifier.verifier.Verifier.verify` builds it)."""
-    from harbor.models.trial.paths import EnvironmentPaths
-    from harbor.utils.scripts import build_execution_command
+#: `_test_command`'s answers by (task dir, OS): every verification of a task runs the same command, and building
+#: it (a directory listing and path arithmetic) was a tenth of a rollout's CPU on a remote backend.
+_TEST_COMMANDS: dict[tuple[str, str], str] = {}
+_TEST_COMMANDS_KEPT = 4096
 
-    paths = EnvironmentPaths.for_os(env.os)
-    host_test = task.paths.discovered_test_path_for(env.os)
-    if host_test is None:
-        return ""
-    script = paths.tests_dir / host_test.relative_to(task.paths.tests_dir).as_posix()
-    stdout = paths.verifier_dir / trial_paths.test_stdout_path.relative_to(trial_paths.verifier_dir).as_posix()
-    return build_execution_command(str(script), stdout_path=str(stdout), task_os=env.os)
+
+def _test_command(env: BaseEnvironment, task: Task, trial_paths: TrialPaths) -> str:
+    """The command Harbor's verifier runs `test.sh` with (as `harbor.verifier.verifier.Verifier.verify` builds it).
+
+    Made once per task and OS: the task (parsed once per provider) does not change, and every trial dir has
+    Harbor's one layout."""
+    key = (str(task.paths.task_dir), str(env.os))
+    command = _TEST_COMMANDS.get(key)
+    if command is None:
+        from harbor.models.trial.paths import EnvironmentPaths
+        from harbor.utils.scripts import build_execution_command
+
+        paths = EnvironmentPaths.for_os(env.os)
+        host_test = task.paths.discovered_test_path_for(env.os)
+        if host_test is None:
+            return ""
+        script = paths.tests_dir / host_test.relative_to(task.paths.tests_dir).as_posix()
+        stdout = paths.verifier_dir / trial_paths.test_stdout_path.relative_to(trial_paths.verifier_dir).as_posix()
+        command = build_execution_command(str(script), stdout_path=str(stdout), task_os=env.os)
+        if len(_TEST_COMMANDS) >= _TEST_COMMANDS_KEPT:
+            _TEST_COMMANDS.clear()
+        _TEST_COMMANDS[key] = command
+    return command
 
 
 async def probe_tooling(env: BaseEnvironment, task: Task, *, offline_tooling: bool = False) -> list[str]:
