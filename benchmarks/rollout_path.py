@@ -5,7 +5,7 @@ The remote arm of `provisioning.py` states the CPU per rollout of the whole Ray 
 (±15%) hide what the rollout path itself costs. This runs the same rollouts (the example suite's 8 tasks × 8, the
 null backend under the fault injector with 1.0 s starts, 50 ms execs and a 200 ms verifier, the scripted policy, the
 Harbor adapter, the agent loop) through one `RolloutWorker` on this process's event loop, built and set up as an
-env pool actor builds its own (`raygrpo.actors.env_pool.freeze_heap` after the build), and measures this process's
+env pool actor builds its own (`raygrpo.actors.heap.freeze_heap` after the build), and measures this process's
 CPU (`getrusage`, every thread) over `--repeats` batches after a first one: `cpu_ms_per_rollout` is their mean (a
 full collection lands in one batch, and counts), the rollout path's share of an env pool actor's CPU per rollout;
 the garbage collector's runs in the timed batches are reported beside it.
@@ -66,7 +66,7 @@ class GcRuns:
 
 
 async def measure(args) -> dict:
-    from raygrpo.actors.env_pool import freeze_heap
+    from raygrpo.actors.heap import freeze_heap
     from raygrpo.resolve import resolve_run
     from raygrpo.worker import RolloutWorker, WorkerSettings
 

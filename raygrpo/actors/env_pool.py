@@ -13,13 +13,13 @@ working_dir (`raygrpo.workdir`) and records its node in every trajectory.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 from typing import Any
 
 import ray
 
+from raygrpo.actors.heap import freeze_heap
 from raygrpo.actors.rate_limiter import RayRateLimiterClient
 from raygrpo.environ import apply_process_env
 from raygrpo.sandbox.ledger import disown_all
@@ -29,18 +29,6 @@ from raygrpo.workdir import relocate
 from raygrpo.worker import RolloutWorker, WorkerSettings
 
 logger = logging.getLogger(__name__)
-
-
-def freeze_heap() -> None:
-    """Leave what this process holds once its worker is built (Ray, the tokenizer, transformers, torch: ~260k objects)
-    out of every later garbage collection (`gc.freeze`, after a collection so no garbage is kept).
-
-    Without it, each full collection walks all of them again (~0.15 s on this project's 2-core machine), once every
-    few hundred rollouts: about a sixth of the rollout path's CPU in the remote arm of `benchmarks/provisioning.py`.
-    Objects made later are collected as usual.
-    """
-    gc.collect()
-    gc.freeze()
 
 
 class EnvPool:

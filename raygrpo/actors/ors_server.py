@@ -18,6 +18,7 @@ from typing import Any
 
 import ray
 
+from raygrpo.actors.heap import freeze_heap
 from raygrpo.envs.ors_server import serve_environments
 from raygrpo.errors import describe
 from raygrpo.specs.ors import ORSSpec
@@ -56,6 +57,7 @@ class _ORSServer:
         self._url = self._running.url
         if host in ("0.0.0.0", "::"):
             self._url = f"http://{ray.util.get_node_ip_address()}:{self._running.port}"
+        freeze_heap()
 
     def url(self) -> str:
         """The base URL clients use."""

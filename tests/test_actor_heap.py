@@ -1,6 +1,7 @@
-"""The env pool actor leaves its start-up heap out of garbage collections (`raygrpo.actors.env_pool.freeze_heap`):
-without it, every full collection walked the ~260k objects of Ray, the tokenizer and transformers again, ~0.15 s
-each (`benchmarks/rollout_path.py --no-freeze` shows the runs)."""
+"""Actors leave their start-up heap out of garbage collections (`raygrpo.actors.heap.freeze_heap`): without it,
+every full collection in an env pool actor walked the ~260k objects of Ray, the tokenizer and transformers again,
+~0.15 s each (`benchmarks/rollout_path.py --no-freeze` shows the runs). The embedded ORS server's is checked in
+`test_ors_server.py`."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from raygrpo.actors.env_pool import freeze_heap
+from raygrpo.actors.heap import freeze_heap
 
 pytestmark = pytest.mark.timeout(120)
 
