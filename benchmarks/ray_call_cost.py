@@ -1,4 +1,4 @@
-"""What one Ray actor call per rollout costs, with no rollout in it: the floor under `provisioning.py`'s remote arm.
+"""What Ray costs per rollout with nothing in the rollout: the floor under `provisioning.py`'s remote arm.
 
 The remote arm's `cpu_ms_per_rollout` counts the driver and every process of the Ray session. Part of it is Ray's
 own: each rollout is one call of an async actor method (submitted by the driver, run on the actor's event loop, its
@@ -6,8 +6,10 @@ return value serialized and stored, the driver waking on it through `ray.wait`),
 nothing runs. This script makes the same calls with nothing inside them: 2 async actors (`max_concurrency` as
 raygrpo's env pool actors get for K = 32), batches of 64 calls that each hold for `--hold-s` (the remote arm's 1.4 s
 ideal rollout) and return `--payload-bytes` of data (4.5 KB: the median of the remote arm's trajectories pickled,
-3.7–5.4 KB), collected as the orchestrator does (`ray.wait` one at a time). Counted the same way (`session_cpu.SessionCpu`): the
-CPU per call over the timed batches, per process, and what the session costs idle over as long a wall right after.
+3.7–5.4 KB), collected as the orchestrator does (`ray.wait` one at a time). `--per-call N` puts N of them in one call
+that returns their N payloads in a list, as the orchestrator sends a group's rollouts (`EnvPool.run_many`). Counted the
+same way (`session_cpu.SessionCpu`): the CPU per rollout over the timed batches, per process, and what the session
+costs idle over as long a wall right after.
 
 Run: `python benchmarks/ray_call_cost.py` (about 30 s). Prints one JSON object last.
 """
@@ -30,10 +32,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--actors", type=int, default=2)
     parser.add_argument("--per-actor", type=int, default=32)
-    parser.add_argument("--calls", type=int, default=64, help="calls per batch")
+    parser.add_argument("--calls", type=int, default=64, help="rollouts per batch")
     parser.add_argument("--repeats", type=int, default=6)
     parser.add_argument("--hold-s", type=float, default=1.4)
     parser.add_argument("--payload-bytes", type=int, default=4_500)
+    parser.add_argument("--per-call", type=int, default=1, help="rollouts per call (a group's, in one list)")
     args = parser.parse_args()
 
     import ray
@@ -47,6 +50,9 @@ def main() -> None:
             await asyncio.sleep(hold_s)
             return {"i": i, "data": bytes(payload)}
 
+        async def run_many(self, items: list[int], hold_s: float, payload: int) -> list[dict]:
+            return list(await asyncio.gather(*(self.run(i, hold_s, payload) for i in items)))
+
     init_ray(num_cpus=8)
     try:
         actors = [Holder.options(max_concurrency=args.per_actor + 16).remote() for _ in range(args.actors)]
@@ -54,8 +60,14 @@ def main() -> None:
 
         def batch() -> float:
             began = time.perf_counter()
-            pending = [actors[i % len(actors)].run.remote(i, args.hold_s, args.payload_bytes)
-                       for i in range(args.calls)]
+            if args.per_call == 1:
+                pending = [actors[i % len(actors)].run.remote(i, args.hold_s, args.payload_bytes)
+                           for i in range(args.calls)]
+            else:
+                starts = range(0, args.calls, args.per_call)
+                pending = [actors[n % len(actors)].run_many.remote(list(range(i, min(i + args.per_call, args.calls))),
+                                                                   args.hold_s, args.payload_bytes)
+                           for n, i in enumerate(starts)]
             while pending:
                 ready, pending = ray.wait(pending, num_returns=1)
                 ray.get(ready)
@@ -74,17 +86,17 @@ def main() -> None:
         idle = cpu.by_kind()
     finally:
         shutdown_ray()
-    calls = args.calls * args.repeats
+    rollouts = args.calls * args.repeats
 
-    def per_call(after: dict[str, float], start: dict[str, float]) -> dict[str, float]:
-        ms = {k: round(1000 * (v - start.get(k, 0.0)) / calls, 2) for k, v in after.items()}
+    def per_rollout(after: dict[str, float], start: dict[str, float]) -> dict[str, float]:
+        ms = {k: round(1000 * (v - start.get(k, 0.0)) / rollouts, 2) for k, v in after.items()}
         return {k: v for k, v in ms.items() if v}
 
-    busy_ms, idle_ms = per_call(busy, before), per_call(idle, busy)
+    busy_ms, idle_ms = per_rollout(busy, before), per_rollout(idle, busy)
     print(json.dumps({
-        "cpu_ms_per_call": round(sum(busy_ms.values()), 2),
-        "idle_cpu_ms_per_call_equivalent": round(sum(idle_ms.values()), 2),
-        "cpu_ms_per_call_by_process": busy_ms,
+        "cpu_ms_per_rollout": round(sum(busy_ms.values()), 2),
+        "idle_cpu_ms_per_rollout_equivalent": round(sum(idle_ms.values()), 2),
+        "cpu_ms_per_rollout_by_process": busy_ms,
         "idle_cpu_ms_by_process": idle_ms,
         "batch_walls_s": [round(w, 3) for w in walls],
         **vars(args),

@@ -9,6 +9,12 @@ requested rollout ends as exactly one yielded trajectory: scored, or unscored wi
 for an infrastructure reason (env or policy error, a dead actor) is run again, at most `max_retries` times, unless
 its retry failed exactly as the attempt before it (same exception type and message): a failure that repeats
 identically is not a passing glitch, and retrying it again only costs time.
+
+Rollouts of one group queued one after another go to an actor in one call (`EnvPool.run_many`) and come back
+together once the last of them ends: one Ray call per group instead of one per rollout, which was most of raygrpo's
+own CPU per rollout with remote sandboxes (benchmarks/README.md), and GRPO uses a group only once it is complete. A
+call takes at most the actor's room; while the queue fits in the actors' room a group is shared between the actors
+that have room, as dispatching rollout by rollout would, instead of filling one of them.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from ray.exceptions import RayActorError, TaskCancelledError
 
 from raygrpo.pools import PoolSet, PoolSlot
 from raygrpo.pools.metrics import PoolMetricsLog
-from raygrpo.types import Status, TaskRef, Trajectory
+from raygrpo.types import RolloutCall, Status, TaskRef, Trajectory
 
 logger = logging.getLogger(__name__)
 
@@ -133,7 +139,9 @@ class Orchestrator:
         self.max_retries = max_retries
         self.on_failed_attempt = on_failed_attempt
         self.stats = DispatchStats()
-        self._pending: dict[Any, tuple[PoolSlot, RolloutRequest]] = {}
+        #: Per call in flight: its actor and its rollouts.
+        self._pending: dict[Any, tuple[PoolSlot, list[RolloutRequest]]] = {}
+        self._running = 0
         self._queue: deque[RolloutRequest] = deque()
         self._queued: Counter[str] = Counter()
         #: Per actor name: queued rollouts it was told come to it next and that were not dispatched yet.
@@ -144,24 +152,26 @@ class Orchestrator:
 
     @property
     def in_flight(self) -> int:
-        return len(self._pending)
+        """Rollouts running on the actors."""
+        return self._running
 
     @property
     def queued(self) -> int:
         return len(self._queue)
 
-    def _submit(self, slot: PoolSlot, request: RolloutRequest) -> None:
-        ref = slot.handle.run.remote(
-            request.task, request.group_id, request.attempt, request.sample, request.min_version, request.policy
-        )
-        slot.take()
-        self._pending[ref] = (slot, request)
-        self.stats.dispatched += 1
+    def _submit(self, slot: PoolSlot, batch: list[RolloutRequest]) -> None:
+        ref = slot.handle.run_many.remote([
+            RolloutCall(r.task, r.group_id, r.attempt, r.sample, r.min_version, r.policy) for r in batch
+        ])
+        slot.take(len(batch))
+        self._pending[ref] = (slot, batch)
+        self._running += len(batch)
+        self.stats.dispatched += len(batch)
 
     @property
     def outstanding(self) -> int:
         """Rollouts enqueued or in flight whose final trajectory has not been returned yet."""
-        return len(self._queue) + len(self._pending)
+        return len(self._queue) + self._running
 
     def enqueue(self, requests: Iterable[RolloutRequest]) -> None:
         """Add rollouts to run; `poll` dispatches them as actors have room.
@@ -226,11 +236,14 @@ class Orchestrator:
         if ready:  # collect everything else that is already done too
             ready, _ = ray.wait(list(self._pending), num_returns=len(self._pending), timeout=0)
         finals: list[Trajectory] = []
+        done: list[tuple[RolloutRequest, Trajectory]] = []
         for ref in ready:
-            slot, request = self._pending.pop(ref)
+            slot, batch = self._pending.pop(ref)
+            self._running -= len(batch)
             with self.pools.lock:
-                slot.release()
-            traj = self._result(ref, slot, request)
+                slot.release(len(batch))
+            done.extend(zip(batch, self._results(ref, slot, batch)))
+        for request, traj in done:
             self.stats.by_status[traj.status.value] += 1
             self.pools.metrics.record_attempt(traj.status.value)
             if self._retry(request, traj):
@@ -260,11 +273,29 @@ class Orchestrator:
                 if full >= {e for e, n in self._queued.items() if n}:  # every queued environment is full
                     break
                 continue
-            self._queued[env] -= 1
+            batch = self._batch(request, slot)
+            self._queued[env] -= len(batch)
             if request.hint is not None:
-                self._told[request.hint] -= 1
-            self._submit(slot, request)
+                self._told[request.hint] -= len(batch)
+            self._submit(slot, batch)
         self._queue.extendleft(reversed(held))
+
+    def _batch(self, request: RolloutRequest, slot: PoolSlot) -> list[RolloutRequest]:
+        """`request` and the queued rollouts right behind it of its group told to the same actor (if any), as many as
+        `slot` takes in one call: up to its room, and while the queue of their environment fits in the room of its
+        actors (they will not all fill), the share of them that rollout-by-rollout dispatch would give it."""
+        room = slot.room
+        run = 1
+        for other in self._queue:
+            if run >= room or other.group_id != request.group_id or other.hint != request.hint:
+                break
+            run += 1
+        if run == 1:
+            return [request]
+        env = request.task.env
+        if request.hint is None and self._queued[env] < self.pools.room(env):
+            run = max(1, self.pools.share(env, slot, run))
+        return [request, *(self._queue.popleft() for _ in range(run - 1))]
 
     def _hint(self) -> None:
         """Tell actors that keep a warm pool which rollouts come to them next: the queued ones in queue order, then the
@@ -342,24 +373,23 @@ class Orchestrator:
         finally:
             self.cancel()
 
-    def _result(self, ref: Any, slot: PoolSlot, request: RolloutRequest) -> Trajectory:
+    def _results(self, ref: Any, slot: PoolSlot, batch: list[RolloutRequest]) -> list[Trajectory]:
+        """The trajectories of one call, one per rollout in `batch`; unscored ones with the call's error if it failed."""
         try:
             return ray.get(ref)
         except RayActorError as exc:
             # Died, OOM-killed, its node died or is cut off: forgotten and killed for good, so a partitioned actor
-            # that comes back cannot deliver this rollout too; the pool starts a replacement.
+            # that comes back cannot deliver these rollouts too; the pool starts a replacement.
             self.pools.lost(slot, exc)
-            self.stats.lost_to_actors += 1
+            self.stats.lost_to_actors += len(batch)
             status, error = Status.ENV_ERROR, f"env pool actor {slot.name} died"
         except TaskCancelledError:
             status, error = Status.CANCELLED, "cancelled"
         except Exception as exc:  # noqa: BLE001 - a task that raised: report, do not lose the rollout
             logger.warning("rollout on %s raised: %s", slot.name, exc)
             status, error = Status.ENV_ERROR, f"{type(exc).__name__}: {exc}"[:500]
-        return Trajectory(
-            task=request.task, status=status, error=error, group_id=request.group_id,
-            sample=request.sample, attempt=request.attempt, worker=slot.name,
-        )
+        return [Trajectory(task=r.task, status=status, error=error, group_id=r.group_id, sample=r.sample,
+                           attempt=r.attempt, worker=slot.name) for r in batch]
 
     def log_pools(self, log: PoolMetricsLog, force: bool = False) -> None:
         """Write the pools' figures and this orchestrator's to `log` (at most once per its interval)."""
@@ -371,12 +401,13 @@ class Orchestrator:
         self._queue.clear()
         self._queued.clear()
         self._told.clear()  # what was foreseen stays: it is about what the caller enqueues next
-        for ref, (slot, _) in list(self._pending.items()):
+        for ref, (slot, batch) in list(self._pending.items()):
             try:
                 ray.cancel(ref)
             except Exception:  # noqa: BLE001
                 pass
             with self.pools.lock:
-                slot.release()
+                slot.release(len(batch))
         self._pending.clear()
+        self._running = 0
         self.pools.report(self, {})

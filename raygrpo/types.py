@@ -229,3 +229,24 @@ class Trajectory:
         out = {"schema_version": TRAJECTORY_SCHEMA_VERSION, **dataclasses.asdict(self)}
         out["status"] = self.status.value
         return out
+
+
+@dataclass(frozen=True)
+class RolloutCall:
+    """One rollout as the orchestrator sends it to an env pool actor (`EnvPool.run_many`, several in one call).
+
+    Args:
+        task: The task to roll out.
+        group_id: The group it belongs to.
+        attempt: 0 for a first try, n for the n-th retry.
+        sample: Its index in the group.
+        min_version: The lowest policy version it may generate with (`SamplingParams.min_version`).
+        policy: A built-in acting policy to run it with instead of the run's (`"oracle"`, `"noop"`); None: the run's.
+    """
+
+    task: TaskRef
+    group_id: str = ""
+    attempt: int = 0
+    sample: int = 0
+    min_version: int = 0
+    policy: str | None = None

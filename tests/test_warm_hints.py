@@ -9,32 +9,9 @@ import pytest
 from raygrpo.orchestrator import Orchestrator, RolloutRequest
 from raygrpo.pools import PoolSet
 from raygrpo.types import TaskRef
+from tests.dispatch_recorder import RecordingActor
 
 pytestmark = pytest.mark.timeout(30)
-
-
-class _Method:
-    def __init__(self, name: str, calls: list) -> None:
-        self.name, self.calls = name, calls
-
-    def remote(self, *args):
-        self.calls.append((self.name, args))
-        return object()  # stands for the call's ObjectRef
-
-
-class RecordingActor:
-    """Records `run` and `prewarm` calls (the only ones dispatch and hinting make)."""
-
-    def __init__(self) -> None:
-        self.calls: list = []
-        self.run = _Method("run", self.calls)
-        self.prewarm = _Method("prewarm", self.calls)
-
-    def told(self) -> list[int]:
-        return [t.index for name, args in self.calls if name == "prewarm" for t in args[0]]
-
-    def ran(self) -> list[int]:
-        return [args[0].index for name, args in self.calls if name == "run"]
 
 
 def orchestrator(k: int = 1, warm_depth: int = 2) -> tuple[Orchestrator, RecordingActor, RecordingActor]:

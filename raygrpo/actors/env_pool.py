@@ -24,7 +24,7 @@ from raygrpo.actors.rate_limiter import RayRateLimiterClient
 from raygrpo.environ import apply_process_env
 from raygrpo.sandbox.ledger import disown_all
 from raygrpo.sandbox.reaper import OrphanReaper
-from raygrpo.types import TaskRef, Trajectory
+from raygrpo.types import RolloutCall, Status, TaskRef, Trajectory
 from raygrpo.workdir import relocate
 from raygrpo.worker import RolloutWorker, WorkerSettings
 
@@ -79,6 +79,26 @@ class EnvPool:
                                 sample=sample, min_version=min_version, policy=policy)
         traj.task, traj.node = task, self.node  # the driver's paths, as it sent them
         return traj
+
+    async def run_many(self, calls: list[RolloutCall]) -> list[Trajectory]:
+        """Several rollouts in one Ray call (the orchestrator sends a group's rollouts together: one call's cost for
+        all of them), run at once; returns their trajectories, in order, once every one has ended. A rollout that
+        raised comes back as an `ENV_ERROR` trajectory naming the exception (a cancelled one as `CANCELLED`), so one
+        failure does not take the others' results with it."""
+        results = await asyncio.gather(
+            *(self.run(c.task, c.group_id, c.attempt, c.sample, c.min_version, c.policy) for c in calls),
+            return_exceptions=True,
+        )
+        return [r if isinstance(r, Trajectory) else self._failed(c, r) for c, r in zip(calls, results)]
+
+    def _failed(self, call: RolloutCall, exc: BaseException) -> Trajectory:
+        if isinstance(exc, asyncio.CancelledError):
+            status, error = Status.CANCELLED, "cancelled"
+        else:
+            logger.warning("%s: rollout of %s/%s raised: %s", self.settings.name, call.task.env, call.task.index, exc)
+            status, error = Status.ENV_ERROR, f"{type(exc).__name__}: {exc}"[:500]
+        return Trajectory(task=call.task, status=status, error=error, group_id=call.group_id, sample=call.sample,
+                          attempt=call.attempt, worker=self.settings.name, node=self.node)
 
     async def prewarm(self, tasks: list[TaskRef]) -> None:
         """Rollouts of these tasks come to this actor next: warm pools start their sandboxes (`RolloutWorker.prewarm`)."""

@@ -12,6 +12,7 @@ bundle per wanted actor), so a burst gets its nodes at once; it is cleared when 
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 from collections.abc import Iterable
@@ -78,6 +79,27 @@ class PoolSet:
                 if slot.name == prefer:
                     return slot
         return min(free, key=lambda s: s.in_flight) if free else None
+
+    def room(self, env: str) -> int:
+        """How many rollouts of `env` the live actors can take now, in all."""
+        return sum(s.room for p in self.pools for s in p.slots if s.takes(env))
+
+    def share(self, env: str, slot: PoolSlot, n: int) -> int:
+        """How many of `n` rollouts of `env`, given one at a time to the least busy actor with room (`free_slot`),
+        `slot` would get."""
+        load = [[s.in_flight, i, s.room, s is slot] for i, s in enumerate(s for p in self.pools for s in p.slots
+                                                                           if s.takes(env))]
+        heapq.heapify(load)
+        got = 0
+        for _ in range(n):
+            if not load:
+                break
+            least = heapq.heappop(load)
+            got += least[3]
+            least[0], least[2] = least[0] + 1, least[2] - 1
+            if least[2]:
+                heapq.heappush(load, least)
+        return got
 
     def keeps_warm(self) -> bool:
         """Whether any pool's actors keep a warm pool."""

@@ -86,13 +86,18 @@ class PoolSlot:
                 self.idle_s += dt
         self._mark = now
 
-    def take(self) -> None:
-        self.account()
-        self.in_flight += 1
+    @property
+    def room(self) -> int:
+        """Rollouts it can take now (0 unless live)."""
+        return max(0, self.capacity - self.in_flight) if self.state is SlotState.LIVE else 0
 
-    def release(self) -> None:
+    def take(self, n: int = 1) -> None:
         self.account()
-        self.in_flight = max(0, self.in_flight - 1)
+        self.in_flight += n
+
+    def release(self, n: int = 1) -> None:
+        self.account()
+        self.in_flight = max(0, self.in_flight - n)
         if self.in_flight == 0:
             self.since = time.monotonic()
 
