@@ -30,6 +30,14 @@ logger = logging.getLogger(__name__)
 #: What Ray leaves out of a working_dir that raygrpo uploads itself (on top of `.gitignore`, which Ray honours).
 WORKING_DIR_EXCLUDES = [".git", ".venv", "runs", "__pycache__", "*.gguf", "*.safetensors"]
 
+#: Ray settings of a local runtime, unless the caller's `_system_config` or a `RAY_<name>` variable sets them. Ray
+#: starts one idle worker per CPU for tasks when the first driver connects; raygrpo runs actors, each in a worker
+#: started for it, so those idle workers only cost CPU (about a tenth of raygrpo's CPU per rollout with remote
+#: sandboxes, benchmarks/README.md).
+LOCAL_SYSTEM_CONFIG: dict[str, Any] = {"prestart_worker_first_driver": False}
+#: ... and, while it runs no dashboard, no metrics export from every Ray process to the dashboard agent.
+NO_DASHBOARD_SYSTEM_CONFIG: dict[str, Any] = {"enable_metrics_collection": False}
+
 
 @dataclass(frozen=True)
 class RayInfo:
@@ -114,6 +122,12 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, **kwargs: 
     own_handler = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
     if address is None:
         kwargs.setdefault("include_dashboard", False)
+        defaults = {**LOCAL_SYSTEM_CONFIG, **({} if kwargs["include_dashboard"] else NO_DASHBOARD_SYSTEM_CONFIG)}
+        system_config = dict(kwargs.get("_system_config") or {})
+        for key, value in defaults.items():
+            if f"RAY_{key}" not in os.environ:
+                system_config.setdefault(key, value)
+        kwargs["_system_config"] = system_config
         # "local" always starts a runtime of our own: with no address, Ray would join a `ray start` cluster that
         # this machine happens to run (it reads /tmp/ray/ray_current_cluster) and then refuse `num_cpus`.
         ray.init(address="local", num_cpus=num_cpus, runtime_env=runtime_env, **kwargs)

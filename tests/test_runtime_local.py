@@ -39,3 +39,38 @@ def test_a_local_run_ignores_the_machines_recorded_cluster():
 
     shutil.rmtree(temp_dir, ignore_errors=True)
     assert "RESULT False 1.0" in done.stdout, done.stdout[-2000:] + done.stderr[-3000:]
+
+
+IDLE_SCRIPT = r"""
+import json, sys, time
+import psutil, ray
+from raygrpo.runtime import init_ray, shutdown_ray
+
+init_ray(num_cpus=4, **json.loads(sys.argv[1]))
+time.sleep(4)  # Ray prestarts its idle workers right after the driver connects
+idle = [p for p in psutil.Process().children(recursive=True) if "ray::IDLE" in " ".join(p.cmdline())]
+config = ray._private.worker.global_worker.node._ray_params._system_config
+print("RESULT", json.dumps({"idle": len(idle), "prestart": config.get("prestart_worker_first_driver"),
+                            "metrics": config.get("enable_metrics_collection")}), flush=True)
+shutdown_ray()
+"""
+
+
+def _local_ray(kwargs: dict, env: dict[str, str]) -> dict:
+    import json
+
+    done = subprocess.run([sys.executable, "-c", IDLE_SCRIPT, json.dumps(kwargs)], capture_output=True, text=True,
+                          timeout=100, env={**{k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, **env})
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    assert line is not None, done.stdout[-2000:] + done.stderr[-3000:]
+    return json.loads(line.removeprefix("RESULT "))
+
+
+@pytest.mark.timeout(240)
+def test_a_local_ray_starts_no_idle_workers_and_no_metrics_export_unless_the_user_sets_them():
+    assert _local_ray({}, {}) == {"idle": 0, "prestart": False, "metrics": False}
+    # A RAY_<name> variable or the caller's _system_config wins, as does a dashboard the caller asks for.
+    theirs = _local_ray({"_system_config": {"enable_metrics_collection": True}},
+                        {"RAY_prestart_worker_first_driver": "1"})
+    assert theirs["idle"] > 0 and theirs["prestart"] is None and theirs["metrics"] is True
+    assert _local_ray({"include_dashboard": True}, {})["metrics"] is None
