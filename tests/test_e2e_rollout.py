@@ -139,7 +139,8 @@ def test_failed_run_leaves_no_session(tmp_path):
 
 
 @pytest.mark.timeout(180)
-def test_cancelled_batch_leaves_no_session(tmp_path):
+@pytest.mark.parametrize("tasks, group_size", [(16, 1), (4, 4)])
+def test_cancelled_batch_leaves_no_session(tmp_path, tasks, group_size):
     from raygrpo.launch import RolloutRuntime
     from raygrpo.orchestrator import Orchestrator, make_groups
     from raygrpo.resolve import resolve_run
@@ -154,7 +155,8 @@ def test_cancelled_batch_leaves_no_session(tmp_path):
         })
         with RolloutRuntime(cfg, resolve_run(cfg).tasks_by_env) as runtime:
             stop = threading.Event()
-            stream = Orchestrator(runtime.actors, max_in_flight_per_actor=8).run(make_groups(runtime.tasks, 1), stop)
+            stream = Orchestrator(runtime.actors, max_in_flight_per_actor=8).run(
+                make_groups(runtime.tasks[:tasks], group_size), stop)
             finished: list = []
             consumer = threading.Thread(target=lambda: finished.extend(stream))
             consumer.start()

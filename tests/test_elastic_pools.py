@@ -91,10 +91,11 @@ def test_rollout_run_records_the_pools_in_metrics_and_summary(tmp_path):
 
 
 @pytest.mark.timeout(240)
-def test_a_killed_actor_costs_retries_and_is_replaced():
+@pytest.mark.parametrize("tasks, group_size", [(32, 1), (8, 4)])
+def test_a_killed_actor_costs_retries_and_is_replaced(tasks, group_size):
     """`kill -9` of one of two actors mid-batch: its rollouts come back as attempts lost to the actor and are
     retried on the other, a replacement starts, every rollout ends `ok` exactly once, and the only sessions left on
-    the server are the killed actor's."""
+    the server are the killed actor's. With groups of 4 (K = 4) the actor's one call held a whole group."""
     NapEnvironment.reset_counters()
     with ors_server(NapEnvironment) as server:
         cfg = _config(server.url, {"num_env_actors": 2, "max_retries": 2})
@@ -104,7 +105,7 @@ def test_a_killed_actor_costs_retries_and_is_replaced():
             victim_pid = ray.get(victim.pid.remote())
             orchestrator = Orchestrator(pools=pools)
             finished: list = []
-            stream = orchestrator.run(make_groups(runtime.tasks, 1))
+            stream = orchestrator.run(make_groups(runtime.tasks[:tasks], group_size))
             consumer = threading.Thread(target=lambda: finished.extend(stream))
             consumer.start()
             assert wait_until(lambda: NapEnvironment.napping >= 8, 30)
