@@ -141,7 +141,6 @@ class Orchestrator:
         self.stats = DispatchStats()
         #: Per call in flight: its actor and its rollouts.
         self._pending: dict[Any, tuple[PoolSlot, list[RolloutRequest]]] = {}
-        self._running = 0
         self._queue: deque[RolloutRequest] = deque()
         self._queued: Counter[str] = Counter()
         #: Per actor name: queued rollouts it was told come to it next and that were not dispatched yet.
@@ -153,7 +152,7 @@ class Orchestrator:
     @property
     def in_flight(self) -> int:
         """Rollouts running on the actors."""
-        return self._running
+        return sum(len(batch) for _, batch in self._pending.values())
 
     @property
     def queued(self) -> int:
@@ -165,13 +164,12 @@ class Orchestrator:
         ])
         slot.take(len(batch))
         self._pending[ref] = (slot, batch)
-        self._running += len(batch)
         self.stats.dispatched += len(batch)
 
     @property
     def outstanding(self) -> int:
         """Rollouts enqueued or in flight whose final trajectory has not been returned yet."""
-        return len(self._queue) + self._running
+        return len(self._queue) + self.in_flight
 
     def enqueue(self, requests: Iterable[RolloutRequest]) -> None:
         """Add rollouts to run; `poll` dispatches them as actors have room.
@@ -239,7 +237,6 @@ class Orchestrator:
         done: list[tuple[RolloutRequest, Trajectory]] = []
         for ref in ready:
             slot, batch = self._pending.pop(ref)
-            self._running -= len(batch)
             with self.pools.lock:
                 slot.release(len(batch))
             done.extend(zip(batch, self._results(ref, slot, batch)))
@@ -409,5 +406,4 @@ class Orchestrator:
             with self.pools.lock:
                 slot.release(len(batch))
         self._pending.clear()
-        self._running = 0
         self.pools.report(self, {})
