@@ -91,6 +91,16 @@ class _Foretold:
     at: float
 
 
+def _contiguous(slots: list[PoolSlot | None]) -> list[PoolSlot | None]:
+    """`slots` (what least-busy telling chose for each rollout of a group, in order) reordered so that each actor's
+    come one after another, in the order of their first choice, and the rollouts no actor could be told of come last:
+    as many rollouts told to each actor as before, but adjacent in the queue, so that `_batch` sends them in one call."""
+    first: dict[str | None, int] = {}
+    for i, slot in enumerate(slots):
+        first.setdefault(None if slot is None else slot.name, i)
+    return sorted(slots, key=lambda s: len(slots) if s is None else first[s.name])
+
+
 def _task_key(task: TaskRef) -> tuple[str, str, int]:
     return (task.env, task.split, task.index)
 
@@ -297,8 +307,9 @@ class Orchestrator:
     def _hint(self) -> None:
         """Tell actors that keep a warm pool which rollouts come to them next: the queued ones in queue order, then the
         foreseen tasks, at most `PoolSlot.tell_limit` per actor not dispatched yet, each to the actor with the least
-        in flight and told. It starts their sandboxes ahead, and `_dispatch` gives the rollout to it when it has
-        room (else to another, where it starts cold)."""
+        in flight and told, the rollouts of a group told to one actor next to each other (so that they go to it in
+        one call). It starts their sandboxes ahead, and `_dispatch` gives the rollout to it when it has room (else to
+        another, where it starts cold)."""
         if not (self._queue or self._foreseen) or not self.pools.keeps_warm():
             return
         now = time.monotonic()
@@ -321,22 +332,39 @@ class Orchestrator:
                 slots.remove(slot)
             return slot
 
+        def tell(run: list[RolloutRequest]) -> None:
+            for request, slot in zip(run, _contiguous([slot_for(r.task.env) for r in run])):
+                if slot is not None:
+                    request.hint = slot.name
+                    self._told[slot.name] += 1
+                    told.setdefault(slot.name, (slot, []))[1].append(request.task)
+
         queued_envs = sum(1 for n in self._queued.values() if n)
+        run: list[RolloutRequest] = []
         for request in self._queue:
-            if request.hint is None and (slot := slot_for(request.task.env)) is not None:
-                request.hint = slot.name
-                self._told[slot.name] += 1
-                told.setdefault(slot.name, (slot, []))[1].append(request.task)
-            if len(room) >= queued_envs and not any(room.values()):
-                break  # no actor has room to be told more
+            if run and (request.hint is not None or request.group_id != run[0].group_id
+                        or request.task.env != run[0].task.env):
+                tell(run)
+                run = []
+                if len(room) >= queued_envs and not any(room.values()):
+                    break  # no actor has room to be told more
+            if request.hint is None:
+                run.append(request)
+        tell(run)
         untold: deque[TaskRef] = deque()
-        for task in self._foreseen:
-            slot = slot_for(task.env)
-            if slot is None:
-                untold.append(task)
-                continue
-            self._foretold.append(_Foretold(_task_key(task), slot.name, now))
-            told.setdefault(slot.name, (slot, []))[1].append(task)
+        tasks = list(self._foreseen)
+        i = 0
+        while i < len(tasks):
+            j = i + 1
+            while j < len(tasks) and _task_key(tasks[j]) == _task_key(tasks[i]):
+                j += 1
+            for task, slot in zip(tasks[i:j], _contiguous([slot_for(t.env) for t in tasks[i:j]])):
+                if slot is None:
+                    untold.append(task)
+                    continue
+                self._foretold.append(_Foretold(_task_key(task), slot.name, now))
+                told.setdefault(slot.name, (slot, []))[1].append(task)
+            i = j
         self._foreseen = untold
         for slot, tasks in told.values():
             slot.handle.prewarm.remote(tasks)

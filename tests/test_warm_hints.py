@@ -92,3 +92,32 @@ def test_foreseen_tasks_wait_for_room_to_be_told():
         slot.release()
     hint_and_dispatch(o)  # 2 and 3 go to the actors told; each has room to be told again
     assert 9 in a.told() + b.told()
+
+
+def group(index: int, size: int) -> list[RolloutRequest]:
+    return [RolloutRequest(TaskRef(env="h", index=index), group_id=f"g{index}", sample=s) for s in range(size)]
+
+
+def test_a_groups_rollouts_told_to_an_actor_go_to_it_in_one_call():
+    o, a, b = orchestrator(k=2, warm_depth=2)
+    o.enqueue(group(5, 8))
+    hint_and_dispatch(o)  # 4 run cold, two per actor; the next 4 are told, two per actor
+    assert [len(c) for c in a.batches()] == [2] and [len(c) for c in b.batches()] == [2]
+    assert a.told() == [5, 5] and b.told() == [5, 5]
+    hints = [r.hint for r in o._queue]
+    assert sorted(hints) == ["a", "a", "b", "b"] and hints[0] == hints[1]  # each actor's next to each other
+    for slot in o.pools.pools[0].slots:
+        slot.release(2)
+    hint_and_dispatch(o)
+    assert [len(c) for c in a.batches()] == [2, 2] and [len(c) for c in b.batches()] == [2, 2]
+    assert sorted(c.sample for c in a.batches()[1] + b.batches()[1]) == [4, 5, 6, 7]
+
+
+def test_a_foreseen_groups_tasks_are_told_to_an_actor_next_to_each_other():
+    o, a, b = orchestrator(k=2, warm_depth=2)
+    o.foresee([TaskRef(env="h", index=7)] * 4 + [TaskRef(env="h", index=8)])
+    assert a.told() == b.told() == [7, 7]  # two each (their tell limit), as one by one; 8 waits for room
+    later = group(7, 4)
+    o.enqueue(later)
+    hints = [r.hint for r in later]
+    assert sorted(hints) == ["a", "a", "b", "b"] and hints[0] == hints[1] and hints[2] == hints[3]
