@@ -18,9 +18,11 @@ import pytest
 from raygrpo.chat import ChatRenderer
 from raygrpo.config.rollout import RolloutConfig
 from raygrpo.envs.base import EnvAdapter, EnvError, EnvProvider, RewardMissingError, refuse_call
-from raygrpo.envs.harbor import HarborAdapter, HarborProvider, reduce_rewards
+from raygrpo.envs.harbor import HarborProvider
+from raygrpo.envs.harbor_adapter import HarborAdapter
 from raygrpo.envs.harbor_tasks import list_harbor_tasks
 from raygrpo.envs.harness import BashHarness, clip_output
+from raygrpo.envs.rewards import reduce_rewards
 from raygrpo.imports import load_object
 from raygrpo.policy.base import SamplingParams
 from raygrpo.policy.scripted import ScriptedPolicy

@@ -14,7 +14,8 @@ import pytest
 
 from raygrpo.config import ConfigError, load_config
 from raygrpo.config.rollout import RolloutConfig
-from raygrpo.envs.harbor import HarborAdapter, HarborProvider
+from raygrpo.envs.harbor import HarborProvider
+from raygrpo.envs.harbor_adapter import HarborAdapter
 from raygrpo.envs.harbor_tasks import list_harbor_tasks
 from raygrpo.errors import ResolveError
 from raygrpo.imports import load_object
