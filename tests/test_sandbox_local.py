@@ -20,6 +20,7 @@ from raygrpo.sandbox.local import (
     SandboxExecTimeoutError,
     SandboxNotRunningError,
 )
+from raygrpo.sandbox import registry as _registry
 from raygrpo.sandbox.registry import live_sandboxes
 from raygrpo.sandbox.toolbox import toolbox_path
 from tests.sandbox_utils import (
@@ -270,6 +271,42 @@ async def test_stop_kills_background_and_detached_processes(tmp_path: Path, sroo
     assert pids_in_namespace(ns) == []
     assert live_sandboxes(sroot) == []
     assert list(sroot.iterdir()) == []
+
+
+@pytest.mark.timeout(60)
+async def test_a_stop_searches_for_stragglers_only_when_something_may_be_left(tmp_path: Path, sroot: Path, monkeypatch):
+    """A stop reads every process's environment for the sandbox's marks (milliseconds per stop on a busy machine)
+    only when it has not seen the init reaped or an exec is still running (its `nsenter` lives outside the
+    sandbox's PID namespace); either way nothing of the sandbox is alive the moment `stop` returns. (A stop during
+    an exec usually finds the exec ended by then: its `nsenter` exits once the namespace is gone.)"""
+    searches: list[int] = []
+    search = _registry.process_env_marks
+    monkeypatch.setattr(_registry, "process_env_marks", lambda: searches.append(1) or search())
+    task = make_task(tmp_path)
+
+    env, _, _ = make_env(task, tmp_path / "trials", sroot)
+    await env.start(force_build=False)
+    ns = pid_namespace(env.init_pid)
+    try:
+        await env.exec("sleep 1000 & setsid sleep 1001 & nohup sleep 1002 >/dev/null 2>&1 &")
+        assert wait_until(lambda: len([p for p in pids_in_namespace(ns) if "sleep 100" in _cmdline(p)]) == 3, 5.0)
+    finally:
+        await env.stop(delete=True)
+    assert searches == []
+    assert pids_in_namespace(ns) == [] and processes_mentioning(str(sroot)) == []
+
+    env, _, _ = make_env(task, tmp_path / "trials", sroot)
+    await env.start(force_build=False)
+    ns = pid_namespace(env.init_pid)
+    running = asyncio.create_task(env.exec("sleep 1003"))
+    try:
+        while not any("sleep 1003" in _cmdline(p) for p in pids_in_namespace(ns)):
+            await asyncio.sleep(0.02)
+    finally:
+        await env.stop(delete=True)
+    assert pids_in_namespace(ns) == [] and processes_mentioning(str(sroot)) == []
+    with pytest.raises(SandboxNotRunningError):
+        await running
 
 
 @pytest.mark.timeout(60)

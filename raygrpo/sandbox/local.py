@@ -175,6 +175,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
             raise SandboxStartError(str(e)) from None
         self._reg: _reg.Registration | None = None
         self._init = _proc.InitProcess()
+        self._execs_running = 0
         self._mount_table: list[_lay.Mount] = []
         self._state = "new"  # new -> starting -> running -> stopped
         self._netns = False
@@ -308,14 +309,16 @@ class LocalSandboxEnvironment(BaseEnvironment):
         self._state = "stopped"
         cancelled = await self._init.kill()
         if self._reg is not None:
-            # Double-check through /proc (by the sandbox's environment mark), then remove the directory.
-            cancelled = await run_to_end(asyncio.to_thread(self._release, self._reg)) or cancelled
+            # Double-check through /proc (by the sandbox's environment mark, unless the init's namespace is known
+            # to be empty and no exec's nsenter, which lives outside it, is still running), then remove the dir.
+            stragglers = not self._init.reaped() or self._execs_running > 0
+            cancelled = await run_to_end(asyncio.to_thread(self._release, self._reg, stragglers)) or cancelled
         if cancelled is not None:
             raise cancelled
 
-    def _release(self, reg: _reg.Registration) -> None:
+    def _release(self, reg: _reg.Registration, stragglers: bool = True) -> None:
         if reg.dir.exists():
-            _reg.kill_sandbox_processes(reg.dir, reg.sandbox_id, self._root, timeout_s=5.0)
+            _reg.kill_sandbox_processes(reg.dir, reg.sandbox_id, self._root, timeout_s=5.0, stragglers=stragglers)
         reg.release(remove=not self._keep_dir)
 
     # ------------------------------------------------------------------ host directory and mounts
@@ -425,6 +428,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
         prefix, home = self._user_prefix(self._resolve_user(user))
         workdir = str(_lay.norm(cwd, self.workdir)) if cwd else self.workdir
         full = _proc.nsenter_argv(self._init.pid, netns=self._netns, prefix=prefix, workdir=workdir, argv=argv)
+        self._execs_running += 1
         try:
             rc, stdout, stderr = await _proc.run_in_group(
                 full,
@@ -437,6 +441,8 @@ class LocalSandboxEnvironment(BaseEnvironment):
             )
         except _proc.ExecTimeout as e:
             raise SandboxExecTimeoutError(timeout_sec or 0, e.stdout, e.stderr) from None
+        finally:
+            self._execs_running -= 1
         if rc != 0 and (not self._init.alive() or await self._could_not_enter(stderr)):
             raise SandboxNotRunningError(f"sandbox {self.sandbox_id} died during the exec (exit {rc})")
         if binary_stdout:

@@ -105,6 +105,13 @@ class InitProcess:
         self.start_time = _reg.proc_start_time(self.pid)
         self._reg.record_processes(self.proc.pid if self.proc else 0, self.pid)
 
+    def reaped(self) -> bool:
+        """Whether the init is known, dead, and reaped by its bwrap monitor, which has exited: its PID namespace
+        then holds no process (the kernel kills them all and the init's exit waits for them)."""
+        return (
+            self.pid is not None and self.proc is not None and self.proc.returncode is not None and not self.alive()
+        )
+
     async def kill(self) -> asyncio.CancelledError | None:
         """Kill the init (and so every process of its PID namespace) and reap bwrap; runs to the end even when
         cancelled, and returns the cancellation it swallowed, for the caller to re-raise when done."""

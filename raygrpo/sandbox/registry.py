@@ -386,15 +386,22 @@ def live_sandboxes(root: str | os.PathLike | None = None) -> list[SandboxInfo]:
     return out
 
 
-def kill_sandbox_processes(d: Path, sandbox_id: str, root: Path, timeout_s: float = 5.0) -> None:
-    """SIGKILL a sandbox's init (the kernel then kills its whole PID namespace), its monitor, and any straggler."""
+def kill_sandbox_processes(
+    d: Path, sandbox_id: str, root: Path, timeout_s: float = 5.0, *, stragglers: bool = True
+) -> None:
+    """SIGKILL a sandbox's init (the kernel then kills its whole PID namespace), its monitor, and any straggler.
+
+    Stragglers are found by the sandbox's environment marks, which means reading every process's environment on
+    the machine (milliseconds with a few hundred processes); `stragglers=False` skips that search, for an owner
+    that has seen the init reaped and no exec of its own still running, which leaves nothing of the sandbox alive.
+    """
     procs = read_json(d / "procs.json") or {}
     targets: list[int] = []
     for pid_key, start_key in (("init_pid", "init_start"), ("bwrap_pid", "bwrap_start")):
         pid = procs.get(pid_key)
         if pid and pid_alive(pid, procs.get(start_key)):
             targets.append(pid)
-    for pid, (sroot, sid) in process_env_marks().items():
+    for pid, (sroot, sid) in process_env_marks().items() if stragglers else ():
         if sid == sandbox_id and sroot == str(root):
             targets.append(pid)
     for pid in targets:
