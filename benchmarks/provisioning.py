@@ -25,7 +25,11 @@ adapter, the fault wrapper), warm pool off; Ray start-up and actor creation outs
   (the latency comes before each sandbox's start, and all 64 start at once), so the arm also states
   `floor_seconds` = 1.0 s + `sandbox_cpu_s / cores`, below which no orchestrator can go, and
   `floor_with_backend_seconds`, which adds `backend_cpu_s`: the CPU this process spent driving those commands
-  through the backend and Harbor's verifier (`getrusage` of itself), which raygrpo's actors spend too.
+  through the backend and Harbor's verifier (`getrusage` of itself), which raygrpo's actors spend too. And it runs
+  a stream: `--stream-batches` (4) batches queued at once, where later rollouts' start latency can overlap earlier
+  ones' commands as the limit assumes (`stream_seconds_per_batch`, `stream_ratio_to_limit`), with the whole
+  machine's busy CPU per batch (`stream_machine_cpu_s_per_batch`, /proc/stat) and the share of the cores it kept
+  busy (`stream_machine_busy`).
 - `docker`: 16 rollouts (the suite's first `--docker-tasks` (2) tasks × `--group-size` (8)) on the local Docker
   engine (`make docker-dev`), no injected latency, three sides, each over all 16 (nothing scaled), in this order:
   - `trl_as_shipped`: TRL's `HarborBashEnv` with Harbor's docker backend as TRL makes it (nothing swapped): every
@@ -268,6 +272,28 @@ def raygrpo_batches(cfg, group_size: int, repeats: int, total: int, *, first_apa
             "per_rollout_s": rollout_phases(timed), "leaked_envs": runtime.leaked_envs}
 
 
+def raygrpo_stream(cfg, group_size: int, batches: int, total: int) -> dict[str, Any]:
+    """`batches` batches of every task × `group_size` queued at once (as `raygrpo rollout` queues a dataset): a
+    sandbox's start latency can overlap other rollouts' commands, as the local arm's limit assumes. Its wall, the
+    wall per batch, and the whole machine's busy CPU per batch (/proc/stat) with the share of the cores it kept
+    busy."""
+    from raygrpo.orchestrator import make_groups
+
+    cores = os.cpu_count() or 1
+    with _runtime(cfg) as runtime:
+        requests = [r for _ in range(batches) for r in make_groups(runtime.tasks, group_size)]
+        machine_before = _machine_busy_s()
+        wall, trajs = run_batch(runtime, requests)
+        busy = _machine_busy_s() - machine_before
+    if len(trajs) != batches * total or any(t.reward != 1.0 for t in trajs):
+        raise RuntimeError(f"raygrpo stream: {len(trajs)} rollouts, statuses {sorted({t.status for t in trajs})}")
+    log(f"raygrpo stream: {batches} x {total} rollouts in {wall:.2f} s, machine busy {busy / (wall * cores):.2f}")
+    return {"stream_batches": batches, "stream_seconds": round(wall, 3),
+            "stream_seconds_per_batch": round(wall / batches, 3),
+            "stream_machine_cpu_s_per_batch": round(busy / batches, 3),
+            "stream_machine_busy": round(busy / (wall * cores), 3)}
+
+
 def rollout_phases(trajs: list) -> dict[str, float]:
     """Medians over `trajs` of each phase raygrpo times (`provision`, `tools`, `verify`, `total`, ...) and of the
     sandbox's life (`env_span`: opened to closed, its stop included)."""
@@ -394,6 +420,7 @@ def local_arm(args, dirs: list[Path], total: int, per_actor: int, work: Path) ->
         cfg = raygrpo_config(list(range(len(dirs))), args.actors, per_actor,
                              faults={"start_latency_s": START_LATENCY_S}, remote=False)
         ours = raygrpo_batches(cfg, args.group_size, args.repeats, total)
+        stream = raygrpo_stream(cfg, args.group_size, args.stream_batches, total) if args.stream_batches else {}
     finally:
         shutdown_ray()
     theirs = serial_figures(dirs, args.serial_rollouts, total, import_path="provisioning:SlowStartSandbox")
@@ -417,6 +444,8 @@ def local_arm(args, dirs: list[Path], total: int, per_actor: int, work: Path) ->
         "speedup": round(theirs["serial_seconds"] / ours["raygrpo_seconds"], 1),
         "serial_seconds": round(theirs["serial_seconds"], 2),
         "alone_seconds": [round(a, 3) for a in alone],
+        **stream,
+        **({"stream_ratio_to_limit": round(stream["stream_seconds_per_batch"] / limit, 3)} if stream else {}),
         **{k: v for k, v in ours.items() if "seconds" not in k and "cpu_ms" not in k and k != "per_rollout_s"},
         **{k: v for k, v in theirs.items() if k != "serial_seconds"},
     }
@@ -641,6 +670,8 @@ def main() -> None:
                         help="tasks of the docker arm (× --group-size rollouts: 16 by default)")
     parser.add_argument("--actors", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3, help="raygrpo batches; the median is reported")
+    parser.add_argument("--stream-batches", type=int, default=4,
+                        help="the local arm's stream: this many batches queued at once (0: none)")
     args = parser.parse_args()
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     unknown = sorted(set(arms) - set(ARMS))
