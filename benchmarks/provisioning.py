@@ -316,15 +316,13 @@ def _machine_busy_s() -> float:
 # ── the local arm's physical limit ────────────────────────────────────────────────────────────────────────────────
 
 
-async def _sandbox_commands(task_dir: Path, work: Path) -> None:
-    """One rollout's sandbox commands through the local backend, as Harbor's factory and verifier run them."""
+def local_sandbox(task: Any, work: Path) -> tuple[Any, Any]:
+    """A local (bwrap) sandbox for Harbor `task` made by Harbor's factory, as raygrpo's actors make one, with its
+    sandbox root and a fresh trial folder under `work`; the sandbox and the trial's paths."""
     from harbor.environments.factory import EnvironmentFactory
-    from harbor.models.task.task import Task
     from harbor.models.trial.config import EnvironmentConfig
     from harbor.models.trial.paths import TrialPaths
-    from harbor.verifier.verifier import Verifier
 
-    task = Task(task_dir)
     paths = TrialPaths(work / "trials" / uuid.uuid4().hex[:8])
     paths.mkdir()
     env = EnvironmentFactory.create_environment_from_config(
@@ -333,6 +331,16 @@ async def _sandbox_commands(task_dir: Path, work: Path) -> None:
         environment_dir=task.paths.environment_dir, environment_name=task.short_name,
         session_id=f"{task.short_name}__{uuid.uuid4().hex[:6]}", trial_paths=paths,
         task_env_config=task.config.environment)
+    return env, paths
+
+
+async def _sandbox_commands(task_dir: Path, work: Path) -> None:
+    """One rollout's sandbox commands through the local backend, as Harbor's factory and verifier run them."""
+    from harbor.models.task.task import Task
+    from harbor.verifier.verifier import Verifier
+
+    task = Task(task_dir)
+    env, paths = local_sandbox(task, work)
     await env.start(force_build=False)
     try:
         await env.exec((task_dir / "solution" / "solve.sh").read_text(), cwd="/app")

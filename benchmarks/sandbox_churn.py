@@ -26,12 +26,15 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
+
+from provisioning import local_sandbox  # noqa: E402
 
 PHASES = ("start", "exec", "stop")
 TASK = ROOT / "examples" / "harbor_local" / "tasks" / "count-words"
@@ -42,23 +45,8 @@ def _cpu() -> tuple[float, float]:
     return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
 
 
-def _make(task: Any, work: Path) -> Any:
-    from harbor.environments.factory import EnvironmentFactory
-    from harbor.models.trial.config import EnvironmentConfig
-    from harbor.models.trial.paths import TrialPaths
-
-    paths = TrialPaths(work / "trials" / uuid.uuid4().hex[:8])
-    paths.mkdir()
-    return EnvironmentFactory.create_environment_from_config(
-        EnvironmentConfig(import_path="raygrpo.sandbox.local:LocalSandboxEnvironment",
-                          kwargs={"sandbox_root": str(work / "sandboxes")}),
-        environment_dir=task.paths.environment_dir, environment_name=task.short_name,
-        session_id=f"{task.short_name}__{uuid.uuid4().hex[:6]}", trial_paths=paths,
-        task_env_config=task.config.environment)
-
-
 async def one_round(task: Any, count: int, work: Path) -> dict[str, dict[str, float]]:
-    envs = [_make(task, work) for _ in range(count)]
+    envs = [local_sandbox(task, work)[0] for _ in range(count)]
     steps = {"start": lambda e: e.start(force_build=False), "exec": lambda e: e.exec("wc -w < /app/poem.txt"),
              "stop": lambda e: e.stop(delete=True)}
     out: dict[str, dict[str, float]] = {}

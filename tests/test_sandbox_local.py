@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from harbor.verifier.verifier import Verifier
 
+from raygrpo.sandbox import registry as _registry
 from raygrpo.sandbox.dockerfile import DockerfileError, parse_dockerfile
 from raygrpo.sandbox.local import (
     LocalSandboxEnvironment,
     SandboxExecTimeoutError,
     SandboxNotRunningError,
 )
-from raygrpo.sandbox import registry as _registry
 from raygrpo.sandbox.registry import live_sandboxes
 from raygrpo.sandbox.toolbox import toolbox_path
 from tests.sandbox_utils import (

@@ -316,7 +316,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
         if cancelled is not None:
             raise cancelled
 
-    def _release(self, reg: _reg.Registration, stragglers: bool = True) -> None:
+    def _release(self, reg: _reg.Registration, stragglers: bool) -> None:
         if reg.dir.exists():
             _reg.kill_sandbox_processes(reg.dir, reg.sandbox_id, self._root, timeout_s=5.0, stragglers=stragglers)
         reg.release(remove=not self._keep_dir)
