@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from harbor.verifier.verifier import Verifier
 
+from raygrpo.sandbox import process as _process
 from raygrpo.sandbox import registry as _registry
 from raygrpo.sandbox.dockerfile import DockerfileError, parse_dockerfile
 from raygrpo.sandbox.local import (
@@ -307,6 +308,51 @@ async def test_a_stop_searches_for_stragglers_only_when_something_may_be_left(tm
     assert pids_in_namespace(ns) == [] and processes_mentioning(str(sroot)) == []
     with pytest.raises(SandboxNotRunningError):
         await running
+
+
+@pytest.mark.timeout(60)
+async def test_empty_dirs_on_the_host_side_as_harbors_command_does(tmp_path: Path, sroot: Path, monkeypatch):
+    """Harbor's `empty_dirs` (which every rollout's start runs on `/logs/verifier`) starts no process where the
+    sandbox's own writable directories back every path, and leaves what Harbor's command leaves: a directory, empty,
+    mode 0777, a file in its place removed, a symlink inside removed without following it. A path with a symlink on
+    the way, one with a mount below it, or a read-only one goes through the sandbox as before."""
+    processes: list[list[str]] = []
+    run = _process.run_in_group
+    monkeypatch.setattr(_process, "run_in_group", lambda argv, **kw: processes.append(argv) or run(argv, **kw))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("host file\n")
+    env, _, paths = make_env(make_task(tmp_path), tmp_path / "trials", sroot, kwargs={"auto_mounting": True})
+    await env.start(force_build=False)
+    try:
+        r = await env.exec(
+            "mkdir -p /logs/verifier/sub /app/old && echo 1 > /logs/verifier/reward.txt && echo 2 > /logs/verifier/sub/x"
+            f" && ln -s {outside} /logs/verifier/link && chmod 700 /logs/verifier"
+            " && echo file > /app/afile && ln -s /app/old /app/linked && touch /app/old/y", user="root")
+        assert r.return_code == 0, r.stderr
+        processes.clear()
+
+        assert (await env.empty_dirs(["/logs/verifier", "/app/afile", "/app/new/deep"], chmod=True)).return_code == 0
+        assert processes == []
+        r = await env.exec("for d in /logs/verifier /app/afile /app/new/deep; do stat -c '%F %a' $d; ls -A $d; done")
+        assert r.stdout == "directory 777\n" * 3, r.stdout
+        assert (outside / "keep.txt").read_text() == "host file\n"
+        assert paths.verifier_dir.is_dir() and list(paths.verifier_dir.iterdir()) == []
+
+        processes.clear()
+        assert (await env.empty_dirs(["/app/linked"], chmod=False)).return_code == 0
+        assert len(processes) == 1  # a symlink: Harbor's command replaces it by a directory, in the sandbox
+        r = await env.exec("stat -c %F /app/linked; ls -A /app/linked /app/old")
+        assert r.stdout == "directory\n/app/linked:\n\n/app/old:\ny\n", r.stdout
+
+        processes.clear()
+        await env.empty_dirs(["/logs"], chmod=True)  # /logs/verifier is mounted below it (the trial's own dir)
+        assert len(processes) == 1 and paths.verifier_dir.is_dir()
+        processes.clear()
+        assert (await env.empty_dirs(["/usr/share/raygrpo-none"], chmod=True)).return_code != 0
+        assert len(processes) == 1
+    finally:
+        await env.stop(delete=True)
 
 
 @pytest.mark.timeout(60)

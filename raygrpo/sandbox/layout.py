@@ -283,6 +283,38 @@ def host_path(
     return host
 
 
+def emptiable_host_dir(mounts: list[Mount], sandbox_path: str | PurePosixPath, workdir: str) -> Path | None:
+    """The host directory backing `sandbox_path` when the host can empty it exactly as the sandbox would (see
+    `empty_host_dir`): in a writable host-backed mount, no symlink on the way (`host_path`), and no other mount at or
+    below it (inside the sandbox a mount point cannot be removed; on the host it is only a placeholder). Else None."""
+    host = host_path(mounts, sandbox_path, workdir)
+    if host is None:
+        return None
+    p = resolve_links(norm(sandbox_path, workdir), mounts)
+    if any(under(m.target, p) and len(m.target.parts) > len(p.parts) for m in mounts):
+        return None
+    return host
+
+
+def empty_host_dir(host: Path, *, chmod: bool) -> None:
+    """What Harbor's `empty_dirs` command does in a sandbox, done on the host side: `host` made a directory (a file
+    there removed, parents created), its entries removed, and with `chmod` its mode set to 0777.
+
+    Raises:
+        OSError: The host could not do it (the caller then runs Harbor's command in the sandbox).
+    """
+    if host.exists() and not host.is_dir():
+        host.unlink()
+    host.mkdir(parents=True, exist_ok=True)
+    for entry in os.scandir(host):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)
+    if chmod:
+        os.chmod(host, 0o777)
+
+
 def copy_file(source: Path, host: Path, *, into_dir: bool) -> None:
     """Copy the host file `source` to the host path `host`, or into it when it is a directory (or `into_dir`)."""
     target = host / source.name if (into_dir or host.is_dir()) else host

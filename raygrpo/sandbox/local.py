@@ -61,7 +61,8 @@ import re
 import shlex
 import shutil
 import uuid
-from pathlib import Path, PurePosixPath
+from collections.abc import Sequence
+from pathlib import Path, PurePath, PurePosixPath
 from typing import Any
 
 from harbor.environments.base import BaseEnvironment, ExecResult
@@ -513,6 +514,21 @@ class LocalSandboxEnvironment(BaseEnvironment):
         tar = [_TOOL["tar"], "-cf", "-", "-C", str(_lay.norm(source_dir, self.workdir)), "."]
         data = await self._read_back(source_dir, tar)
         await asyncio.to_thread(_proc.extract_tar, data, target)
+
+    async def empty_dirs(self, dirs: Sequence[str | PurePath], *, chmod: bool = True) -> ExecResult | None:
+        """Make each of `dirs` an empty directory (Harbor's `empty_dirs`, which every rollout's start runs on the
+        verifier's directory): on the host side where the sandbox's own writable directories back them all (no
+        process started), else by Harbor's command in the sandbox."""
+        self._require_running()
+        hosts = [_lay.emptiable_host_dir(self._mount_table, d, self.workdir) for d in dirs]
+        if dirs and None not in hosts:
+            try:
+                await asyncio.to_thread(lambda: [_lay.empty_host_dir(h, chmod=chmod) for h in hosts])
+                return ExecResult(return_code=0)
+            except OSError as exc:
+                _log.debug("sandbox %s: emptying %s on the host failed (%s); in the sandbox instead",
+                           self.sandbox_id, [str(d) for d in dirs], exc)
+        return await super().empty_dirs(dirs, chmod=chmod)
 
     async def _read_back(self, what: str, argv: list[str]) -> bytes:
         """The stdout of `argv` run in the sandbox; FileNotFoundError (naming `what`) when it fails."""
