@@ -57,6 +57,8 @@ from typing import Any, Self
 
 import pytest
 
+from raygrpo.sandbox.registry import proc_start_ticks as proc_start_time
+
 logger = logging.getLogger(__name__)
 
 REQUIRE_ENV = "RAYGRPO_REQUIRE_NETNS"
@@ -152,18 +154,6 @@ def _run(argv: Sequence[str], *, check: bool = True, timeout: float = _CMD_TIMEO
     if check and done.returncode != 0:
         raise NetnsError(f"`{' '.join(argv)}` exited {done.returncode}: {done.stderr.strip() or done.stdout.strip()}")
     return done
-
-
-def proc_start_time(pid: int) -> int | None:
-    """A process's start time in clock ticks (field 22 of /proc/PID/stat), None when it is gone or a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])
 
 
 def process_alive(pid: int, start_time: int | None = None) -> bool:

@@ -33,18 +33,20 @@ TOOL = {name: shutil.which(name) or f"/usr/bin/{name}" for name in ("env", "setp
 class InitProcess:
     """A sandbox's init (`sleep infinity` as PID 1 of its namespace) and the bwrap monitor that is its parent.
 
-    `pid` / `start_time` identify the init on the host once known (None before); `proc` is the bwrap monitor.
+    `pid` is the init's host pid once known (None before; checked with its start time against reuse); `proc` is the
+    bwrap monitor.
     """
 
     def __init__(self) -> None:
         self.proc: asyncio.subprocess.Process | None = None
         self.info_task: asyncio.Future[bytes] | None = None
         self.pid: int | None = None
-        self.start_time: int | None = None
+        self._start_ticks: int | None = None
         self._reg: _reg.Registration | None = None
 
     def alive(self) -> bool:
-        return _reg.pid_alive(self.pid, self.start_time)
+        """Whether the init is running and is still the process that was started (not a reused pid)."""
+        return self._start_ticks is not None and _reg.proc_start_ticks(self.pid) == self._start_ticks
 
     async def start(self, bwrap: list[str], env: dict[str, str], log_path: Path, reg: _reg.Registration,
                     timeout_s: float) -> bool:
@@ -102,7 +104,7 @@ class InitProcess:
         if not info.strip() or self.pid is not None or self._reg is None:
             return
         self.pid = int(json.loads(info)["child-pid"])
-        self.start_time = _reg.proc_start_time(self.pid)
+        self._start_ticks = _reg.proc_start_ticks(self.pid)
         self._reg.record_processes(self.proc.pid if self.proc else 0, self.pid)
 
     def reaped(self) -> bool:
