@@ -311,6 +311,24 @@ async def test_a_stop_searches_for_stragglers_only_when_something_may_be_left(tm
 
 
 @pytest.mark.timeout(60)
+async def test_exec_runs_in_its_directory_as_a_chdir_would(tmp_path: Path, sroot: Path):
+    """An exec's `bash -c` starts in its working directory as with `chdir` (the physical path, no `OLDPWD`), the
+    command's own line numbers and syntax errors read as they would, and a missing directory exits 125."""
+    env, _, _ = make_env(make_task(tmp_path), tmp_path / "trials", sroot)
+    await env.start(force_build=False)
+    try:
+        assert (await env.exec("mkdir -p /app/real && ln -s /app/real /app/link")).return_code == 0
+        r = await env.exec('pwd; echo "$PWD" "${OLDPWD-unset}" $LINENO\necho $LINENO', cwd="/app/link")
+        assert (r.return_code, r.stdout) == (0, "/app/real\n/app/real unset 1\n2\n"), r.stderr
+        r = await env.exec("echo one\nif then", cwd="/app")
+        assert r.return_code == 2 and "line 2: syntax error" in r.stderr and r.stdout == "one\n", r
+        r = await env.exec("echo never", cwd="/app/missing")
+        assert r.return_code == 125 and r.stdout is None and "/app/missing" in r.stderr, r
+    finally:
+        await env.stop(delete=True)
+
+
+@pytest.mark.timeout(60)
 async def test_empty_dirs_on_the_host_side_as_harbors_command_does(tmp_path: Path, sroot: Path, monkeypatch):
     """Harbor's `empty_dirs` (which every rollout's start runs on `/logs/verifier`) starts no process where the
     sandbox's own writable directories back every path, and leaves what Harbor's command leaves: a directory, empty,
@@ -326,7 +344,8 @@ async def test_empty_dirs_on_the_host_side_as_harbors_command_does(tmp_path: Pat
     await env.start(force_build=False)
     try:
         r = await env.exec(
-            "mkdir -p /logs/verifier/sub /app/old && echo 1 > /logs/verifier/reward.txt && echo 2 > /logs/verifier/sub/x"
+            "mkdir -p /logs/verifier/sub /app/old && echo 1 > /logs/verifier/reward.txt"
+            " && echo 2 > /logs/verifier/sub/x"
             f" && ln -s {outside} /logs/verifier/link && chmod 700 /logs/verifier"
             " && echo file > /app/afile && ln -s /app/old /app/linked && touch /app/old/y", user="root")
         assert r.return_code == 0, r.stderr

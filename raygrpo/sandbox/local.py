@@ -411,7 +411,7 @@ class LocalSandboxEnvironment(BaseEnvironment):
             SandboxExecTimeoutError: the command ran past `timeout_sec` (its processes were killed).
             SandboxNotRunningError: the sandbox is not running (never started, stopped, or dead).
         """
-        return await self._run(["/bin/bash", "-c", command], cwd=cwd, env=env, timeout_sec=timeout_sec, user=user)
+        return await self._run([_proc.BASH, "-c", command], cwd=cwd, env=env, timeout_sec=timeout_sec, user=user)
 
     async def _run(
         self,

@@ -14,6 +14,7 @@ import io
 import json
 import os
 import pwd
+import shlex
 import shutil
 import signal
 import tarfile
@@ -27,6 +28,7 @@ from raygrpo.sandbox import registry as _reg
 NSENTER = shutil.which("nsenter") or "/usr/bin/nsenter"
 # Tools run inside the sandbox, by absolute path (a task's ENV PATH may not include them); the sandbox's /usr is
 # the host's, so the host's locations are the sandbox's.
+BASH = "/bin/bash"
 TOOL = {name: shutil.which(name) or f"/usr/bin/{name}" for name in ("env", "setpriv", "cat", "tar", "test", "sh")}
 
 
@@ -65,7 +67,7 @@ class InitProcess:
         info_r, info_w = os.pipe()
         ready_r, ready_w = os.pipe()
         init = f"echo ready >&{ready_w}; exec {ready_w}>&-; exec sleep infinity"
-        argv = bwrap + ["--info-fd", str(info_w), "--", "/bin/bash", "-c", init]  # dash: fds < 10
+        argv = bwrap + ["--info-fd", str(info_w), "--", BASH, "-c", init]  # dash: fds < 10
         with open(log_path, "wb") as log:
             try:
                 self.proc = await asyncio.create_subprocess_exec(
@@ -172,12 +174,20 @@ def user_prefix(user: str | int | None) -> tuple[list[str], str] | None:
 
 
 def nsenter_argv(init_pid: int, *, netns: bool, prefix: list[str], workdir: str, argv: list[str]) -> list[str]:
-    """The command line that runs `argv` in `workdir` inside the namespaces of the sandbox whose init is `init_pid`."""
+    """The command line that runs `argv` in `workdir` inside the namespaces of the sandbox whose init is `init_pid`.
+
+    nsenter cannot change to a directory of the sandbox, so `env --chdir` does, except for `bash -c <command>`
+    (every `exec`), where bash's own `cd -P` does it on the command's first line: one program fewer per exec
+    (~0.7 ms of CPU on these machines). The directory is the physical one (as `chdir` gives), `OLDPWD` stays
+    unset, a missing directory exits 125 (as `env` does), and the command's line numbers are unchanged.
+    """
     ns = [NSENTER, "-t", str(init_pid), "-m", "-p", "-i", "-u", "-r"]
     if netns:
         ns.append("-n")
     if os.geteuid() != 0:
         ns += ["-U", "--preserve-credentials"]
+    if len(argv) == 3 and argv[:2] == [BASH, "-c"]:
+        return ns + ["--", *prefix, BASH, "-c", f"cd -P -- {shlex.quote(workdir)} || exit 125; unset OLDPWD; {argv[2]}"]
     return ns + ["--", *prefix, TOOL["env"], f"--chdir={workdir}", *argv]
 
 
