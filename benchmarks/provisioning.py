@@ -26,8 +26,9 @@ adapter, the fault wrapper), warm pool off; Ray start-up and actor creation outs
   `floor_seconds` = 1.0 s + `sandbox_cpu_s / cores`, below which no orchestrator can go, and
   `floor_with_backend_seconds`, which adds `backend_cpu_s`: the CPU this process spent driving those commands
   through the backend and Harbor's verifier (`getrusage` of itself), which raygrpo's actors spend too. And it runs
-  a stream: `--stream-batches` (4) batches queued at once, where later rollouts' start latency can overlap earlier
-  ones' commands as the limit assumes (`stream_seconds_per_batch`, `stream_ratio_to_limit`), with the whole
+  a stream: `--stream-batches` (8) batches queued at once, `--stream-in-flight` (256) rollouts running at a time
+  (`stream_in_flight`; more than one batch, so that later rollouts' start latency can overlap earlier ones'
+  commands as the limit assumes), its time per batch (`stream_seconds_per_batch`, `stream_ratio_to_limit`), the whole
   machine's busy CPU per batch (`stream_machine_cpu_s_per_batch`, /proc/stat) and the share of the cores it kept
   busy (`stream_machine_busy`).
 - `docker`: 16 rollouts (the suite's first `--docker-tasks` (2) tasks × `--group-size` (8)) on the local Docker
@@ -428,7 +429,14 @@ def local_arm(args, dirs: list[Path], total: int, per_actor: int, work: Path) ->
         cfg = raygrpo_config(list(range(len(dirs))), args.actors, per_actor,
                              faults={"start_latency_s": START_LATENCY_S}, remote=False)
         ours = raygrpo_batches(cfg, args.group_size, args.repeats, total)
-        stream = raygrpo_stream(cfg, args.group_size, args.stream_batches, total) if args.stream_batches else {}
+        stream: dict[str, Any] = {}
+        if args.stream_batches:
+            # More in flight than one batch: while some rollouts' starts wait out their latency, others' commands run.
+            in_flight = max(args.stream_in_flight, total)
+            stream_cfg = raygrpo_config(list(range(len(dirs))), args.actors, -(-in_flight // args.actors),
+                                        faults={"start_latency_s": START_LATENCY_S}, remote=False)
+            stream = {"stream_in_flight": in_flight,
+                      **raygrpo_stream(stream_cfg, args.group_size, args.stream_batches, total)}
     finally:
         shutdown_ray()
     theirs = serial_figures(dirs, args.serial_rollouts, total, import_path="provisioning:SlowStartSandbox")
@@ -678,8 +686,10 @@ def main() -> None:
                         help="tasks of the docker arm (× --group-size rollouts: 16 by default)")
     parser.add_argument("--actors", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3, help="raygrpo batches; the median is reported")
-    parser.add_argument("--stream-batches", type=int, default=4,
+    parser.add_argument("--stream-batches", type=int, default=8,
                         help="the local arm's stream: this many batches queued at once (0: none)")
+    parser.add_argument("--stream-in-flight", type=int, default=256,
+                        help="the local arm's stream: rollouts run at once across the actors (at least one batch)")
     args = parser.parse_args()
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     unknown = sorted(set(arms) - set(ARMS))
