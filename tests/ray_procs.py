@@ -32,12 +32,15 @@ def processes_naming(marker: str | Path) -> list[psutil.Process]:
 
 def stop_cluster(proc: subprocess.Popen | None, marker: str | Path, grace_s: float = 30.0,
                  rounds: int = 1) -> list[psutil.Process]:
-    """SIGTERM `proc`'s process group (a `ray start --block` started with `start_new_session=True`) and wait up to
-    `grace_s`, SIGKILL every process that names `marker` (looking `rounds` times: a process that is still starting
-    nodes may add some), then SIGKILL the group. Returns the processes still naming `marker` afterwards."""
+    """SIGTERM `proc` (a `ray start --block` started with `start_new_session=True`) and wait up to `grace_s`, SIGKILL
+    every process that names `marker` (looking `rounds` times: a process that is still starting nodes may add some),
+    then SIGKILL its process group. Returns the processes still naming `marker` afterwards.
+
+    Only `ray start` itself gets the SIGTERM: it drains its node through the GCS and stops its processes (~2 s). A
+    SIGTERM to the whole group stops the GCS first, and the drain then waits 30 s for it."""
     if proc is not None:
         try:
-            os.killpg(proc.pid, signal.SIGTERM)
+            os.kill(proc.pid, signal.SIGTERM)
             proc.wait(grace_s)
         except (ProcessLookupError, subprocess.TimeoutExpired):
             pass
