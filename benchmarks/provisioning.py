@@ -30,7 +30,9 @@ adapter, the fault wrapper), warm pool off; Ray start-up and actor creation outs
   (`stream_in_flight`; more than one batch, so that later rollouts' start latency can overlap earlier ones'
   commands as the limit assumes), its time per batch (`stream_seconds_per_batch`, `stream_ratio_to_limit`), the whole
   machine's busy CPU per batch (`stream_machine_cpu_s_per_batch`, /proc/stat) and the share of the cores it kept
-  busy (`stream_machine_busy`).
+  busy (`stream_machine_busy`); and the same over the stream's steady state, the middle half of its completions
+  (`stream_steady_seconds_per_batch`, `stream_steady_ratio_to_limit`, `stream_steady_machine_cpu_s_per_batch`,
+  `stream_steady_machine_busy`), without the first starts' latency and the drain at the end.
 - `docker`: 16 rollouts (the suite's first `--docker-tasks` (2) tasks × `--group-size` (8)) on the local Docker
   engine (`make docker-dev`), no injected latency, three sides, each over all 16 (nothing scaled), in this order:
   - `trl_as_shipped`: TRL's `HarborBashEnv` with Harbor's docker backend as TRL makes it (nothing swapped): every
@@ -277,22 +279,37 @@ def raygrpo_stream(cfg, group_size: int, batches: int, total: int) -> dict[str, 
     """`batches` batches of every task × `group_size` queued at once (as `raygrpo rollout` queues a dataset): a
     sandbox's start latency can overlap other rollouts' commands, as the local arm's limit assumes. Its wall, the
     wall per batch, and the whole machine's busy CPU per batch (/proc/stat) with the share of the cores it kept
-    busy."""
-    from raygrpo.orchestrator import make_groups
+    busy; the same for its steady state (`stream_steady_*`): the middle half of its completions, from the n/4-th to
+    the 3n/4-th, which leaves out the first starts' latency and the drain at the end."""
+    from raygrpo.orchestrator import Orchestrator, make_groups
 
     cores = os.cpu_count() or 1
     with _runtime(cfg) as runtime:
         requests = [r for _ in range(batches) for r in make_groups(runtime.tasks, group_size)]
-        machine_before = _machine_busy_s()
-        wall, trajs = run_batch(runtime, requests)
-        busy = _machine_busy_s() - machine_before
+        quarter, three_quarters = len(requests) // 4, 3 * len(requests) // 4
+        marks: dict[int, tuple[float, float]] = {}
+        trajs = []
+        began, machine_before = time.perf_counter(), _machine_busy_s()
+        for traj in Orchestrator(pools=runtime.pools).run(requests):
+            trajs.append(traj)
+            for mark in (quarter, three_quarters):
+                if len(trajs) >= mark and mark not in marks:
+                    marks[mark] = (time.perf_counter(), _machine_busy_s())
+        wall, busy = time.perf_counter() - began, _machine_busy_s() - machine_before
     if len(trajs) != batches * total or any(t.reward != 1.0 for t in trajs):
         raise RuntimeError(f"raygrpo stream: {len(trajs)} rollouts, statuses {sorted({t.status for t in trajs})}")
-    log(f"raygrpo stream: {batches} x {total} rollouts in {wall:.2f} s, machine busy {busy / (wall * cores):.2f}")
+    steady_batches = (three_quarters - quarter) / total
+    steady_wall = marks[three_quarters][0] - marks[quarter][0]
+    steady_busy = marks[three_quarters][1] - marks[quarter][1]
+    log(f"raygrpo stream: {batches} x {total} rollouts in {wall:.2f} s, machine busy {busy / (wall * cores):.2f}; "
+        f"steady state {steady_wall / steady_batches:.3f} s per batch, busy {steady_busy / (steady_wall * cores):.2f}")
     return {"stream_batches": batches, "stream_seconds": round(wall, 3),
             "stream_seconds_per_batch": round(wall / batches, 3),
             "stream_machine_cpu_s_per_batch": round(busy / batches, 3),
-            "stream_machine_busy": round(busy / (wall * cores), 3)}
+            "stream_machine_busy": round(busy / (wall * cores), 3),
+            "stream_steady_seconds_per_batch": round(steady_wall / steady_batches, 3),
+            "stream_steady_machine_cpu_s_per_batch": round(steady_busy / steady_batches, 3),
+            "stream_steady_machine_busy": round(steady_busy / (steady_wall * cores), 3)}
 
 
 def rollout_phases(trajs: list) -> dict[str, float]:
@@ -461,7 +478,9 @@ def local_arm(args, dirs: list[Path], total: int, per_actor: int, work: Path) ->
         "serial_seconds": round(theirs["serial_seconds"], 2),
         "alone_seconds": [round(a, 3) for a in alone],
         **stream,
-        **({"stream_ratio_to_limit": round(stream["stream_seconds_per_batch"] / limit, 3)} if stream else {}),
+        **({"stream_ratio_to_limit": round(stream["stream_seconds_per_batch"] / limit, 3),
+            "stream_steady_ratio_to_limit": round(stream["stream_steady_seconds_per_batch"] / limit, 3)}
+           if stream else {}),
         **{k: v for k, v in ours.items() if "seconds" not in k and "cpu_ms" not in k and k != "per_rollout_s"},
         **{k: v for k, v in theirs.items() if k != "serial_seconds"},
     }
