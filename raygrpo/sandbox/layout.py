@@ -285,8 +285,8 @@ def host_path(
 
 def emptiable_host_dir(mounts: list[Mount], sandbox_path: str | PurePosixPath, workdir: str) -> Path | None:
     """The host directory backing `sandbox_path` when the host can empty it exactly as the sandbox would (see
-    `empty_host_dir`): in a writable host-backed mount, no symlink on the way (`host_path`), and no other mount at or
-    below it (inside the sandbox a mount point cannot be removed; on the host it is only a placeholder). Else None."""
+    `empty_host_dir`): in a writable host-backed mount, no symlink on the way (`host_path`), and no other mount below
+    it (inside the sandbox a mount point cannot be removed; on the host it is only a placeholder). Else None."""
     host = host_path(mounts, sandbox_path, workdir)
     if host is None:
         return None

@@ -72,7 +72,7 @@ def proc_start_time(pid: int | None) -> float | None:
 
 
 def proc_start_ticks(pid: int | None) -> int | None:
-    """The start time of `pid` in clock ticks since boot, read straight from `/proc/<pid>/stat` (a tenth of what
+    """The start time of `pid` in clock ticks since boot, read straight from `/proc/<pid>/stat` (a quarter of what
     `proc_start_time` costs through psutil, for checks made on every exec), or None when no such process is alive
     (a zombie counts as dead)."""
     if not pid:
