@@ -443,15 +443,15 @@ def local_arm(args, dirs: list[Path], total: int, per_actor: int, work: Path) ->
                 alone.append(wall)
         ideal = START_LATENCY_S + max(alone)
         log(f"each task alone: longest {max(alone):.3f} s -> ideal {ideal:.3f} s")
-        cfg = raygrpo_config(list(range(len(dirs))), args.actors, per_actor,
-                             faults={"start_latency_s": START_LATENCY_S}, remote=False)
+        latency = {"start_latency_s": START_LATENCY_S}
+        cfg = raygrpo_config(list(range(len(dirs))), args.actors, per_actor, faults=latency, remote=False)
         ours = raygrpo_batches(cfg, args.group_size, args.repeats, total)
         stream: dict[str, Any] = {}
         if args.stream_batches:
             # More in flight than one batch: while some rollouts' starts wait out their latency, others' commands run.
             in_flight = max(args.stream_in_flight, total)
             stream_cfg = raygrpo_config(list(range(len(dirs))), args.actors, -(-in_flight // args.actors),
-                                        faults={"start_latency_s": START_LATENCY_S}, remote=False)
+                                        faults=latency, remote=False)
             stream = {"stream_in_flight": in_flight,
                       **raygrpo_stream(stream_cfg, args.group_size, args.stream_batches, total)}
     finally:

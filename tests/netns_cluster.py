@@ -57,7 +57,7 @@ from typing import Any, Self
 
 import pytest
 
-from raygrpo.sandbox.registry import proc_start_ticks as proc_start_time
+from raygrpo.sandbox.registry import proc_start_ticks
 
 logger = logging.getLogger(__name__)
 
@@ -158,7 +158,7 @@ def _run(argv: Sequence[str], *, check: bool = True, timeout: float = _CMD_TIMEO
 
 def process_alive(pid: int, start_time: int | None = None) -> bool:
     """Whether a process runs (not a zombie) and, when `start_time` is given, is the same one (not a reused pid)."""
-    now = proc_start_time(pid)
+    now = proc_start_ticks(pid)
     return now is not None and (start_time is None or now == start_time)
 
 
@@ -194,7 +194,7 @@ def _kill_pids_in(namespaces: Sequence[str], grace: float | None) -> dict[int, i
         count = 0
         for netns in namespaces:
             for pid in namespace_pids(netns):
-                start = proc_start_time(pid)
+                start = proc_start_ticks(pid)
                 if start is None:
                     continue
                 signalled.setdefault(pid, start)
@@ -768,7 +768,7 @@ class NetnsCluster:
 
     def _write_state(self) -> None:
         """Record what exists so far, so `reap_stale` can remove it if this process dies without tearing down."""
-        state = {"owner_pid": os.getpid(), "owner_start": proc_start_time(os.getpid()), "bridge": self.bridge,
+        state = {"owner_pid": os.getpid(), "owner_start": proc_start_ticks(os.getpid()), "bridge": self.bridge,
                  "bridge_created": self._bridge_created, "netns": self._netns_created, "rules": self._rules,
                  "veths": [node.host_veth for node in self._nodes.values()]}
         tmp = self.temp_root / "state.json.tmp"

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
+from raygrpo.sandbox.registry import proc_start_ticks
 from tests.netns_cluster import (
     NetnsCluster,
     NetnsError,
     NodeSpec,
     namespace_pids,
     netns_ready,  # noqa: F401 - a fixture
-    proc_start_time,
     process_alive,
     reap_stale,
 )
@@ -140,7 +140,7 @@ def test_teardown_leaves_nothing_behind() -> None:
         cluster.exec("w1", ["sleep", "600"])
         orphan = cluster.run("head", ["sh", "-c", "setsid sleep 600 >/dev/null 2>&1 & echo $!"], timeout=30)
         orphan_pid = int(orphan.stdout.strip())
-        pids = {pid: start for pid in cluster.pids() if (start := proc_start_time(pid)) is not None}
+        pids = {pid: start for pid in cluster.pids() if (start := proc_start_ticks(pid)) is not None}
         assert orphan_pid in pids
         cmdlines = " ".join(_cmdline(pid) for pid in pids)
         assert cmdlines.count("raylet/raylet") == 2 and "gcs_server" in cmdlines
