@@ -32,7 +32,8 @@ adapter, the fault wrapper), warm pool off; Ray start-up and actor creation outs
   machine's busy CPU per batch (`stream_machine_cpu_s_per_batch`, /proc/stat) and the share of the cores it kept
   busy (`stream_machine_busy`); and the same over the stream's steady state, the middle half of its completions
   (`stream_steady_seconds_per_batch`, `stream_steady_ratio_to_limit`, `stream_steady_machine_cpu_s_per_batch`,
-  `stream_steady_machine_busy`), without the first starts' latency and the drain at the end.
+  `stream_steady_machine_busy`), without the first starts' latency and the drain at the end (for a stream of at
+  least twice `--stream-in-flight` rollouts; else `stream_steady_note` says why not).
 - `docker`: 16 rollouts (the suite's first `--docker-tasks` (2) tasks × `--group-size` (8)) on the local Docker
   engine (`make docker-dev`), no injected latency, three sides, each over all 16 (nothing scaled), in this order:
   - `trl_as_shipped`: TRL's `HarborBashEnv` with Harbor's docker backend as TRL makes it (nothing swapped): every
@@ -275,12 +276,13 @@ def raygrpo_batches(cfg, group_size: int, repeats: int, total: int, *, first_apa
             "per_rollout_s": rollout_phases(timed), "leaked_envs": runtime.leaked_envs}
 
 
-def raygrpo_stream(cfg, group_size: int, batches: int, total: int) -> dict[str, Any]:
+def raygrpo_stream(cfg, group_size: int, batches: int, total: int, in_flight: int) -> dict[str, Any]:
     """`batches` batches of every task × `group_size` queued at once (as `raygrpo rollout` queues a dataset): a
     sandbox's start latency can overlap other rollouts' commands, as the local arm's limit assumes. Its wall, the
     wall per batch, and the whole machine's busy CPU per batch (/proc/stat) with the share of the cores it kept
     busy; the same for its steady state (`stream_steady_*`): the middle half of its completions, from the n/4-th to
-    the 3n/4-th, which leaves out the first starts' latency and the drain at the end."""
+    the 3n/4-th, which leaves out the first starts' latency and the drain at the end; only for a stream of at least
+    twice `in_flight` rollouts (the most run at once), so that its middle is past the first wave."""
     from raygrpo.orchestrator import Orchestrator, make_groups
 
     cores = os.cpu_count() or 1
@@ -298,16 +300,21 @@ def raygrpo_stream(cfg, group_size: int, batches: int, total: int) -> dict[str, 
         wall, busy = time.perf_counter() - began, _machine_busy_s() - machine_before
     if len(trajs) != batches * total or any(t.reward != 1.0 for t in trajs):
         raise RuntimeError(f"raygrpo stream: {len(trajs)} rollouts, statuses {sorted({t.status for t in trajs})}")
+    log(f"raygrpo stream: {batches} x {total} rollouts in {wall:.2f} s, machine busy {busy / (wall * cores):.2f}")
+    out: dict[str, Any] = {"stream_batches": batches, "stream_seconds": round(wall, 3),
+                           "stream_seconds_per_batch": round(wall / batches, 3),
+                           "stream_machine_cpu_s_per_batch": round(busy / batches, 3),
+                           "stream_machine_busy": round(busy / (wall * cores), 3)}
+    if len(requests) < 2 * in_flight:
+        out["stream_steady_note"] = (f"no steady state: {len(requests)} rollouts, fewer than twice the {in_flight} "
+                                     "run at once")
+        return out
     steady_batches = (three_quarters - quarter) / total
     steady_wall = marks[three_quarters][0] - marks[quarter][0]
     steady_busy = marks[three_quarters][1] - marks[quarter][1]
-    log(f"raygrpo stream: {batches} x {total} rollouts in {wall:.2f} s, machine busy {busy / (wall * cores):.2f}; "
-        f"steady state {steady_wall / steady_batches:.3f} s per batch, busy {steady_busy / (steady_wall * cores):.2f}")
-    return {"stream_batches": batches, "stream_seconds": round(wall, 3),
-            "stream_seconds_per_batch": round(wall / batches, 3),
-            "stream_machine_cpu_s_per_batch": round(busy / batches, 3),
-            "stream_machine_busy": round(busy / (wall * cores), 3),
-            "stream_steady_seconds_per_batch": round(steady_wall / steady_batches, 3),
+    log(f"raygrpo stream, steady state: {steady_wall / steady_batches:.3f} s per batch, machine busy "
+        f"{steady_busy / (steady_wall * cores):.2f}")
+    return {**out, "stream_steady_seconds_per_batch": round(steady_wall / steady_batches, 3),
             "stream_steady_machine_cpu_s_per_batch": round(steady_busy / steady_batches, 3),
             "stream_steady_machine_busy": round(steady_busy / (steady_wall * cores), 3)}
 
@@ -453,7 +460,7 @@ def local_arm(args, dirs: list[Path], total: int, per_actor: int, work: Path) ->
             stream_cfg = raygrpo_config(list(range(len(dirs))), args.actors, -(-in_flight // args.actors),
                                         faults=latency, remote=False)
             stream = {"stream_in_flight": in_flight,
-                      **raygrpo_stream(stream_cfg, args.group_size, args.stream_batches, total)}
+                      **raygrpo_stream(stream_cfg, args.group_size, args.stream_batches, total, in_flight)}
     finally:
         shutdown_ray()
     theirs = serial_figures(dirs, args.serial_rollouts, total, import_path="provisioning:SlowStartSandbox")
@@ -478,9 +485,9 @@ def local_arm(args, dirs: list[Path], total: int, per_actor: int, work: Path) ->
         "serial_seconds": round(theirs["serial_seconds"], 2),
         "alone_seconds": [round(a, 3) for a in alone],
         **stream,
-        **({"stream_ratio_to_limit": round(stream["stream_seconds_per_batch"] / limit, 3),
-            "stream_steady_ratio_to_limit": round(stream["stream_steady_seconds_per_batch"] / limit, 3)}
-           if stream else {}),
+        **({"stream_ratio_to_limit": round(stream["stream_seconds_per_batch"] / limit, 3)} if stream else {}),
+        **({"stream_steady_ratio_to_limit": round(stream["stream_steady_seconds_per_batch"] / limit, 3)}
+           if "stream_steady_seconds_per_batch" in stream else {}),
         **{k: v for k, v in ours.items() if "seconds" not in k and "cpu_ms" not in k and k != "per_rollout_s"},
         **{k: v for k, v in theirs.items() if k != "serial_seconds"},
     }
