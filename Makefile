@@ -54,7 +54,7 @@ bench: install
 	$(PY) benchmarks/ors_throughput.py
 
 # The GPU check (scripts/gpu_check.py; README "GPU check"): raygrpo's learner path without Ray on one GPU, one JSON
-# object last. On the device machine, after `scripts/gpu_wheels.sh install 1` and `... install 2`.
+# object last. On the device machine after `scripts/gpu_wheels.sh install 2` (README "GPU check": two warm calls).
 gpu-check:
 	python3 scripts/gpu_check.py
 
@@ -62,6 +62,6 @@ gpu-check:
 gpu-check-dry-run: install
 	$(PY) scripts/gpu_check.py --dry-run
 
-# Fetch the wheels the device machine lacks into .gpu-wheels/ (git-ignored), in two parts of at most 60 MiB.
+# Fetch the wheels the device machine lacks and SmolLM2's wheel, in halves, into .gpu-wheels/ (git-ignored).
 gpu-wheels: install
 	PY=$(PY) scripts/gpu_wheels.sh fetch
