@@ -23,12 +23,15 @@ atexit.register(shutil.rmtree, _LEASES, True)
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """A local Ray runtime kept on loopback, shut down at the end of the session."""
+    """A local Ray runtime kept on loopback, shut down at the end of the session; the scratch folders of the actors
+    that tests killed go with it."""
     from raygrpo.runtime import init_ray, shutdown_ray
+    from raygrpo.scratch import sweep_orphans
 
     init_ray(num_cpus=8)
     yield
     shutdown_ray()
+    sweep_orphans()
 
 
 @pytest.fixture(scope="session")

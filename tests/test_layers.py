@@ -19,9 +19,10 @@ PACKAGE = Path(__file__).resolve().parent.parent / "raygrpo"
 #: Lowest first. A module belongs to the layer of the longest prefix listed here (the root package's own name matches
 #: only its `__init__`).
 LAYERS: list[list[str]] = [
-    # foundations: records, errors, user-code loading, process environment, asyncio helpers, patches of libraries
+    # foundations: records, errors, user-code loading, process environment, asyncio helpers, patches of libraries,
+    # scratch folders
     ["raygrpo", "raygrpo.types", "raygrpo.errors", "raygrpo.imports", "raygrpo.environ", "raygrpo.aio",
-     "raygrpo._compat", "raygrpo.workdir"],
+     "raygrpo._compat", "raygrpo.workdir", "raygrpo.scratch"],
     # pure data: environment specs and run settings
     ["raygrpo.specs", "raygrpo.config"],
     # environments, sandboxes, policies, provider governors and provisioning gates, chat rendering and tool-call parsing

@@ -24,6 +24,7 @@ from raygrpo.actors.rate_limiter import RayRateLimiterClient
 from raygrpo.environ import apply_process_env
 from raygrpo.sandbox.ledger import disown_all
 from raygrpo.sandbox.reaper import OrphanReaper
+from raygrpo.scratch import remove_process_scratch
 from raygrpo.types import RolloutCall, Status, TaskRef, Trajectory
 from raygrpo.workdir import relocate
 from raygrpo.worker import RolloutWorker, WorkerSettings
@@ -119,13 +120,15 @@ class EnvPool:
         return self.node
 
     async def shutdown(self) -> dict[str, Any]:
-        """Cancel running rollouts, close every environment and provider; returns the final stats."""
+        """Cancel running rollouts, close every environment and provider, remove the actor's scratch folder (the
+        kill that follows runs no exit handler); returns the final stats."""
         if self._reaper is not None:
             await asyncio.to_thread(self._reaper.close)
         if self._worker is None:
             return await self.stats()
         stats = await self._worker.aclose()
         await asyncio.to_thread(disown_all)
+        await asyncio.to_thread(remove_process_scratch)
         return stats
 
 

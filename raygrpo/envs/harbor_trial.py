@@ -9,7 +9,8 @@ Creating a directory is the dearest file system call on a journaled disk (on the
 removed trial dir whose contents could be deleted is kept as a spare skeleton (empty `agent/`, `verifier/`,
 `artifacts/`, the modes and owner it was made with) under a spare name, and the next trial dir is a spare renamed to
 a fresh name: every sandbox still gets its own path, holding nothing but the empty layout, and its old path is gone
-once it is removed. Spares left when the process exits are removed then. A sandbox that mounts the trial dir
+once it is removed. Trial dirs and spares live in the process's scratch folder (`raygrpo.scratch`), removed when the
+process exits, or by the next process when it was killed. A sandbox that mounts the trial dir
 (`capabilities.mounted`: docker, the local bubblewrap backend) could write into it after a stop that failed, so its
 trial dir is never reused (`keep_fresh`).
 """
@@ -17,7 +18,6 @@ trial dir is never reused (`keep_fresh`).
 from __future__ import annotations
 
 import asyncio
-import atexit
 import os
 import shutil
 import tempfile
@@ -26,6 +26,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from raygrpo.scratch import process_scratch
 
 if TYPE_CHECKING:
     from harbor.models.trial.paths import TrialPaths
@@ -41,7 +43,6 @@ _spares: list[str] = []
 #: Trial dirs (paths) whose sandbox mounts them: removed, never kept as spares.
 _fresh_only: set[str] = set()
 _spares_lock = threading.Lock()
-_cleanup_registered = False
 #: The process the spares belong to (a forked child starts without them).
 _spares_pid = os.getpid()
 
@@ -68,7 +69,8 @@ class TrialDir:
 
     @classmethod
     def make(cls, short_name: str) -> TrialDir:
-        """A new, empty trial dir named after the task (`raygrpo-harbor-<task>-<random>` under the temp dir)."""
+        """A new, empty trial dir named after the task (`raygrpo-harbor-<task>-<random>` in the process's scratch
+        folder)."""
         from harbor.models.trial.paths import TrialPaths
 
         prefix = f"raygrpo-harbor-{short_name[:40]}-"
@@ -85,7 +87,7 @@ class TrialDir:
             else:
                 identity = (_identity(path), *(_identity(os.path.join(path, d)) for d in _LAYOUT))
                 return cls(path, TrialPaths(trial_dir=Path(path)), identity)
-        path = tempfile.mkdtemp(prefix=prefix)
+        path = tempfile.mkdtemp(prefix=prefix, dir=process_scratch())
         paths = TrialPaths(trial_dir=Path(path))
         paths.mkdir()
         identity = (_identity(path), *(_identity(os.path.join(path, d)) for d in _LAYOUT))
@@ -139,13 +141,12 @@ def _empty_into_spare(path: str, entries: list[os.DirEntry], identity: tuple[tup
             return False  # a backend changed the modes or owner: the next trial starts from a fresh dir
         for entry in entries:
             os.unlink(entry.path)
-        spare = os.path.join(os.path.dirname(path), f"raygrpo-harbor-spare-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        spare = os.path.join(os.path.dirname(path), f"raygrpo-harbor-spare-{uuid.uuid4().hex[:8]}")
         os.rename(path, spare)
     except OSError:
         return False
     with _spares_lock:
         _forget_if_forked()
-        _register_cleanup()
         _spares.append(spare)
     return True
 
@@ -157,15 +158,9 @@ def _forget_if_forked() -> None:
         _spares.clear()
 
 
-def _register_cleanup() -> None:
-    global _cleanup_registered
-    if not _cleanup_registered:
-        _cleanup_registered = True
-        atexit.register(remove_spares)
-
-
 def remove_spares() -> None:
-    """Remove this process's spare trial dir skeletons (at exit; safe to call any time)."""
+    """Remove this process's spare trial dir skeletons (safe to call any time; its scratch folder's removal at exit
+    takes them too)."""
     with _spares_lock:
         _forget_if_forked()
         spares = list(_spares)

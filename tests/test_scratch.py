@@ -1,0 +1,127 @@
+"""Scratch folders: a killed process's trial dirs and spares do not stay in the temp dir, a live one's are never
+touched, and a process that exits removes its own."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from raygrpo import scratch
+
+pytestmark = pytest.mark.timeout(120)
+
+# A process that makes a trial dir (a file in it) and a spare through `TrialDir`, as an env pool actor does, prints
+# its scratch folder, then waits for a line on stdin before exiting normally.
+_OWNER = textwrap.dedent("""
+    import asyncio, sys
+    from raygrpo.envs.harbor_trial import TrialDir
+    from raygrpo.scratch import process_scratch
+
+    async def main():
+        live = TrialDir.make("task")
+        (live.paths.verifier_dir / "reward.txt").write_text("1.0")
+        spare = TrialDir.make("task")
+        await spare.remove()
+
+    asyncio.run(main())
+    print(process_scratch(), flush=True)
+    sys.stdin.readline()
+""")
+
+
+def _owner(tmp: Path) -> tuple[subprocess.Popen, Path]:
+    proc = subprocess.Popen([sys.executable, "-c", _OWNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp)})
+    folder = Path(proc.stdout.readline().strip())
+    assert folder.parent == tmp and folder.name.startswith(scratch.PREFIX), folder
+    contents = sorted(p.name.rsplit("-", 1)[0] for p in folder.iterdir())
+    assert contents == [".owner", "raygrpo-harbor-spare", "raygrpo-harbor-task"], contents
+    return proc, folder
+
+
+def test_a_killed_owners_folder_is_swept_and_a_live_ones_is_not(tmp_path):
+    killed, killed_folder = _owner(tmp_path)
+    live, live_folder = _owner(tmp_path)
+    try:
+        assert scratch.sweep_orphans(tmp_path) == []
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(timeout=30)
+        assert killed_folder.is_dir()  # no exit handler ran
+
+        assert scratch.sweep_orphans(tmp_path) == [killed_folder]
+        assert not killed_folder.exists()
+        assert (live_folder / ".owner").is_file()
+        assert sorted(p.name for p in tmp_path.iterdir()) == [live_folder.name]
+
+        live.stdin.write("\n")
+        live.stdin.flush()
+        assert live.wait(timeout=30) == 0
+        assert list(tmp_path.iterdir()) == []  # removed by its owner at exit
+    finally:
+        for proc in (killed, live):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_making_its_own_folder_sweeps_what_killed_processes_left(tmp_path):
+    code = ("import os; from raygrpo.scratch import process_scratch; print(process_scratch(), flush=True); "
+            "os.kill(os.getpid(), 9)")
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+
+    def run(source: str) -> Path:
+        return Path(subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, env=env,
+                                   timeout=60).stdout.strip())
+
+    first = run(code)
+    assert first.is_dir()  # killed: no exit handler ran
+    second = run(code)
+    assert second.is_dir() and not first.exists()  # the second swept the first when it made its own
+    run(code.replace("os.kill(os.getpid(), 9)", ""))
+    assert list(tmp_path.iterdir()) == []  # the third swept the second, and removed its own at exit
+
+
+def test_a_folder_being_made_is_left_alone_until_it_is_old(tmp_path):
+    making = tmp_path / f"{scratch._MAKING}abc"
+    making.mkdir()
+    assert scratch.sweep_orphans(tmp_path) == []
+    old = time.time() - scratch.MAKING_GRACE_S - 1
+    os.utime(making, (old, old))
+    assert scratch.sweep_orphans(tmp_path) == [making]
+    assert not making.exists()
+    other = tmp_path / "raygrpo-unrelated"
+    other.mkdir()
+    assert scratch.sweep_orphans(tmp_path) == [] and other.is_dir()
+
+
+def test_a_forked_child_makes_its_own_folder_and_leaves_its_parents(tmp_path, monkeypatch):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.setattr(scratch, "_folder", None)
+    monkeypatch.setattr(scratch, "_owner_fd", None)
+    monkeypatch.setattr(scratch, "_owner_pid", None)
+    parent = scratch.process_scratch()
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: its exit handler's work, then a folder of its own
+            try:
+                scratch.remove_process_scratch()
+                child = scratch.process_scratch()
+                ok = parent.is_dir() and child != parent and child.is_dir()
+                scratch.remove_process_scratch()
+                os._exit(0 if ok and not child.exists() else 1)
+            finally:
+                os._exit(2)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert parent.is_dir() and (parent / ".owner").is_file()
+        assert scratch.sweep_orphans(tmp_path) == []  # still held by this process
+    finally:
+        scratch.remove_process_scratch()
+    assert list(tmp_path.iterdir()) == []
