@@ -26,14 +26,16 @@ adapter, the fault wrapper), warm pool off; Ray start-up and actor creation outs
   `floor_seconds` = 1.0 s + `sandbox_cpu_s / cores`, below which no orchestrator can go, and
   `floor_with_backend_seconds`, which adds `backend_cpu_s`: the CPU this process spent driving those commands
   through the backend and Harbor's verifier (`getrusage` of itself), which raygrpo's actors spend too. And it runs
-  a stream: `--stream-batches` (8) batches queued at once, `--stream-in-flight` (256) rollouts running at a time
-  (`stream_in_flight`; more than one batch, so that later rollouts' start latency can overlap earlier ones'
-  commands as the limit assumes), its time per batch (`stream_seconds_per_batch`, `stream_ratio_to_limit`), the whole
-  machine's busy CPU per batch (`stream_machine_cpu_s_per_batch`, /proc/stat) and the share of the cores it kept
-  busy (`stream_machine_busy`); and the same over the stream's steady state, the middle half of its completions
-  (`stream_steady_seconds_per_batch`, `stream_steady_ratio_to_limit`, `stream_steady_machine_cpu_s_per_batch`,
-  `stream_steady_machine_busy`), without the first starts' latency and the drain at the end (for a stream of at
-  least twice `--stream-in-flight` rollouts; else `stream_steady_note` says why not).
+  a stream, in its own runtime after one untimed batch there (`stream_warmup_s`; the batches' median does not count
+  a slow first one either): `--stream-batches` (8) batches queued at once, `--stream-in-flight` (256) rollouts
+  running at a time (`stream_in_flight`; more than one batch, so that later rollouts' start latency can overlap
+  earlier ones' commands as the limit assumes), its time per batch (`stream_seconds_per_batch`,
+  `stream_ratio_to_limit`), the whole machine's busy CPU per batch (`stream_machine_cpu_s_per_batch`, /proc/stat)
+  and the share of the cores it kept busy (`stream_machine_busy`); and the same over the stream's steady state, the
+  middle half of its completions (`stream_steady_seconds_per_batch`, `stream_steady_ratio_to_limit`,
+  `stream_steady_machine_cpu_s_per_batch`, `stream_steady_machine_busy`), without the first starts' latency and the
+  drain at the end (for a stream of at least twice `--stream-in-flight` rollouts; else `stream_steady_note` says why
+  not).
 - `docker`: 16 rollouts (the suite's first `--docker-tasks` (2) tasks × `--group-size` (8)) on the local Docker
   engine (`make docker-dev`), no injected latency, three sides, each over all 16 (nothing scaled), in this order:
   - `trl_as_shipped`: TRL's `HarborBashEnv` with Harbor's docker backend as TRL makes it (nothing swapped): every
@@ -277,8 +279,9 @@ def raygrpo_batches(cfg, group_size: int, repeats: int, total: int, *, first_apa
 
 
 def raygrpo_stream(cfg, group_size: int, batches: int, total: int, in_flight: int) -> dict[str, Any]:
-    """`batches` batches of every task × `group_size` queued at once (as `raygrpo rollout` queues a dataset): a
-    sandbox's start latency can overlap other rollouts' commands, as the local arm's limit assumes. Its wall, the
+    """`batches` batches of every task × `group_size` queued at once (as `raygrpo rollout` queues a dataset), after
+    one untimed batch (`stream_warmup_s`): a sandbox's start latency can overlap other rollouts' commands, as the
+    local arm's limit assumes. Its wall, the
     wall per batch, and the whole machine's busy CPU per batch (/proc/stat) with the share of the cores it kept
     busy; the same for its steady state (`stream_steady_*`): the middle half of its completions, from the n/4-th to
     the 3n/4-th, which leaves out the first starts' latency and the drain at the end; only for a stream of at least
@@ -287,6 +290,11 @@ def raygrpo_stream(cfg, group_size: int, batches: int, total: int, in_flight: in
 
     cores = os.cpu_count() or 1
     with _runtime(cfg) as runtime:
+        # One batch first, untimed (the batches' median does not count a slow first one either): the actors'
+        # first-use costs (their thread pools, caches of the tasks) belong to a run's start, not to its batches.
+        warmup_s, warm = run_batch(runtime, make_groups(runtime.tasks, group_size))
+        if len(warm) != total or any(t.reward != 1.0 for t in warm):
+            raise RuntimeError(f"raygrpo stream's warm-up: {len(warm)} rollouts, {sorted({t.status for t in warm})}")
         requests = [r for _ in range(batches) for r in make_groups(runtime.tasks, group_size)]
         quarter, three_quarters = len(requests) // 4, 3 * len(requests) // 4
         marks: dict[int, tuple[float, float]] = {}
@@ -301,7 +309,8 @@ def raygrpo_stream(cfg, group_size: int, batches: int, total: int, in_flight: in
     if len(trajs) != batches * total or any(t.reward != 1.0 for t in trajs):
         raise RuntimeError(f"raygrpo stream: {len(trajs)} rollouts, statuses {sorted({t.status for t in trajs})}")
     log(f"raygrpo stream: {batches} x {total} rollouts in {wall:.2f} s, machine busy {busy / (wall * cores):.2f}")
-    out: dict[str, Any] = {"stream_batches": batches, "stream_seconds": round(wall, 3),
+    out: dict[str, Any] = {"stream_batches": batches, "stream_warmup_s": round(warmup_s, 3),
+                           "stream_seconds": round(wall, 3),
                            "stream_seconds_per_batch": round(wall / batches, 3),
                            "stream_machine_cpu_s_per_batch": round(busy / batches, 3),
                            "stream_machine_busy": round(busy / (wall * cores), 3)}
