@@ -24,10 +24,10 @@ from raygrpo.specs.harbor import LOCAL_BACKEND as LOCAL_IMPORT_PATH
 
 _EXPORTS = {
     "LocalSandboxEnvironment": "raygrpo.sandbox.local",
-    "SandboxError": "raygrpo.sandbox.local",
-    "SandboxStartError": "raygrpo.sandbox.local",
-    "SandboxNotRunningError": "raygrpo.sandbox.local",
-    "SandboxExecTimeoutError": "raygrpo.sandbox.local",
+    "SandboxError": "raygrpo.sandbox.errors",
+    "SandboxStartError": "raygrpo.sandbox.errors",
+    "SandboxNotRunningError": "raygrpo.sandbox.errors",
+    "SandboxExecTimeoutError": "raygrpo.sandbox.errors",
     "NullEnvironment": "raygrpo.sandbox.null",
     "FaultConfig": "raygrpo.specs.faults",
     "FaultInjectingEnvironment": "raygrpo.sandbox.faults",

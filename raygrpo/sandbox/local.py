@@ -64,7 +64,7 @@ import uuid
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from harbor.environments.base import BaseEnvironment, ExecResult
+from harbor.environments.base import BaseEnvironment
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.models.task.config import NetworkMode, TaskOS
 
@@ -74,43 +74,21 @@ from raygrpo.sandbox import layout as _lay
 from raygrpo.sandbox import process as _proc
 from raygrpo.sandbox import registry as _reg
 from raygrpo.sandbox import toolbox as _toolbox
+from raygrpo.sandbox.commands import SandboxCommands, log_once
+from raygrpo.sandbox.errors import (
+    SandboxError,
+    SandboxExecTimeoutError,  # noqa: F401 (re-exported)
+    SandboxNotRunningError,  # noqa: F401 (re-exported)
+    SandboxStartError,
+)
 from raygrpo.sandbox.layout import BWRAP, EXPOSED_DIRS, LINK_DIRS, STANDARD_WRITABLE  # noqa: F401 (re-exported)
 from raygrpo.sandbox.process import NSENTER
 from raygrpo.sandbox.transfer import HostFileTransfer
 
-_log = logging.getLogger(__name__)
-
-
 _ID_SAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
 
-class SandboxError(RuntimeError):
-    """Base class of the local sandbox's own errors."""
-
-
-class SandboxStartError(SandboxError):
-    """The sandbox could not be started (bwrap failed, or did not become ready in time)."""
-
-
-class SandboxNotRunningError(SandboxError):
-    """An operation on a sandbox that is not running: never started, stopped, or dead (its init is gone)."""
-
-
-class SandboxExecTimeoutError(SandboxError):
-    """An exec ran past its timeout; its whole process group was killed.
-
-    The message matches Harbor's docker backend (`Command timed out after N seconds`). `stdout` / `stderr` hold
-    what the command printed before it was killed.
-    """
-
-    def __init__(self, timeout_sec: float, stdout: str | None = None, stderr: str | None = None):
-        super().__init__(f"Command timed out after {timeout_sec} seconds")
-        self.timeout_sec = timeout_sec
-        self.stdout = stdout
-        self.stderr = stderr
-
-
-class LocalSandboxEnvironment(HostFileTransfer, BaseEnvironment):
+class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment):
     """Harbor environment backed by a local bubblewrap sandbox (development/CI; no security boundary; no builds).
 
     Load it through Harbor's factory with `import_path="raygrpo.sandbox.local:LocalSandboxEnvironment"`; extra
@@ -255,7 +233,7 @@ class LocalSandboxEnvironment(HostFileTransfer, BaseEnvironment):
         if self._plan is not None:
             _df.report_skipped(self._plan)
         elif self.task_env_config.docker_image:
-            _log_once(
+            log_once(
                 f"image:{self.environment_dir}",
                 "%s: docker_image %s is not pulled by the local sandbox; the sandbox sees the host's files",
                 self.environment_dir,
@@ -362,117 +340,6 @@ class LocalSandboxEnvironment(HostFileTransfer, BaseEnvironment):
 
     def _init_log(self) -> str:
         return _proc.log_tail(self._reg.dir / "init.log") if self._reg else ""
-
-    # ------------------------------------------------------------------ exec
-
-    def _require_running(self) -> None:
-        if self._state != "running":
-            raise SandboxNotRunningError(f"sandbox {self.sandbox_id or self.session_id} is not running ({self._state})")
-        if not self._init.alive():
-            raise SandboxNotRunningError(f"sandbox {self.sandbox_id} is dead: its init process is gone")
-
-    def _user_prefix(self, user: str | int | None) -> tuple[list[str], str]:
-        """The `setpriv` prefix that runs as `user`, and that user's home (root's for a user the host lacks)."""
-        found = _proc.user_prefix(user)
-        if found is None:
-            _log_once(
-                f"user:{self.environment_dir}:{user}",
-                "%s: user %r does not exist on this host (a skipped RUN step may create it); the local sandbox "
-                "runs as root instead",
-                self.environment_dir,
-                user,
-            )
-            return [], "/root"
-        return found
-
-    def _exec_env(self, env: dict[str, str] | None, home: str) -> dict[str, str]:
-        out = {"PATH": _df.DEFAULT_PATH, "HOME": home, "HOSTNAME": self._hostname}
-        if self._plan is not None:
-            out.update(self._plan.env)
-        if self._toolbox is not None:
-            out["PATH"] = f"{self._toolbox / 'bin'}:{out['PATH']}"
-        out.update(self._merge_env(env) or {})
-        out[_reg.ID_ENV] = self.sandbox_id
-        out[_reg.ROOT_ENV] = str(self._root)
-        return out
-
-    async def exec(
-        self,
-        command: str,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-        timeout_sec: int | None = None,
-        user: str | int | None = None,
-    ) -> ExecResult:
-        """Run `bash -c command` in the sandbox; kill its process group and raise at `timeout_sec`.
-
-        Raises:
-            SandboxExecTimeoutError: the command ran past `timeout_sec` (its processes were killed).
-            SandboxNotRunningError: the sandbox is not running (never started, stopped, or dead).
-        """
-        return await self._run([_proc.BASH, "-c", command], cwd=cwd, env=env, timeout_sec=timeout_sec, user=user)
-
-    async def _run(
-        self,
-        argv: list[str],
-        *,
-        cwd: str | None = None,
-        env: dict[str, str] | None = None,
-        timeout_sec: float | None = None,
-        user: str | int | None = None,
-        stdin_data: bytes | None = None,
-        binary_stdout: bool = False,
-    ) -> Any:
-        self._require_running()
-        assert self._reg is not None
-        prefix, home = self._user_prefix(self._resolve_user(user))
-        workdir = str(_lay.norm(cwd, self.workdir)) if cwd else self.workdir
-        full = _proc.nsenter_argv(self._init.pid, netns=self._netns, prefix=prefix, workdir=workdir, argv=argv)
-        self._execs_running += 1
-        try:
-            rc, stdout, stderr = await _proc.run_in_group(
-                full,
-                env=self._exec_env(env, home),
-                exec_dir=self._reg.dir / "exec",
-                timeout_sec=timeout_sec,
-                max_output=self._max_output,
-                stdin_data=stdin_data,
-                binary_stdout=binary_stdout,
-            )
-        except _proc.ExecTimeout as e:
-            raise SandboxExecTimeoutError(timeout_sec or 0, e.stdout, e.stderr) from None
-        finally:
-            self._execs_running -= 1
-        if rc != 0 and (not self._init.alive() or await self._could_not_enter(stderr)):
-            raise SandboxNotRunningError(f"sandbox {self.sandbox_id} died during the exec (exit {rc})")
-        if binary_stdout:
-            return rc, stdout, stderr
-        return ExecResult(stdout=stdout, stderr=stderr, return_code=rc)
-
-    async def _could_not_enter(self, stderr: Any) -> bool:
-        """Whether nsenter failed to enter the sandbox because its init is dying.
-
-        A SIGKILLed init gives up its namespaces before it shows as dead in /proc, so an exec in that window fails
-        inside nsenter while the init still looks alive; give it a moment to finish dying.
-        """
-        text = stderr.decode(errors="replace") if isinstance(stderr, bytes) else (stderr or "")
-        if not any(line.startswith(("nsenter: cannot open", "nsenter: reassociate")) for line in text.splitlines()):
-            return False
-        for _ in range(50):
-            if not self._init.alive():
-                return True
-            await asyncio.sleep(0.02)
-        return False
-
-
-_logged_once: set[str] = set()
-
-
-def _log_once(key: str, msg: str, *args: Any) -> None:
-    if key in _logged_once:
-        return
-    _logged_once.add(key)
-    _log.warning(msg, *args)
 
 
 __all__ = [
