@@ -1,5 +1,5 @@
 """Scratch folders: a killed process's trial dirs and spares do not stay in the temp dir, a live one's are never
-touched, and a process that exits removes its own."""
+touched, a process that exits removes its own, and so does an env pool actor's shutdown before its kill."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from raygrpo import scratch
+from raygrpo.sandbox.registry import pid_alive
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -125,3 +126,51 @@ def test_a_forked_child_makes_its_own_folder_and_leaves_its_parents(tmp_path, mo
     finally:
         scratch.remove_process_scratch()
     assert list(tmp_path.iterdir()) == []
+
+
+def _env_pool_actor():
+    from raygrpo.actors.env_pool import EnvPoolActor
+    from raygrpo.config import load_config
+    from raygrpo.resolve import resolve_run
+    from raygrpo.worker import WorkerSettings
+
+    suite = Path(__file__).resolve().parent.parent / "examples" / "harbor_local" / "tasks"
+    cfg = load_config(data={"envs": {"suite": {"kind": "harbor", "path": str(suite), "indices": [0]}},
+                            "policy": {"kind": "noop"}})
+    settings = WorkerSettings(name="scratch", envs=dict(cfg.envs), policy=cfg.policy, model=cfg.model,
+                              sampling=cfg.sampling, rollout=cfg.rollout, max_concurrent=1)
+    return EnvPoolActor.options(num_cpus=0).remote(settings), resolve_run(cfg).tasks_by_env["suite"][0]
+
+
+def _scratch_after_a_rollout(actor, task) -> Path:
+    import ray
+
+    traj = ray.get(actor.run.remote(task), timeout=120)
+    assert traj.status == "ok", traj.error
+    folder = Path(ray.get(actor.__ray_call__.remote(lambda self: str(scratch._folder)), timeout=30))
+    assert folder.is_dir() and (folder / scratch.OWNER_FILE).is_file()
+    return folder
+
+
+@pytest.mark.ray
+def test_an_env_pool_actor_removes_its_folder_when_shut_down_and_a_killed_ones_is_swept(ray_local):
+    import ray
+
+    actor, task = _env_pool_actor()
+    try:
+        folder = _scratch_after_a_rollout(actor, task)
+        ray.get(actor.shutdown.remote(), timeout=60)
+        assert not folder.exists()  # before the kill, which runs no exit handler
+    finally:
+        ray.kill(actor)
+
+    actor, task = _env_pool_actor()
+    pid = ray.get(actor.pid.remote(), timeout=60)
+    folder = _scratch_after_a_rollout(actor, task)
+    ray.kill(actor)
+    deadline = time.monotonic() + 30
+    while pid_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert folder.is_dir()  # killed without its shutdown: left
+    assert folder in scratch.sweep_orphans(folder.parent)
+    assert not folder.exists()
