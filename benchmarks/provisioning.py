@@ -281,11 +281,11 @@ def raygrpo_batches(cfg, group_size: int, repeats: int, total: int, *, first_apa
 def raygrpo_stream(cfg, group_size: int, batches: int, total: int, in_flight: int) -> dict[str, Any]:
     """`batches` batches of every task × `group_size` queued at once (as `raygrpo rollout` queues a dataset), after
     one untimed batch (`stream_warmup_s`): a sandbox's start latency can overlap other rollouts' commands, as the
-    local arm's limit assumes. Its wall, the
-    wall per batch, and the whole machine's busy CPU per batch (/proc/stat) with the share of the cores it kept
-    busy; the same for its steady state (`stream_steady_*`): the middle half of its completions, from the n/4-th to
-    the 3n/4-th, which leaves out the first starts' latency and the drain at the end; only for a stream of at least
-    twice `in_flight` rollouts (the most run at once), so that its middle is past the first wave."""
+    local arm's limit assumes. Its wall, the wall per batch, and the whole machine's busy CPU per batch (/proc/stat)
+    with the share of the cores it kept busy; the same for its steady state (`stream_steady_*`): the middle half of
+    its completions, from the n/4-th to the 3n/4-th, which leaves out the first starts' latency and the drain at the
+    end; only for a stream of at least twice `in_flight` rollouts (the most run at once), so that its middle is past
+    the first wave."""
     from raygrpo.orchestrator import Orchestrator, make_groups
 
     cores = os.cpu_count() or 1
