@@ -99,6 +99,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default=None, help="cuda (default) or cpu; --dry-run means cpu")
     p.add_argument("--plain-answers", action="store_true", help="also score answers given in plain text")
     p.add_argument("--graded", action="store_true", help="dense reward: 1.0 when right, less the further off")
+    p.add_argument("--seed", type=int, default=0, help="sampling, the task order and TRL's seed")
     args = p.parse_args(argv)
     small = args.dry_run
     defaults = dict(model="tiny" if small else "smollm2-135m", steps=2 if small else 20, groups=2 if small else 8,
@@ -153,17 +154,18 @@ def run(args: argparse.Namespace) -> dict:
         warmup = run_warmup(model, tokenizer, cfg)
         model.to("cpu")
 
-    engine = TransformersEngine(model_path, device=device, max_batch_size=64, seed=0, num_threads=None)
-    sampling = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=0)
+    engine = TransformersEngine(model_path, device=device, max_batch_size=64, seed=args.seed, num_threads=None)
+    sampling = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=args.seed)
     limits = RolloutConfig(group_size=args.group_size, max_turns=2, max_total_tokens=1024)
-    rollouts = InProcessRollouts(engine, lambda task: SumsAdapter(by_split[task.split], args.plain_answers, args.graded), train,
-                                 sampling, limits, args.group_size, seed=0)
+    rollouts = InProcessRollouts(engine, lambda task: SumsAdapter(by_split[task.split], args.plain_answers,
+                                                                  args.graded),
+                                 train, sampling, limits, args.group_size, seed=args.seed)
     out = args.out or tempfile.mkdtemp(prefix="raygrpo-gpu-check-")
     grpo = GRPOConfig(
         output_dir=out, use_cpu=device == "cpu", use_vllm=False, num_generations=args.group_size,
         per_device_train_batch_size=args.groups * args.group_size, max_steps=args.steps, learning_rate=args.lr,
         beta=0.0, report_to="none", logging_steps=1, save_strategy="no", max_completion_length=args.max_tokens * 2,
-        temperature=1.0, disable_dropout=True, bf16=False, seed=0, gradient_checkpointing=False,
+        temperature=1.0, disable_dropout=True, bf16=False, seed=args.seed, gradient_checkpointing=False,
     )
     dataset = Dataset.from_dict({"prompt": [f"raygrpo group slot {i}" for i in range(args.groups)]})
     trainer = BehaviourGRPOTrainer(model=model, reward_funcs=[_env_reward], args=grpo, train_dataset=dataset,
@@ -200,7 +202,8 @@ def run(args: argparse.Namespace) -> dict:
         "train_tool_call_fraction_by_step": [b["tool_call_fraction"] for b in rollouts.batches],
         "eval_tasks": len(test),
         "eval_before": _eval_summary(eval_before), "eval_after": _eval_summary(eval_after),
-        "plain_answers": args.plain_answers, "graded": args.graded, "weights_changed": changed, "sync_logprob_max_abs_diff": sync_gap,
+        "plain_answers": args.plain_answers, "graded": args.graded, "seed": args.seed,
+        "weights_changed": changed, "sync_logprob_max_abs_diff": sync_gap,
         "warmup": warmup,
         "peak_gpu_memory_bytes": torch.cuda.max_memory_allocated() if device.startswith("cuda") else None,
         "wall_s": time.perf_counter() - started,
@@ -212,7 +215,8 @@ def _env_reward(prompts, completions, env_reward, **kwargs):
 
 
 def _eval_summary(stats: dict) -> dict:
-    keep = ("reward_mean", "reward_ci95", "scored_fraction", "tool_call_fraction", "rollouts", "policy_version")
+    keep = ("reward_mean", "reward_ci95", "solved_fraction", "scored_fraction", "tool_call_fraction", "rollouts",
+            "policy_version")
     return {k: stats.get(k) for k in keep}
 
 

@@ -28,6 +28,8 @@ def test_gpu_check_dry_run_prints_its_figures(tmp_path):
     for key in ("eval_before", "eval_after"):
         assert result[key]["rollouts"] == 4 and result[key]["scored_fraction"] == 1.0
         assert result[key]["reward_ci95"] is not None
+        # The sums reward without --graded is 0 or 1: the fraction given the full reward is the mean.
+        assert result[key]["solved_fraction"] == pytest.approx(result[key]["reward_mean"])
     assert result["eval_before"]["policy_version"] == 0 and result["eval_after"]["policy_version"] == 2
     # After the weight sync the engine scores tokens as the learner does.
     assert result["sync_logprob_max_abs_diff"] < 1e-4

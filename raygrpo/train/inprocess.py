@@ -107,13 +107,16 @@ class InProcessRollouts:
         return to_rollout_output(groups, fallback_id=int(self.renderer.eos_token_id))
 
     def evaluate(self, tasks: list[TaskRef]) -> dict[str, Any]:
-        """One rollout per task with the engine's current weights: reward mean and its 95% interval."""
+        """One rollout per task with the engine's current weights: reward mean and its 95% interval, and the fraction
+        of rollouts given the full reward of 1.0 (`solved_fraction`: under a dense reward, those exactly right)."""
         saved, self.group_size = self.group_size, 1
         try:
             trajs = [t for g in self.run_groups(tasks, f"eval{self.version}") for t in g.trajectories]
         finally:
             self.group_size = saved
-        return {"policy_version": self.version, **reward_stats(trajs), **tool_call_stats(trajs)}
+        solved = sum(1 for t in trajs if t.reward == 1.0) / len(trajs) if trajs else None
+        return {"policy_version": self.version, **reward_stats(trajs), **tool_call_stats(trajs),
+                "solved_fraction": solved}
 
     def close(self) -> None:
         """Close the engine on this event loop (its batcher runs there), then stop the loop's thread."""
