@@ -21,6 +21,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -188,6 +189,8 @@ def run(args: argparse.Namespace) -> dict:
         sync_gap = _logprob_gap(rollouts, learner_model, tokenizer, by_split["test"][0])
     finally:
         rollouts.close()  # and the engine
+        if args.out is None:  # TRL's output_dir in a folder of its own; nothing is saved there (save_strategy "no")
+            shutil.rmtree(out, ignore_errors=True)
     tokens = sum(b["completion_tokens"] for b in rollouts.batches)
     return {
         "kind": "raygrpo-gpu-check", "dry_run": args.dry_run, "device": _device_name(device), "model": args.model,
