@@ -21,15 +21,6 @@ os.environ[LEASE_DIR_ENV] = _LEASES
 atexit.register(shutil.rmtree, _LEASES, True)
 
 
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (`make test` runs two workers), every test that drives the machine's one Docker engine
-    runs on the same worker, one after another: their leak checks ask docker about every raygrpo sandbox and dangling
-    image on the machine, which another worker's docker test would be making at that moment."""
-    for item in items:
-        if item.get_closest_marker("docker") or "docker_ready" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("docker"))
-
-
 @pytest.fixture(scope="session")
 def ray_local():
     """A local Ray runtime kept on loopback, shut down at the end of the session; the scratch folders of the actors

@@ -253,6 +253,7 @@ def test_address_joins_the_cluster_from_outside_a_job(head, tmp_path):
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.docker
 @pytest.mark.usefixtures("docker_ready")
 def test_harbor_rollout_on_docker_as_a_job(head, tmp_path):
     """The Harbor example on the docker backend, its env pool actors asking for the docker hosts' resource."""
@@ -293,6 +294,7 @@ def live_sandboxes(base: Path) -> int:
 
 
 @pytest.mark.timeout(480)
+@pytest.mark.docker
 @pytest.mark.usefixtures("docker_ready")
 def test_job_stop_mid_batch_leaves_nothing(head, tmp_path):
     """72 Harbor sandboxes on the local backend, 16 on docker and 16 ORS sessions busy, then `ray job stop`: the job
