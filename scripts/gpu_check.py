@@ -57,7 +57,6 @@ class SumsAdapter:
         return Observation(messages=[{"role": "user", "content": text}], tools=[sums.SUBMIT_TOOL])
 
     async def call(self, name, arguments):
-        import tasks as sums
         from raygrpo.types import ToolResult
 
         self.reward = self._reward(arguments.get("answer"))

@@ -15,6 +15,7 @@ import pytest
 
 from raygrpo import scratch
 from raygrpo.sandbox.registry import pid_alive
+from tests.sandbox_utils import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -168,9 +169,7 @@ def test_an_env_pool_actor_removes_its_folder_when_shut_down_and_a_killed_ones_i
     pid = ray.get(actor.pid.remote(), timeout=60)
     folder = _scratch_after_a_rollout(actor, task)
     ray.kill(actor)
-    deadline = time.monotonic() + 30
-    while pid_alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: not pid_alive(pid), 30, 0.1)
     assert folder.is_dir()  # killed without its shutdown: left
     assert folder in scratch.sweep_orphans(folder.parent)
     assert not folder.exists()

@@ -134,6 +134,7 @@ _logged_once: set[str] = set()
 
 
 def log_once(key: str, msg: str, *args: Any) -> None:
+    """A warning logged once per `key` in this process (per task folder and user, not per sandbox)."""
     if key in _logged_once:
         return
     _logged_once.add(key)
