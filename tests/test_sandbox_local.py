@@ -249,6 +249,34 @@ async def test_exec_timeout_kills_the_whole_group(tmp_path: Path, sroot: Path):
         await env.stop(delete=True)
 
 
+@pytest.mark.timeout(60)
+async def test_exec_output_is_capped_kept_apart_and_leaves_no_files(tmp_path: Path, sroot: Path):
+    env, _, _ = make_env(make_task(tmp_path), tmp_path / "trials", sroot, kwargs={"max_output_bytes": 1000})
+    await env.start(force_build=False)
+    try:
+        before = sorted(p.relative_to(sroot) for p in sroot.rglob("*"))
+        r = await env.exec("head -c 5000 /dev/zero | tr '\\0' x; echo oops >&2; exit 3")
+        assert r.return_code == 3
+        assert r.stdout == "x" * 1000 + "\n[raygrpo local sandbox: output cut at 1000 bytes]"
+        assert r.stderr == "oops\n"
+        # A background process that keeps the exec's stdout open does not hold the exec up, nor what it printed.
+        t0 = time.perf_counter()
+        r = await env.exec("echo first; (sleep 30; echo late) & echo second")
+        assert time.perf_counter() - t0 < 5
+        assert (r.stdout, r.stderr) == ("first\nsecond\n", None)
+        # Output bigger than the text cap comes back whole as bytes (a download's `cat`).
+        await env.exec("head -c 300000 /dev/urandom > /var/tmp/blob.bin")  # /var/tmp: no host folder behind it
+        await env.download_file("/var/tmp/blob.bin", tmp_path / "blob.bin")
+        assert (tmp_path / "blob.bin").stat().st_size == 300000
+        # The output goes to memory: a running exec has no file on the host beside the sandbox's own.
+        running = asyncio.ensure_future(env.exec("echo hi; sleep 1"))
+        await asyncio.sleep(0.5)
+        assert sorted(p.relative_to(sroot) for p in sroot.rglob("*")) == before
+        assert (await running).stdout == "hi\n"
+    finally:
+        await env.stop(delete=True)
+
+
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()

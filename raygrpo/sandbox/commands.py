@@ -98,7 +98,6 @@ class SandboxCommands:
             rc, stdout, stderr = await _proc.run_in_group(
                 full,
                 env=self._exec_env(env, home),
-                exec_dir=self._reg.dir / "exec",
                 timeout_sec=timeout_sec,
                 max_output=self._max_output,
                 stdin_data=stdin_data,

@@ -60,7 +60,7 @@ def prepare_host_dir(
     host_mounts: list[dict[str, Any]] | None,
     workdir: str,
 ) -> list[Mount]:
-    """Fill a sandbox's fresh host directory `d` (`fs/`, `exec/`, the writable mounts with Harbor's log dirs and a
+    """Fill a sandbox's fresh host directory `d` (`fs/`, the writable mounts with Harbor's log dirs and a
     sticky `/tmp`, the Dockerfile's `COPY` files) and return its mount table (see `layout`).
 
     Raises:
@@ -68,7 +68,6 @@ def prepare_host_dir(
     """
     fs = d / "fs"
     fs.mkdir()
-    (d / "exec").mkdir()
     mounts = layout(
         fs, plan=plan, task_workdir=task_workdir, extra_writable=extra_writable, host_mounts=host_mounts
     )

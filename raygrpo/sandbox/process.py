@@ -2,8 +2,8 @@
 
 `raygrpo.sandbox.local` owns the sandbox's lifecycle; the helpers here need no environment object. `InitProcess`
 starts the sandbox's init under bwrap, learns its host pid and kills it. An exec is `nsenter` into the init's
-namespaces (`nsenter_argv`), run in a process group of its own with its output in files (`run_in_group`,
-`read_output`); a timeout kills the whole group (`kill_group`).
+namespaces (`nsenter_argv`), run in a process group of its own with its output in anonymous in-memory files
+(`run_in_group`, `read_output`); a timeout kills the whole group (`kill_group`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import shlex
 import shutil
 import signal
 import tarfile
-import uuid
 from pathlib import Path
 
 from harbor.environments.base import transfer_tar_filter
@@ -204,7 +203,6 @@ async def run_in_group(
     argv: list[str],
     *,
     env: dict[str, str],
-    exec_dir: Path,
     timeout_sec: float | None,
     max_output: int,
     stdin_data: bytes | None = None,
@@ -213,25 +211,30 @@ async def run_in_group(
     """Run `argv` in its own process group; return its exit status (128 + N when killed by signal N, as a shell
     reports it), stdout (bytes, whole, when `binary_stdout`) and stderr (see `read_output`).
 
-    The output goes to files under `exec_dir` (not pipes, which background processes would hold open), removed
-    afterwards.
+    The output goes to anonymous in-memory files (`memfd_create`), not pipes, which background processes would hold
+    open, and not files on disk: nothing to remove afterwards, and no inode to allocate, which on an ext4 without a
+    journal (as on the development machines) costs more the more files were deleted in the last half minute
+    (the kernel skips their inodes one by one). Like Harbor's docker backend, which reads an exec's output into
+    memory, it is held in memory; a background process that keeps writing keeps its file alive until it exits.
 
     Raises:
         ExecTimeout: it ran past `timeout_sec`; the whole group was killed (so it is, too, on any other error).
     """
-    tag = uuid.uuid4().hex[:12]
-    out_path = exec_dir / f"{tag}.out"
-    err_path = exec_dir / f"{tag}.err"
+    out_fd = os.memfd_create("raygrpo-exec-stdout", os.MFD_CLOEXEC)
     try:
-        with open(out_path, "wb") as out_f, open(err_path, "wb") as err_f:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.PIPE if stdin_data is not None else asyncio.subprocess.DEVNULL,
-                stdout=out_f,
-                stderr=err_f,
-                env=env,
-                start_new_session=True,  # its own process group, killed as a whole on timeout
-            )
+        err_fd = os.memfd_create("raygrpo-exec-stderr", os.MFD_CLOEXEC)
+    except BaseException:
+        os.close(out_fd)
+        raise
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE if stdin_data is not None else asyncio.subprocess.DEVNULL,
+            stdout=out_fd,
+            stderr=err_fd,
+            env=env,
+            start_new_session=True,  # its own process group, killed as a whole on timeout
+        )
         try:
             async with asyncio.timeout(timeout_sec if timeout_sec else None):
                 if stdin_data is not None:
@@ -240,28 +243,33 @@ async def run_in_group(
                     await proc.wait()
         except TimeoutError:
             await kill_group(proc)
-            raise ExecTimeout(read_output(out_path, max_output), read_output(err_path, max_output)) from None
+            raise ExecTimeout(read_output(out_fd, max_output), read_output(err_fd, max_output)) from None
         except BaseException:
             await kill_group(proc)
             raise
         rc = proc.returncode if proc.returncode is not None else 0
         if rc < 0:
             rc = 128 - rc  # killed by a signal: report it as a shell would
-        stdout = out_path.read_bytes() if binary_stdout else read_output(out_path, max_output)
-        return rc, stdout, read_output(err_path, max_output)
+        stdout = _read_all(out_fd) if binary_stdout else read_output(out_fd, max_output)
+        return rc, stdout, read_output(err_fd, max_output)
     finally:
-        for path in (out_path, err_path):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+        os.close(out_fd)
+        os.close(err_fd)
 
 
-def read_output(path: Path, max_bytes: int) -> str | None:
-    """An exec's output file as text, cut at `max_bytes` (with a note); None when missing or empty."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read(max_bytes + 1)
-    except FileNotFoundError:
-        return None
+def _read_all(fd: int) -> bytes:
+    """Everything written to the in-memory file `fd` so far, from its start (whatever its offset)."""
+    chunks, offset = [], 0
+    while chunk := os.pread(fd, 1 << 20, offset):
+        chunks.append(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def read_output(fd: int, max_bytes: int) -> str | None:
+    """An exec's output (the in-memory file `fd`, read from its start) as text, cut at `max_bytes` (with a note);
+    None when empty."""
+    data = os.pread(fd, max_bytes + 1, 0)
     if not data:
         return None
     text = data[:max_bytes].decode(errors="replace")
