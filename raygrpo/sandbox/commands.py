@@ -107,7 +107,10 @@ class SandboxCommands:
             raise SandboxExecTimeoutError(timeout_sec or 0, e.stdout, e.stderr) from None
         finally:
             self._execs_running -= 1
-        if rc != 0 and (not self._init.alive() or await self._could_not_enter(stderr)):
+        # A stop that began during the exec kills the init, whose namespace's processes die (and their nsenter
+        # returns) before the init itself is seen dead: a failed exec of a stopping sandbox is its stop.
+        stopping = self._state == "stopped"
+        if rc != 0 and (stopping or not self._init.alive() or await self._could_not_enter(stderr)):
             raise SandboxNotRunningError(f"sandbox {self.sandbox_id} died during the exec (exit {rc})")
         if binary_stdout:
             return rc, stdout, stderr
