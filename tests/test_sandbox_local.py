@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import socket
@@ -267,7 +268,9 @@ async def test_exec_output_is_capped_kept_apart_and_leaves_no_files(tmp_path: Pa
         # Output bigger than the text cap comes back whole as bytes (a download's `cat`).
         await env.exec("head -c 300000 /dev/urandom > /var/tmp/blob.bin")  # /var/tmp: no host folder behind it
         await env.download_file("/var/tmp/blob.bin", tmp_path / "blob.bin")
-        assert (tmp_path / "blob.bin").stat().st_size == 300000
+        digest = (await env.exec("sha256sum /var/tmp/blob.bin")).stdout.split()[0]
+        blob = (tmp_path / "blob.bin").read_bytes()
+        assert len(blob) == 300000 and hashlib.sha256(blob).hexdigest() == digest
         # The output goes to memory: a running exec has no file on the host beside the sandbox's own.
         running = asyncio.ensure_future(env.exec("echo hi; sleep 1"))
         await asyncio.sleep(0.5)
