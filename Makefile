@@ -11,9 +11,11 @@ install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
 $(VENV)/.installed: pyproject.toml
-	@# The local Harbor sandbox backend runs each sandbox in bubblewrap namespaces (Debian's bubblewrap package).
-	command -v bwrap >/dev/null || { apt-get update -qq && apt-get install -y -qq bubblewrap; } \
-		|| echo "warning: install bubblewrap (bwrap) for the local Harbor sandbox backend" >&2
+	@# The local Harbor sandbox backend runs each sandbox in bubblewrap namespaces, with slirp4netns and a firewall
+	@# (iptables) for the outbound network of tasks that allow it (Debian's bubblewrap, slirp4netns, iptables).
+	command -v bwrap >/dev/null && command -v slirp4netns >/dev/null && command -v iptables-restore >/dev/null \
+		|| { apt-get update -qq && apt-get install -y -qq bubblewrap slirp4netns iptables; } \
+		|| echo "warning: install bubblewrap, slirp4netns and iptables for the local Harbor sandbox backend" >&2
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e .

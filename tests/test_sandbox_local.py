@@ -6,7 +6,6 @@ import asyncio
 import hashlib
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -432,30 +431,6 @@ async def test_harbor_verifier_with_auto_mounted_logs(tmp_path: Path, sroot: Pat
         assert result.rewards == {"reward": 1.0}
     finally:
         await env.stop(delete=True)
-
-
-@pytest.mark.timeout(60)
-async def test_no_network_task_gets_loopback_only(tmp_path: Path, sroot: Path):
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    port = server.getsockname()[1]
-    probe = f"(echo > /dev/tcp/127.0.0.1/{port}) 2>/dev/null && echo open || echo closed"
-    try:
-        public, _, _ = make_env(make_task(tmp_path, "pub"), tmp_path / "trials", sroot)
-        offline, _, _ = make_env(
-            make_task(tmp_path, "off", task_toml_env='network_mode = "no-network"\n'), tmp_path / "trials", sroot
-        )
-        for env in (public, offline):
-            await env.start(force_build=False)
-        try:
-            assert (await public.exec(probe)).stdout == "open\n"
-            assert (await offline.exec(probe)).stdout == "closed\n"
-        finally:
-            for env in (public, offline):
-                await env.stop(delete=True)
-    finally:
-        server.close()
 
 
 @pytest.mark.timeout(60)

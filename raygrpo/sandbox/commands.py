@@ -25,7 +25,7 @@ class SandboxCommands:
     """`exec` and the commands behind Harbor's file transfer (`_run`) for a sandbox whose init's namespaces they enter.
 
     A mixin of `raygrpo.sandbox.local.LocalSandboxEnvironment` (placed before `BaseEnvironment`), which provides what
-    these methods use: `_state`, `_init`, `_reg`, `_netns`, `_hostname`, `_plan`, `_toolbox`, `_root`, `_max_output`,
+    these methods use: `_state`, `_init`, `_reg`, `_hostname`, `_plan`, `_toolbox`, `_root`, `_max_output`,
     `_execs_running`, `sandbox_id`, `session_id`, `environment_dir`, `workdir`, and Harbor's `_resolve_user` and
     `_merge_env`.
     """
@@ -47,7 +47,7 @@ class SandboxCommands:
                 self.environment_dir,
                 user,
             )
-            return [], "/root"
+            return [*_proc.CAPS_PREFIX, "--"], "/root"
         return found
 
     def _exec_env(self, env: dict[str, str] | None, home: str) -> dict[str, str]:
@@ -92,7 +92,7 @@ class SandboxCommands:
         assert self._reg is not None
         prefix, home = self._user_prefix(self._resolve_user(user))
         workdir = str(_lay.norm(cwd, self.workdir)) if cwd else self.workdir
-        full = _proc.nsenter_argv(self._init.pid, netns=self._netns, prefix=prefix, workdir=workdir, argv=argv)
+        full = _proc.nsenter_argv(self._init.pid, prefix=prefix, workdir=workdir, argv=argv)
         self._execs_running += 1
         try:
             rc, stdout, stderr = await _proc.run_in_group(

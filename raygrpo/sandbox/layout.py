@@ -230,8 +230,9 @@ def resolve_links(p: PurePosixPath, mounts: list[Mount]) -> PurePosixPath:
     return p
 
 
-def bwrap_argv(mounts: list[Mount], *, hostname: str, netns: bool) -> list[str]:
-    """bwrap's command line (up to, not including, `--info-fd` and the init) for a sandbox with this mount table."""
+def bwrap_argv(mounts: list[Mount], *, hostname: str) -> list[str]:
+    """bwrap's command line (up to, not including, `--info-fd` and the init) for a sandbox with this mount table:
+    namespaces of its own, the network's included (`raygrpo.sandbox.network`), and an init without capabilities."""
     argv = [BWRAP]
     for m in mounts:
         t = str(m.target)
@@ -248,11 +249,8 @@ def bwrap_argv(mounts: list[Mount], *, hostname: str, netns: bool) -> list[str]:
             argv += ["--proc", t]
         elif m.kind == "dev":
             argv += ["--dev", t]
-    argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", hostname]
-    if netns:
-        argv += ["--unshare-net"]
-    if os.geteuid() != 0:
-        argv += ["--unshare-user"]
+    argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--hostname", hostname]
+    argv += ["--cap-drop", "ALL"] if os.geteuid() == 0 else ["--unshare-user"]
     argv += ["--die-with-parent", "--new-session", "--chdir", "/"]
     return argv
 

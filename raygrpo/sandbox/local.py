@@ -11,8 +11,10 @@ neither. This backend gives each rollout a container-like sandbox with only `bwr
 
 What a sandbox is:
 
-- Namespaces: mount, PID, IPC and UTS of its own. The network is the host's (so it reaches 127.0.0.1 services),
-  except for tasks whose network policy is `no-network`, which get a private network namespace with only loopback.
+- Namespaces: mount, PID, IPC, UTS and network of its own. The network never reaches the host's services: a task
+  whose network mode is `no-network` gets loopback only, a `public` one (Harbor's default) outbound access through
+  slirp4netns with a firewall that rejects the host's addresses, and `allowlist` is refused
+  (`raygrpo.sandbox.network`). The verifier's and the oracle's commands run under the same rule.
 - Filesystem: the host's `/usr`, `/etc`, `/opt`, `/var`, `/srv` (and `/bin`, `/lib*`, `/sbin`), read-only; fresh
   `/proc`, `/dev`, and tmpfs `/run`, `/dev/shm`, `/var/tmp`. Writable directories of its own (host directories under
   `<sandbox root>/<id>/fs/`) are bound over `/workdir`, `/app`, `/logs`, `/tests`, `/solution`, `/home/user`,
@@ -37,7 +39,8 @@ What a sandbox is:
 - Tools: the verifier toolbox (`raygrpo.sandbox.toolbox`: `python`, `python3`, pytest, pytest-json-ctrf in a venv
   built once per machine) comes first on `PATH`, so test scripts find what task images usually bake in rather than
   whatever the host has (`toolbox=False` turns it off).
-- Users: execs run as root. A requested `user` that exists in the host's `/etc/passwd` (or a numeric uid) is
+- Users: execs run as root, without the capabilities that would make it the host's root (no mounts, device nodes,
+  firewall changes, kernel modules or tracing: `raygrpo.sandbox.process.KEPT_CAPS`). A requested `user` that exists in the host's `/etc/passwd` (or a numeric uid) is
   honoured with `setpriv`; an unknown user name (typically one a skipped `RUN useradd` would have created) falls
   back to root with a warning.
 - Files: uploads and downloads go straight through the host directories behind the sandbox's writable paths, else
@@ -71,6 +74,7 @@ from harbor.models.task.config import NetworkMode, TaskOS
 from raygrpo.aio import run_to_end
 from raygrpo.sandbox import dockerfile as _df
 from raygrpo.sandbox import layout as _lay
+from raygrpo.sandbox import network as _net
 from raygrpo.sandbox import process as _proc
 from raygrpo.sandbox import registry as _reg
 from raygrpo.sandbox import toolbox as _toolbox
@@ -156,7 +160,7 @@ class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment
         self._execs_running = 0
         self._mount_table: list[_lay.Mount] = []
         self._state = "new"  # new -> starting -> running -> stopped
-        self._netns = False
+        self._outbound: _net.OutboundNetwork | None = None
         self._hostname = ""
         self.sandbox_id = ""
         super().__init__(
@@ -177,20 +181,35 @@ class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment
 
     @property
     def capabilities(self) -> EnvironmentCapabilities:
+        # No allowlist: Harbor's own check then refuses such a task by name.
         return EnvironmentCapabilities(disable_internet=True, mounted=True)
 
     @classmethod
     def preflight(cls) -> None:
-        """Fail early (before any trial is queued) when bwrap or nsenter is missing."""
-        missing = [tool for tool in (BWRAP, NSENTER) if not os.access(tool, os.X_OK)]
+        """Fail early (before any trial is queued) when bwrap, nsenter or the outbound network's tools are missing."""
+        missing = [tool for tool in (BWRAP, NSENTER) if not os.access(tool, os.X_OK)] + _net.missing_tools()
         if missing:
             raise SystemExit(
-                f"raygrpo local sandbox needs {', '.join(missing)} (Debian: apt-get install bubblewrap util-linux)"
+                f"raygrpo local sandbox needs {', '.join(missing)} (Debian: apt-get install bubblewrap util-linux "
+                "slirp4netns iptables)"
             )
+
+    @property
+    def outbound(self) -> bool:
+        """Whether the sandbox gets outbound access: neither the runtime policy (what Harbor's Trial or raygrpo
+        passes) nor the task itself asks for `no-network`."""
+        return NetworkMode.NO_NETWORK not in (
+            self.network_policy.network_mode,
+            getattr(self.task_env_config, "network_mode", None),
+        )
 
     def _validate_definition(self) -> None:
         if self.task_env_config.os == TaskOS.WINDOWS:
             raise RuntimeError("the raygrpo local sandbox runs Linux tasks only")
+        if getattr(self.task_env_config, "network_mode", None) == NetworkMode.ALLOWLIST:
+            # Harbor's own check covers callers that pass the task's policy; this one, callers that pass none.
+            raise ValueError(f"network_mode='allowlist' is not supported by {self.type()} environment: "
+                             "slirp4netns cannot filter by host name; refused rather than run with a wider network")
         env_dir = Path(self.environment_dir)
         if not (env_dir / "Dockerfile").exists() and (env_dir / "docker-compose.yaml").exists():
             raise ValueError(
@@ -239,12 +258,6 @@ class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment
                 self.environment_dir,
                 self.task_env_config.docker_image,
             )
-        # No network when either the runtime policy (what Harbor's Trial passes) or the task itself asks for none:
-        # callers that build environments without a policy still get what the task declares.
-        self._netns = NetworkMode.NO_NETWORK in (
-            self.network_policy.network_mode,
-            getattr(self.task_env_config, "network_mode", None),
-        )
         self.sandbox_id = f"{_ID_SAFE.sub('-', self.session_id)[:48].strip('-') or 'sbx'}-{uuid.uuid4().hex[:8]}"
         self._hostname = self.sandbox_id[:63]
         self._reg = _reg.Registration(self._root, self.sandbox_id, self._owner_id)
@@ -252,6 +265,9 @@ class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment
         try:
             await asyncio.shield(prepare)
             await self._launch()
+            if self.outbound:
+                self._outbound = _net.OutboundNetwork()
+                await self._outbound.start(self._init.pid, self._reg.dir / "network.log", self._mark_env())
         except BaseException:
             # A cancelled start must not leave the preparing thread writing into a directory being removed.
             with contextlib.suppress(BaseException):
@@ -286,6 +302,8 @@ class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment
         """Kill the sandbox and remove its directory; runs to the end even when cancelled, then re-raises."""
         self._state = "stopped"
         cancelled = await self._init.kill()
+        if self._outbound is not None:
+            cancelled = await run_to_end(self._outbound.stop()) or cancelled
         if self._reg is not None:
             # Double-check through /proc (by the sandbox's environment mark, unless the init's namespace is known
             # to be empty and no exec's nsenter, which lives outside it, is still running), then remove the dir.
@@ -326,8 +344,8 @@ class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment
     async def _launch(self) -> None:
         """Start the sandbox's init (see `raygrpo.sandbox.process.InitProcess.start`)."""
         assert self._reg is not None
-        bwrap = _lay.bwrap_argv(self._mount_table, hostname=self._hostname, netns=self._netns)
-        env = {"PATH": _df.DEFAULT_PATH, "HOME": "/root", _reg.ID_ENV: self.sandbox_id, _reg.ROOT_ENV: str(self._root)}
+        bwrap = _lay.bwrap_argv(self._mount_table, hostname=self._hostname)
+        env = {"PATH": _df.DEFAULT_PATH, "HOME": "/root", **self._mark_env()}
         try:
             ready = await self._init.start(bwrap, env, self._reg.dir / "init.log", self._reg, self._start_timeout_s)
         except TimeoutError:
@@ -337,6 +355,10 @@ class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment
         if not ready:
             rc = self._init.proc.returncode if self._init.proc else None
             raise SandboxStartError(f"sandbox {self.sandbox_id} failed to start (bwrap exit {rc}): {self._init_log()}")
+
+    def _mark_env(self) -> dict[str, str]:
+        """The environment variables that mark a process as this sandbox's (`raygrpo.sandbox.registry`)."""
+        return {_reg.ID_ENV: self.sandbox_id, _reg.ROOT_ENV: str(self._root)}
 
     def _init_log(self) -> str:
         return _proc.log_tail(self._reg.dir / "init.log") if self._reg else ""

@@ -155,10 +155,20 @@ class InitProcess:
         return cancelled
 
 
+#: The capabilities a sandbox's command keeps as root: Docker's default set less `CAP_MKNOD`. Never `CAP_SYS_ADMIN`
+#: (mounts), `CAP_NET_ADMIN` (the namespace's firewall), `CAP_SYS_MODULE`, `CAP_SYS_PTRACE`, `CAP_SYS_RAWIO` or
+#: `CAP_MKNOD` (a device node of the host's disk): an exec enters the sandbox's namespaces as the host's root, so the
+#: bounding set is what keeps its root from being the host's.
+KEPT_CAPS = ("chown", "dac_override", "fowner", "fsetid", "kill", "setgid", "setuid", "setpcap", "net_bind_service",
+             "net_raw", "sys_chroot", "audit_write", "setfcap")
+CAPS_PREFIX = [TOOL["setpriv"], "--bounding-set=-all," + ",".join(f"+{cap}" for cap in KEPT_CAPS), "--inh-caps=-all"]
+
+
 def user_prefix(user: str | int | None) -> tuple[list[str], str] | None:
-    """The `setpriv` prefix that runs as `user`, and that user's home; None for a user name the host lacks."""
+    """The `setpriv` prefix that runs as `user` with the sandbox's capability bounding set (`KEPT_CAPS`), and that
+    user's home; None for a user name the host lacks."""
     if user is None or user in ("root", 0, "0"):
-        return [], "/root"
+        return [*CAPS_PREFIX, "--"], "/root"
     try:
         pw = pwd.getpwuid(int(user)) if str(user).isdigit() else pwd.getpwnam(str(user))
         uid, gid, home = pw.pw_uid, pw.pw_gid, pw.pw_dir
@@ -168,11 +178,11 @@ def user_prefix(user: str | int | None) -> tuple[list[str], str] | None:
         uid = gid = int(user)
         home = "/home/user"
     if uid == 0:
-        return [], "/root"
-    return [TOOL["setpriv"], f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"], home
+        return [*CAPS_PREFIX, "--"], "/root"
+    return [*CAPS_PREFIX, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"], home
 
 
-def nsenter_argv(init_pid: int, *, netns: bool, prefix: list[str], workdir: str, argv: list[str]) -> list[str]:
+def nsenter_argv(init_pid: int, *, prefix: list[str], workdir: str, argv: list[str]) -> list[str]:
     """The command line that runs `argv` in `workdir` inside the namespaces of the sandbox whose init is `init_pid`.
 
     nsenter cannot change to a directory of the sandbox, so `env --chdir` does, except for `bash -c <command>`
@@ -180,9 +190,7 @@ def nsenter_argv(init_pid: int, *, netns: bool, prefix: list[str], workdir: str,
     (~0.7 ms of CPU on these machines). The directory is the physical one (as `chdir` gives), `OLDPWD` stays
     unset, a missing directory exits 125 (as `env` does), and the command's line numbers are unchanged.
     """
-    ns = [NSENTER, "-t", str(init_pid), "-m", "-p", "-i", "-u", "-r"]
-    if netns:
-        ns.append("-n")
+    ns = [NSENTER, "-t", str(init_pid), "-m", "-p", "-i", "-u", "-n", "-r"]
     if os.geteuid() != 0:
         ns += ["-U", "--preserve-credentials"]
     if len(argv) == 3 and argv[:2] == [BASH, "-c"]:
@@ -302,8 +310,9 @@ def extract_tar(data: bytes, target: Path) -> None:
         tf.extractall(target, filter=transfer_tar_filter)
 
 
-def read_pipe(fd: int, *, line: bool = False) -> asyncio.Future[bytes]:
-    """A task reading a pipe to EOF (or one line) on the running loop; the fd is closed however the task ends."""
+def read_pipe(fd: int, *, line: bool = False, nbytes: int = -1) -> asyncio.Future[bytes]:
+    """A task reading a pipe to EOF (or one line, or up to `nbytes`) on the running loop; the fd is closed however
+    the task ends."""
     pipe = os.fdopen(fd, "rb", 0)
 
     async def read() -> bytes:
@@ -311,7 +320,7 @@ def read_pipe(fd: int, *, line: bool = False) -> asyncio.Future[bytes]:
         reader = asyncio.StreamReader()
         transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
         try:
-            return await (reader.readline() if line else reader.read())
+            return await (reader.readline() if line else reader.read(nbytes))
         finally:
             transport.close()
 
