@@ -5,7 +5,8 @@ A patch of a private detail breaks silently when the library changes it. Each fu
 installed version against the pin in `pyproject.toml` (`PINS`) and raises `CompatError` naming the pin when it
 moved, so an upgrade fails loudly at the patch instead of misbehaving later.
 
-- Ray: `keep_ray_on_loopback` turns off Ray's cluster mode constant so a local runtime stays on 127.0.0.1.
+- Ray: `keep_ray_on_loopback` turns off Ray's cluster mode constant so a local runtime stays on 127.0.0.1;
+  `reload_ray_auth_config` makes this process see a `RAY_AUTH_MODE` / `RAY_AUTH_TOKEN` set after Ray loaded them.
 - sse-starlette (pinned by openreward): `patch_sse_exit_signal` makes its shutdown watch per event loop.
 - openreward's server: `set_ors_server_log_level`, `patch_ors_idle_timeout`, `ors_session_ids`.
 - TRL: `GenerationOutputHook` overrides `GRPOTrainer._generate_and_score_completions` to adjust what it returns;
@@ -73,6 +74,18 @@ def keep_ray_on_loopback() -> None:
 # ── sse-starlette ─────────────────────────────────────────────────────────────────────────────────────────────────
 
 _SSE_PATCH_LOCK = threading.Lock()
+
+
+def reload_ray_auth_config() -> None:
+    """Reload Ray's native config and token cache from the environment, as Ray's own test utilities do
+    (`ray._private.authentication_test_utils.reset_auth_token_state`): the config is read once per process, so a
+    process that imported Ray before `RAY_AUTH_MODE` was set would otherwise connect to a token-authenticated
+    runtime without its token."""
+    require("ray", "reload_ray_auth_config")
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def patch_sse_exit_signal() -> None:

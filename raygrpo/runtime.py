@@ -16,13 +16,14 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import signal
 import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
 
-from raygrpo._compat import keep_ray_on_loopback
+from raygrpo._compat import keep_ray_on_loopback, reload_ray_auth_config
 from raygrpo.environ import PROCESS_ENV, apply_process_env
 
 logger = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, **kwargs: 
     workdir: str | None = None
     if address is None:
         keep_ray_on_loopback()
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        require_local_auth()
         # Workers of a local runtime import the same code as the driver: examples, file-path environments.
         paths = [os.getcwd(), *[p for p in sys.path if p and os.path.isdir(p)]]
         env_vars["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
@@ -139,6 +140,24 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, **kwargs: 
     logger.info("Ray ready: %s (%s)", ray.get_runtime_context().gcs_address,
                 f"joined {address}" if address else "local")
     return _INFO
+
+
+def require_local_auth() -> None:
+    """Make the local runtime about to start require Ray's token authentication, with a random token of its own.
+
+    A sandbox's command is untrusted: without a token, Ray's dashboard agent runs any job POSTed to it on the host
+    (its job API), and the GCS takes any client. The token goes to this process's environment, which Ray's own
+    processes inherit; a sandbox's environment never does. A mode the user set (`RAY_AUTH_MODE`) is kept, with a
+    warning when it turns authentication off.
+    """
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode is None:
+        os.environ["RAY_AUTH_MODE"] = "token"
+        os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+        reload_ray_auth_config()
+    elif mode == "disabled":
+        logger.warning("RAY_AUTH_MODE=disabled: the local Ray runtime takes jobs and clients without a token, from "
+                       "anything that reaches its ports")
 
 
 def _job_runtime_env() -> dict[str, Any]:
