@@ -3,8 +3,10 @@
 # machines and CI), where no container registry can be reached:
 #
 #   scripts/docker-dev.sh            set up, idempotent: apt packages, dockerd, the compose v2 plugin, the
-#                                    wheelhouse, the stand-in base images; prints each part and its time
-#   scripts/docker-dev.sh stop       stop the wheelhouse and the dockerd this script started (nothing else)
+#                                    wheelhouse, the sandbox firewall, the stand-in base images; prints each part
+#                                    and its time
+#   scripts/docker-dev.sh stop       remove the sandbox firewall, stop the wheelhouse and the dockerd this script
+#                                    started (nothing else)
 #   scripts/docker-dev.sh --remove   remove the stand-in image tags this script made (never any other image)
 #   scripts/docker-dev.sh status     what answers, and which stand-in tags exist
 #
@@ -107,6 +109,7 @@ image_label() {  # image_label NAME KEY: the label's value, "<no value>" when un
 # ── sub-commands ───────────────────────────────────────────────────────────────────────────────────────────────────
 
 cmd_stop() {
+  [ -x "$PYTHON" ] && "$PYTHON" -m raygrpo.sandbox.docker_guard remove >/dev/null && say "sandbox firewall removed"
   if stop_pid "$STATE/wheelhouse.pid" raygrpo.sandbox.wheelhouse; then say "wheelhouse stopped"; fi
   if stop_pid "$STATE/dockerd.pid" dockerd; then say "dockerd stopped"
   elif docker_answers; then say "dockerd was not started by this script: left running"
@@ -134,6 +137,7 @@ cmd_status() {
   local bridge; bridge="$(bridge_address)"
   curl -fsS --max-time 2 "http://$bridge:$WHEELHOUSE_PORT/health" >/dev/null 2>&1 \
     && say "wheelhouse answers at http://$bridge:$WHEELHOUSE_PORT/simple" || say "wheelhouse: not answering"
+  [ -x "$PYTHON" ] && say "sandbox firewall: $("$PYTHON" -m raygrpo.sandbox.docker_guard status)"
   docker images --filter "label=$LABEL=true" --format '{{.Repository}}:{{.Tag}} {{.ID}}' | grep -v '^hb__' || true
 }
 
@@ -264,6 +268,12 @@ setup_images() {
   for name in "${refused[@]}"; do say "left $name alone: it exists and is not a raygrpo stand-in"; done
 }
 
+setup_guard() {  # the node's firewall against its docker sandboxes (raygrpo.sandbox.docker_guard)
+  part firewall
+  "$PYTHON" -m raygrpo.sandbox.docker_guard install >/dev/null || die "could not install the sandbox firewall"
+  done_part "RAYGRPO-SANDBOX: containers on rg-* bridges reach nothing of this host"
+}
+
 cmd_up() {
   [ "$(id -u)" = 0 ] || die "run as root (it installs packages and starts dockerd)"
   [ -x "$PYTHON" ] || die "no Python at $PYTHON: run \`make install\` first, or set PYTHON"
@@ -271,6 +281,7 @@ cmd_up() {
   setup_dockerd
   setup_compose
   setup_wheelhouse
+  setup_guard
   setup_images
   PART=total; PART_START=$T_ALL
   done_part "docker $(docker version --format '{{.Server.Version}}'), compose $(docker compose version --short)"

@@ -26,6 +26,8 @@ import jsonschema
 import pytest
 import yaml
 
+from raygrpo.sandbox.docker_guard import MODE_ENV, shell_script
+
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "cluster"
 RAY_UP_FILES = ["aws.yaml", "gcp.yaml"]
@@ -116,6 +118,10 @@ def test_ray_up_docker_host_installs_docker(name: str) -> None:
     run_options = " ".join(config.get_docker_config("docker_host").get("worker_run_options", []))
     assert "-v /var/run/docker.sock:/var/run/docker.sock" in run_options
     assert "-v /tmp:/tmp" in run_options
+    # The sandboxes' firewall: installed by the set-up as root, with NET_ADMIN in the host's network namespace
+    # (Ray runs the container with --net=host), and the actors told so.
+    assert "--cap-add=NET_ADMIN" in run_options and f"-e {MODE_ENV}=external" in run_options
+    assert 'sudo "$(command -v python)" -m raygrpo.sandbox.docker_guard install' in setup
     for node_type in ("head", "gpu", "sandbox_client"):
         docker = config.get_docker_config(node_type)
         options = " ".join(docker.get("run_options", []) + docker.get("worker_run_options", []))
@@ -287,6 +293,10 @@ def test_kuberay_spec_structure(which: str) -> None:
     env = {e["name"]: e.get("value") for e in ray_container["env"]}
     port = re.search(r"--host=tcp://127\.0\.0\.1:(\d+)", " ".join(dind["args"]))
     assert port and env["DOCKER_HOST"] == f"tcp://127.0.0.1:{port.group(1)}"
+    # The sidecar installs raygrpo's firewall chain in the pod's network namespace before its daemon starts, the
+    # very commands `docker_guard.ensure` would run (checked in a namespace of its own by test_sandbox_network).
+    assert dind["command"] == ["sh", "-c"] and dind["args"][0].startswith(shell_script() + " && exec dockerd")
+    assert env[MODE_ENV] == "external"
     tmp = {m["mountPath"]: m["name"] for m in dind["volumeMounts"]}["/tmp"]
     assert {m["mountPath"]: m["name"] for m in ray_container["volumeMounts"]}["/tmp"] == tmp
     gpu = _pods(spec)["gpu"]["containers"][0]["resources"]

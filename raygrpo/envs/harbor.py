@@ -28,12 +28,14 @@ from raygrpo.envs.base import EnvError
 from raygrpo.envs.harbor_adapter import HarborAdapter, HarborStartError, HarborVerifierError, HarborVerifierTimeout
 from raygrpo.envs.harbor_docker import DockerSupport
 from raygrpo.envs.harbor_leases import HarborLeases
+from raygrpo.envs.harbor_network import is_network_refusal, task_network_policies
 from raygrpo.envs.harbor_starts import SandboxStarts
 from raygrpo.envs.harbor_tasks import discover_task_dirs, load_environment_class, load_task
 from raygrpo.envs.harbor_trial import keep_fresh
 from raygrpo.envs.harbor_verify import probe_tooling
 from raygrpo.envs.harbor_warm import WarmPool
 from raygrpo.envs.harness import load_harness
+from raygrpo.errors import TaskError
 from raygrpo.envs.live import LiveAdapters
 from raygrpo.governor import BackoffSettings
 from raygrpo.imports import is_file_spec, split_spec
@@ -199,8 +201,12 @@ class HarborProvider:
 
         kwargs = dict(self.spec.environment_kwargs)
         task_env_config = task.config.environment.model_copy(deep=True)
+        network: dict[str, Any] = {}
         if self.docker is not None:
             task_env_config, kwargs = await self.docker.prepare(task, trial_paths.trial_dir, kwargs, session_id)
+        else:
+            baseline, phases = task_network_policies(task)
+            network = {"network_policy": baseline, "phase_network_policies": phases}
         kwargs = self.leases.backend_kwargs(kwargs, task, session_id)
         config = TrialEnvironmentConfig(
             type=self.spec.environment_type,
@@ -208,15 +214,21 @@ class HarborProvider:
             delete=self.spec.stop_delete,
             kwargs=kwargs,
         )
-        env = EnvironmentFactory.create_environment_from_config(
-            config=config,
-            environment_dir=task.paths.environment_dir,
-            environment_name=task.short_name,
-            session_id=session_id,
-            trial_paths=trial_paths,
-            task_env_config=task_env_config,
-            logger=logger,
-        )
+        try:
+            env = EnvironmentFactory.create_environment_from_config(
+                config=config,
+                environment_dir=task.paths.environment_dir,
+                environment_name=task.short_name,
+                session_id=session_id,
+                trial_paths=trial_paths,
+                task_env_config=task_env_config,
+                logger=logger,
+                **network,
+            )
+        except ValueError as exc:
+            if is_network_refusal(exc):
+                raise TaskError(f"{self.label} task {task.name}: {exc}") from None
+            raise
         if self.spec.faults is not None:
             env = wrap_environment(env, self.spec.faults)
         try:

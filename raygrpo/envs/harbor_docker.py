@@ -32,7 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from raygrpo.envs.harbor_network import static_mode
 from raygrpo.errors import TaskError
+from raygrpo.sandbox import docker_guard
 from raygrpo.sandbox.docker_engine import DockerObject, image_exists, remove
 from raygrpo.sandbox.docker_owner import owner_labels, write_overlay
 
@@ -132,16 +134,23 @@ class DockerSupport:
     async def prepare(self, task: Task, trial_dir: Path, kwargs: dict[str, Any], session_id: str,
                       ) -> tuple[EnvironmentConfig, dict[str, Any]]:
         """The task's environment config for a new sandbox (its image as a prebuilt one once it exists) and the
-        backend's constructor kwargs with raygrpo's compose file added (written into `trial_dir`).
+        backend's constructor kwargs with raygrpo's compose file added (written into `trial_dir`): the sandbox's
+        network is its task's one mode (`raygrpo.envs.harbor_network.static_mode`), on a bridge that the node's
+        firewall guards (`raygrpo.sandbox.docker_guard`, installed here on the node's first start).
 
         When the image does not exist yet, this sandbox (`session_id`) is the node's one to build it, possibly
         after waiting for another that was building it and failed: it holds the build until `release`.
         """
+        from harbor.models.task.config import NetworkMode
+
+        offline = static_mode(self.label, task, "docker") == NetworkMode.NO_NETWORK
+        await asyncio.to_thread(docker_guard.ensure)
         config = task.config.environment.model_copy(deep=True)
         name = await self._image_name(task)
         if name is not None and (await self._exists(name) or not await self._claim_build(name, session_id)):
             config.docker_image = name
-        overlay = write_overlay(trial_dir / OVERLAY_NAME, owner_labels(), image=name)
+        overlay = write_overlay(trial_dir / OVERLAY_NAME, owner_labels(), image=name,
+                                bridge=docker_guard.bridge_name(session_id), offline=offline)
         extra = [str(p) for p in kwargs.get("extra_docker_compose") or []]
         return config, {**kwargs, "extra_docker_compose": [*extra, str(overlay)]}
 

@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 
 from raygrpo.sandbox.docker_engine import COMPOSE_PROJECT, DockerObject, find, remove
+from raygrpo.sandbox.docker_guard import BRIDGE_NAME_OPTION
 from raygrpo.sandbox.registry import HOSTNAME, RUN_ENV, owner_alive, owner_record
 
 logger = logging.getLogger(__name__)
@@ -61,19 +62,28 @@ def owner_of(labels: dict[str, str]) -> dict:
     }
 
 
-def compose_overlay(labels: dict[str, str], image: str | None = None) -> dict:
+def compose_overlay(labels: dict[str, str], image: str | None = None, *, bridge: str | None = None,
+                    offline: bool = False) -> dict:
     """The extra compose file of a sandbox: its main service under an init, its containers and default network
-    labelled, and (when `image` is given) the name its image is built as or started from."""
+    labelled, and (when `image` is given) the name its image is built as or started from. `bridge` names the
+    default network's interface on the host (`raygrpo.sandbox.docker_guard.bridge_name`: the node's firewall
+    guards it); `offline` gives the main service no network at all (a `no-network` task)."""
     main: dict = {"init": True, "labels": labels}
     if image is not None:
         main["image"] = image
-    return {"services": {"main": main}, "networks": {"default": {"labels": labels}}}
+    if offline:
+        main["network_mode"] = "none"
+    network: dict = {"labels": labels}
+    if bridge is not None:
+        network["driver_opts"] = {BRIDGE_NAME_OPTION: bridge}
+    return {"services": {"main": main}, "networks": {"default": network}}
 
 
-def write_overlay(path: Path, labels: dict[str, str], image: str | None = None) -> Path:
-    """Write `compose_overlay(labels, image)` to `path` (JSON, which compose reads as YAML) and return it."""
+def write_overlay(path: Path, labels: dict[str, str], image: str | None = None, *, bridge: str | None = None,
+                  offline: bool = False) -> Path:
+    """Write `compose_overlay(...)` to `path` (JSON, which compose reads as YAML) and return it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(compose_overlay(labels, image), indent=2))
+    path.write_text(json.dumps(compose_overlay(labels, image, bridge=bridge, offline=offline), indent=2))
     return path
 
 
