@@ -40,16 +40,18 @@ train: install
 rollout: install
 	$(VENV)/bin/raygrpo rollout examples/echo/rollout.yaml --out $(OUT) --set policy.kind=transformers
 
-# Three invocations: the default suite without the docker tests (pyproject's addopts selection, `and not docker`) on
-# TEST_WORKERS pytest-xdist workers (each with its own local Ray; TEST_WORKERS=0 runs it in one process); then the
-# `docker` tests in one process, one after another, since their leak checks ask docker about every raygrpo sandbox and
-# dangling image on the machine (pytest-xdist's loadgroup cannot keep them on one worker under pytest 9.2); then the
+# Three invocations: the default suite without the docker and escape tests (pyproject's addopts selection, `and not
+# docker and not escape`) on TEST_WORKERS pytest-xdist workers (each with its own local Ray; TEST_WORKERS=0 runs it in
+# one process); then the `docker` and `escape` tests in one process, one after another, since the docker tests' leak
+# checks ask docker about every raygrpo sandbox and dangling image on the machine (pytest-xdist's loadgroup cannot keep
+# them on one worker under pytest 9.2) and the escape tests need the one local Ray whose dashboard agent has the
+# machine's port (a second runtime's agent gets none); then the
 # fake-autoscaler tests alone (they need a cluster of their own with Ray's autoscaler, which must not share a pytest
 # process with the suite's local Ray). All must pass; pytest's exit 5 (no test collected) fails too.
 TEST_WORKERS ?= 2
 test: install-test
-	$(PY) -m pytest -n $(TEST_WORKERS) -m 'not gpu and not vllm and not autoscaler and not docker'
-	$(PY) -m pytest -m docker
+	$(PY) -m pytest -n $(TEST_WORKERS) -m 'not gpu and not vllm and not autoscaler and not docker and not escape'
+	$(PY) -m pytest -m 'docker or escape'
 	$(PY) -m pytest -m autoscaler
 
 # A Docker engine for the docker backend and its tests, as root on Debian without systemd: docker.io, dockerd, the
