@@ -85,7 +85,7 @@ class OutboundNetwork:
         self._exit_w: int | None = None
 
     async def start(self, init_pid: int, log_path: Path, env: dict[str, str]) -> None:
-        """Firewall, then slirp4netns, for the namespace of `init_pid`; slirp4netns runs with `env` (the
+        """slirp4netns and the firewall, for the namespace of `init_pid`; slirp4netns runs with `env` (the
         sandbox's mark, so that the sandbox's own clean-up and the reapers find it as one of its processes).
 
         Raises:
@@ -98,7 +98,6 @@ class OutboundNetwork:
                 f"a sandbox whose task allows the network needs {', '.join(missing)} (Debian: apt-get install "
                 "slirp4netns iptables); give the task `network_mode = \"no-network\"` to run it without"
             )
-        await self._install_firewall(init_pid, [*host_addresses(), *ALWAYS_BLOCKED])
         ready_r, ready_w = os.pipe()
         exit_r, self._exit_w = os.pipe()
         os.set_inheritable(self._exit_w, False)
@@ -115,12 +114,18 @@ class OutboundNetwork:
             os.close(exit_r)
         ready_task = read_pipe(ready_r, nbytes=1)
         try:
-            ready = await asyncio.wait_for(ready_task, READY_TIMEOUT_S)
-        except TimeoutError:
-            ready = b""
-        if ready != b"1":
+            # While slirp4netns configures the interface: no command of the sandbox runs before both are done.
+            await self._install_firewall(init_pid, [*host_addresses(), *ALWAYS_BLOCKED])
+            try:
+                ready = await asyncio.wait_for(ready_task, READY_TIMEOUT_S)
+            except TimeoutError:
+                ready = b""
+            if ready != b"1":
+                raise SandboxStartError(f"slirp4netns did not bring up the sandbox's network: {_tail(log_path)}")
+        except BaseException:
+            ready_task.cancel()
             await self.stop()
-            raise SandboxStartError(f"slirp4netns did not bring up the sandbox's network: {_tail(log_path)}")
+            raise
 
     async def stop(self) -> None:
         """End slirp4netns (closing its exit pipe; SIGKILL if it lingers). Idempotent."""
