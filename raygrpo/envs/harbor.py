@@ -35,8 +35,8 @@ from raygrpo.envs.harbor_trial import keep_fresh
 from raygrpo.envs.harbor_verify import probe_tooling
 from raygrpo.envs.harbor_warm import WarmPool
 from raygrpo.envs.harness import load_harness
-from raygrpo.errors import TaskError
 from raygrpo.envs.live import LiveAdapters
+from raygrpo.errors import TaskError
 from raygrpo.governor import BackoffSettings
 from raygrpo.imports import is_file_spec, split_spec
 from raygrpo.provisioning import LimiterFactory, ProvisioningGate, gate_for

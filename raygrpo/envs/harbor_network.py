@@ -46,7 +46,8 @@ def static_mode(label: str, task: Task, backend: str) -> NetworkMode:
     modes = {policy.network_mode for policy in (baseline, *phases)}
     if NetworkMode.ALLOWLIST in modes:
         raise TaskError(f"{label} task {task.name}: network_mode 'allowlist' cannot be enforced on {backend} here "
-                        "(Harbor's egress-control image is not available); refused rather than run with a wider network")
+                        "(Harbor's egress-control image is not available); refused rather than run with a wider "
+                        "network")
     if len(modes) > 1:
         named = ", ".join(sorted(mode.value for mode in modes))
         raise TaskError(f"{label} task {task.name}: its environment, agent and verifier ask for different network "

@@ -40,9 +40,9 @@ What a sandbox is:
   built once per machine) comes first on `PATH`, so test scripts find what task images usually bake in rather than
   whatever the host has (`toolbox=False` turns it off).
 - Users: execs run as root, without the capabilities that would make it the host's root (no mounts, device nodes,
-  firewall changes, kernel modules or tracing: `raygrpo.sandbox.process.KEPT_CAPS`). A requested `user` that exists in the host's `/etc/passwd` (or a numeric uid) is
-  honoured with `setpriv`; an unknown user name (typically one a skipped `RUN useradd` would have created) falls
-  back to root with a warning.
+  firewall changes, kernel modules or tracing: `raygrpo.sandbox.process.KEPT_CAPS`). A requested `user` that exists
+  in the host's `/etc/passwd` (or a numeric uid) is honoured with `setpriv`; an unknown user name (typically one a
+  skipped `RUN useradd` would have created) falls back to root with a warning.
 - Files: uploads and downloads go straight through the host directories behind the sandbox's writable paths, else
   through `tar` and `cat` in the sandbox (`raygrpo.sandbox.transfer`).
 - Output: `stdout` and `stderr` come back separately (as e2b does; Harbor's docker backend merges stderr into
