@@ -1,8 +1,16 @@
 """Reading what a task's `tests/test.sh` needs (`raygrpo.envs.harbor_tooling`), on scripts in the shapes task authors
 write: Harbor's own `harbor tasks init` template, pytest with `--ctrf`, `python -m pytest`, here-documents, command
-substitutions, installs."""
+substitutions, installs; a table of shell constructs read as bash reads them (issue 43), the real-world scripts of
+`tests/harbor_wild/`, and what the bash grammar cannot read (left out, never a command)."""
 
 from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +75,194 @@ def test_read_probe_names_what_is_missing():
     assert read_probe(out) == ["the command `jq`", "the Python package `pytest==8.4.1` (found 7.4.0)",
                                "the Python package `x`"]
     assert probe_command(scan_test_script("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")) is None
+
+
+# Each shell construct -> (the commands looked for, the Python packages needed). Nothing in these is unreadable.
+CONSTRUCTS = {
+    "pipe": ("cat /app/a.txt | grep -v '^#' | sort -u | wc -l\n", {"cat", "grep", "sort", "wc"}, []),
+    "2>&1": ("pytest /tests/t.py -rA 2>&1 | tee /logs/verifier/out.txt\n", {"pytest", "tee"}, ["pytest"]),
+    "&>": ("make -C /app &> /dev/null || echo 0 > /logs/verifier/reward.txt\n", {"make"}, []),
+    ">|": ("jq . /app/out.json >| /tmp/pretty.json\n", {"jq"}, []),
+    "<<<": ('grep -q "ok" <<< "$result"\n', {"grep"}, []),
+    "fd duplication and closing": ("diff a b >/dev/null 2>/dev/null 1>&2 3<&0 4>&-\n", {"diff"}, []),
+    "[ ! -f ]": ("if [ ! -f /app/out.json ]; then echo 0; exit 0; fi\n", set(), []),
+    "[ -z $( ) ]": ('[ -z "$(tail -c 1 /app/f.py)" ] && echo empty\n', {"tail"}, []),
+    "[[ ! -f && -z ]]": ('[[ ! -f /app/x && -z "$y" || "$a" == b* ]] && echo ok\n', set(), []),
+    "[[ =~ ]]": ('[[ "$(uname -m)" =~ ^(x86_64|amd64)$ ]] && echo ok\n', {"uname"}, []),
+    "test": ("test -d /app || mkdir -p /app\n", {"mkdir"}, []),
+    "if/elif/else": ("if grep -q a f; then sed -i s/a/b/ f; elif awk 1 f; then :; else sort f; fi\n",
+                     {"grep", "sed", "awk", "sort"}, []),
+    "for": ('for f in /app/*.txt; do md5sum "$f"; done\n', {"md5sum"}, []),
+    "for ((;;))": ('for ((i = 0; i < 3; i++)); do seq "$i"; done\n', {"seq"}, []),
+    "while read": ('while IFS= read -r line; do cut -d, -f1 <<< "$line"; done < /app/data.csv\n', {"cut"}, []),
+    "until": ("until curl -sf http://localhost:8000/health; do sleep 1; done\n", {"curl", "sleep"}, []),
+    "case": ('case "$(uname -s)" in\n  Linux) lsb_release -a ;;\n  Darwin|*BSD) sw_vers ;;\n  *) echo no ;;\nesac\n',
+             {"uname", "lsb_release", "sw_vers"}, []),
+    "functions": ("fail() { echo FAIL; jq . x; exit 1; }\nfunction note { printf '%s\\n' \"$*\"; }\n"
+                  "check() (\n  cd /app && node index.js\n)\nfail; note hi; check\n", {"jq", "node"}, []),
+    "heredoc": ("cat > /tmp/t.py <<'EOF'\nimport frobnicate\nfrobnicate.run() | x\nEOF\npython3 /tmp/t.py\n",
+                {"cat", "python3"}, []),
+    "heredoc <<-": ("\tcat <<-EOF\n\tnot a command\n\tEOF\ngrep x y\n", {"cat", "grep"}, []),
+    "heredoc, unquoted, with $( )": ("cat <<EOF\nhost: $(hostname)\nEOF\n", {"cat", "hostname"}, []),
+    "python3 - heredoc": ("python3 - <<'PY'\nimport json, sys\njson.dump({}, sys.stdout)\nPY\n", {"python3"}, []),
+    "heredoc inside $( )": ("DATALOSS=$(python3 << 'PYEOF'\nimport re\nprint('PASS')\nPYEOF\n)\n", {"python3"}, []),
+    "$( )": ('COUNT="$(jq \'.items | length\' out.json | tr -d \' \')"\n', {"jq", "tr"}, []),
+    "nested $( )": ('x=$(basename "$(dirname "$(readlink -f "$0")")")\n', {"basename", "dirname", "readlink"}, []),
+    "backticks": ('n=`ls /app | wc -l`\necho "`date +%s`"\n', {"ls", "wc", "date"}, []),
+    "$(( )) and (( ))": ("total=$((total + 1)); (( passed++ )); echo $(( passed * 100 / total ))\n", set(), []),
+    "process substitution": ("diff <(sort a) <(sort b) >/dev/null\n", {"diff", "sort"}, []),
+    "bash -c": ("bash -c 'cd /app && npm test 2>&1 | tail -n 5'\n", {"bash", "npm", "tail"}, []),
+    "sh -c": ('sh -c "[ -f /app/x ] && gzip -t /app/x.gz"\n', {"sh", "gzip"}, []),
+    "su -c": ('su nobody -s /bin/bash -c "cd /tmp && timeout 10 python3 /app/solver.py" < in\n',
+              {"su", "python3"}, []),
+    "bash reading a heredoc": ("bash <<'EOF'\nset -e\njq -n 1\nEOF\n", {"bash", "jq"}, []),
+    "python3 -c, multi-line": ('python3 -c "\nimport json\njson.dump({\'reward\': 1}, open(\'/tmp/r\', \'w\'))\n"\n',
+                               {"python3"}, []),
+    "python3 -c, one line": ("python3 -c 'import sys; print(sys.version)' | head -n1\n", {"python3", "head"}, []),
+    "set -euo pipefail": ("#!/bin/bash\nset -euo pipefail\nset -x\nshopt -s nullglob\n", set(), []),
+    "uvx --with": ("uvx --with pytest==8.4.1 --with pytest-json-ctrf==0.3.5 pytest --ctrf /logs/c.json /tests\n",
+                   {"uvx"}, ["pytest==8.4.1", "pytest-json-ctrf==0.3.5"]),
+    "source": ('source "$HOME/.local/bin/env"\n. /tests/lib.sh\n', set(), []),
+    "subshell and group": ("(cd /app && make) ; { ls; pwd; } > /tmp/o\n", {"make", "ls"}, []),
+    "negation": ("! grep -q bad /app/log && echo fine\n", {"grep"}, []),
+    "assignments": ('FOO=1 BAR="$(id -u)" env -i node x.js\nexport PATH="/opt/bin:$PATH"\nlocal_var=2\n',
+                    {"id", "node"}, []),
+    "wrappers": ("timeout 10 python3 x.py; sudo -u nobody cat f; nohup sleep 1 &\nexec java -jar a.jar\n",
+                 {"python3", "cat", "sleep", "java"}, []),
+    "command -v asks, runs nothing": ("command -v jq >/dev/null || echo no jq\n", set(), []),
+    "line continuations": ("python3 -m pytest \\\n  -q \\\n  /tests/test_outputs.py\n", {"python3"}, ["pytest"]),
+    "comments": ("# jq is mentioned here\necho hi  # and grep here\n", set(), []),
+    "arrays": ('files=(/app/*.log)\nfor f in "${files[@]}"; do gzip "$f"; done\n', {"gzip"}, []),
+    "declarations": ("declare -A seen=()\nreadonly X=$(whoami)\nlocal y=1 2>/dev/null || true\n", {"whoami"}, []),
+    "programs named by a variable": ('"$PYTHON" -m pytest; $CMD arg; ${TOOL:-jq} .\n', set(), []),
+    "paths": ("/usr/bin/env python3 x; ./run.sh; ../x; /tests/helper.sh\n", {"python3"}, []),
+}
+
+
+@pytest.mark.parametrize("script, commands, packages", CONSTRUCTS.values(), ids=CONSTRUCTS.keys())
+def test_each_shell_construct_yields_exactly_the_programs_it_runs(script, commands, packages):
+    needs = scan_test_script(script)
+    assert set(needs.commands) == commands and len(needs.commands) == len(commands)
+    assert needs.packages == packages
+    assert needs.unread == []
+
+
+#: The three misreadings of issue 43: each reported a command that is not one ("the command `1`", "`-f`", "`import`"
+#: and "`json.dump`"), which turned a real verdict into `verifier_error`.
+ISSUE_43 = {
+    "noop whose tests fail, 2>&1": ("""#!/bin/bash
+cd /app
+pytest /tests/test_outputs.py -rA 2>&1 | tee /logs/verifier/pytest.log
+if [ "${PIPESTATUS[0]}" -eq 0 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
+""", ["pytest", "tee"], ["pytest"]),
+    "multi-reward, [ ! -f ]": ("""#!/bin/bash
+mkdir -p /logs/verifier
+if [ ! -f /app/out.json ]; then
+  echo '{"correct": 0, "style": 0}' > /logs/verifier/reward.json
+  exit 0
+fi
+correct=$(jq -r '.ok' /app/out.json)
+echo "{\\"correct\\": $correct, \\"style\\": 1}" > /logs/verifier/reward.json
+""", ["mkdir", "jq"], []),
+    "no reward, multi-line python3 -c": ("""#!/bin/bash
+python3 -c "
+import json
+json.dump({'checked': True}, open('/tmp/report.json', 'w'))
+"
+pytest /tests/test_outputs.py
+""", ["python3", "pytest"], ["pytest"]),
+}
+
+
+@pytest.mark.parametrize("script, commands, packages", ISSUE_43.values(), ids=ISSUE_43.keys())
+def test_issue_43_the_probe_finds_nothing_missing_where_everything_the_script_runs_is_there(
+        script, commands, packages, tmp_path):
+    needs = scan_test_script(script)
+    assert (needs.commands, needs.packages, needs.unread) == (commands, packages, [])
+    # A sandbox with exactly what the script runs, and a python3 with pytest (this interpreter): the probe, run by
+    # bash itself, reports nothing.
+    for program in {*commands, "python3"}:
+        body = f'exec {shlex.quote(sys.executable)} "$@"' if program == "python3" else "exit 0"
+        (tmp_path / program).write_text(f"#!/bin/sh\n{body}\n")
+        (tmp_path / program).chmod(0o755)
+    bash = shutil.which("bash")
+    assert bash is not None
+    env = {**os.environ, "PATH": str(tmp_path)}
+    out = subprocess.run([bash, "-c", probe_command(needs)], env=env, capture_output=True, text=True, timeout=20)
+    assert read_probe(out.stdout) == [], out
+    # Without them, it names each of them, and nothing else.
+    for program in commands:
+        (tmp_path / program).unlink()
+    out = subprocess.run([bash, "-c", probe_command(needs)], env=env, capture_output=True, text=True, timeout=20)
+    assert set(read_probe(out.stdout)) == {f"the command `{c}`" for c in commands}, out
+
+
+WILD = Path(__file__).with_name("harbor_wild")
+#: What the scan reads off each real-world task's test.sh (tests/harbor_wild and the local examples).
+WILD_COMMANDS = {
+    "access-log-5xx": ["mkdir", "pytest"],
+    "backup-tarball-python3": ["mkdir", "python3"],
+    "csv-revenue-by-region": ["mkdir", "pytest"],
+    "dedupe-emails-no-reward": ["mkdir", "pytest"],
+    "fibonacci-uvx-template": ["apt-get", "sh"],
+    "fix-median-relative": ["mkdir", "python3"],
+    "fizzbuzz-named-rewards": ["mkdir", "python3", "grep", "awk", "tail"],
+    "gzip-logs-init-nopytest": ["mkdir", "gzip", "zcat", "cat", "tr"],
+    "merge-intervals-nobody": ["mkdir", "chmod", "su", "python3", "cat", "basename", "head"],
+    "primes-init-shared": ["apt-get", "sh"],
+    "release-symlink-no-mkdir": ["readlink", "grep", "head", "tail"],
+    "slugify-module": ["mkdir", "pytest"],
+    "top-words-python-alias": ["mkdir", "python"],
+    "separate-verifier-wordcount": ["pytest"],
+    "multi-step-notes/steps/step-1": ["apt-get", "sh"],
+    "multi-step-notes/steps/step-2": ["apt-get", "sh"],
+    "count-words": ["mkdir", "tr"],
+    "create-greeting": ["mkdir", "cat"],
+    "find-largest-file": ["mkdir", "tr"],
+    "fix-json-config": ["mkdir", "python3"],
+    "fix-mean-bug": ["mkdir", "python3"],
+    "lowercase-extensions": ["mkdir", "ls", "cat", "tr"],
+    "sort-unique-names": ["mkdir", "cat"],
+    "sum-csv-column": ["mkdir", "tr"],
+    "write-fizzbuzz": ["mkdir", "python3"],
+}
+
+
+def _wild_scripts() -> dict[str, Path]:
+    examples = Path(__file__).resolve().parent.parent / "examples" / "harbor_local" / "tasks"
+    found = {}
+    for root in (WILD / "tasks", WILD / "unsupported", examples):
+        for script in sorted(root.glob("**/tests/test.sh")):
+            found[script.parent.parent.relative_to(root).as_posix()] = script
+    return found
+
+
+def test_every_real_world_test_script_is_read_as_bash_reads_it():
+    scripts = _wild_scripts()
+    assert sorted(scripts) == sorted(WILD_COMMANDS)
+    for name, script in scripts.items():
+        needs = scan_test_script(script.read_text())
+        assert (name, needs.commands, needs.unread) == (name, WILD_COMMANDS[name], [])
+
+
+@pytest.mark.parametrize("script, kept", [
+    ("mkdir -p /logs\nf() {\n  jq . x\n", ["mkdir"]),  # an unclosed function: not a command `f`
+    ("[ \\( -f a \\) -o -f b ] && jq . x\nmkdir -p /logs\n", []),  # a gap of the grammar
+    ("shopt -s extglob\nls @(a|b)\n", []),  # would read as commands `a` and `b`
+    ('echo "unterminated\nimport json\njson.dump(x)\n', []),
+    ("python3 -c 'import json\njson.dump(x)\n", []),
+    ("mkdir -p /x\ncat <<EOF1 && cat <<EOF2\nimport a\nEOF1\nimport b\nEOF2\nwc -l f\n", ["mkdir", "cat"]),
+])
+def test_what_the_grammar_cannot_read_is_left_out_never_guessed(script, kept):
+    needs = scan_test_script(script)
+    assert needs.commands == kept
+    assert needs.unread
+
+
+def test_scripts_of_another_interpreter_need_only_it_and_urls_must_be_written_out():
+    assert scan_test_script("#!/usr/bin/env python3\nimport json\nprint(json.dumps({}))\n").commands == ["python3"]
+    assert scan_test_script("#!/usr/bin/env -S bash -e\n[ ! -f x ] && jq .\n").commands == ["jq"]
+    needs = scan_test_script('V=1.2\ncurl -fsSL "https://example.com/v${V}/x.sh" | bash\nwget -q https://a.b/c\n')
+    assert needs.urls == ["https://a.b/c"] and needs.commands == ["curl", "bash", "wget"]
+    needs = scan_test_script('uvx --with "$SPEC" --with rich==13.0 pytest -q\n')
+    assert needs.packages == ["rich==13.0", "pytest"] and needs.via_uvx

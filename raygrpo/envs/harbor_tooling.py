@@ -5,16 +5,20 @@ else echo 0`), exactly what a wrong answer writes. Such a 0.0 may only be set as
 missing *before the model acted* (the model could otherwise delete pytest to turn its wrong answers into retries):
 `scan_test_script` reads what the script relies on, `probe_command` checks it in the freshly started sandbox, and
 the verdict is `verifier_error` only when that probe found something missing and the verifier then did not award
-full reward.
+full reward. A command reported missing that the script does not run would set a real verdict aside, so the script
+is parsed as bash parses it (`raygrpo.envs.shell_words`, a tree-sitter bash grammar), not read off its tokens; what
+the grammar cannot read is left out (`ToolingNeeds.unread`), never guessed.
 
-What the scan finds (a reading of the script, not a shell parser; words it cannot place are left out, not guessed):
+What the scan finds:
 
-- **commands**: the first word of each simple command (after `;`, `&&`, `||`, `|`, `(`, `$(`, `then`, `do`, ...),
-  less shell keywords and builtins, the script's own functions, arithmetic, variables, and the task's own scripts (`/tests/...`, relative paths), and less
-  the programs the script installs itself (`apt-get install curl`, the uv installer's `uv` and `uvx`);
+- **commands**: the program of each simple command (pipelines, lists, compound commands, function bodies, command
+  substitutions, `bash -c`/`su -c` bodies; the program behind `sudo`, `timeout`, `env`, `exec`, ...), less shell
+  keywords and builtins, the script's own functions, programs named by an expansion (`$PYTHON`), the task's own
+  scripts (`/tests/...`, relative paths), and the programs the script installs itself (`apt-get install curl`, the uv
+  installer's `uv` and `uvx`); a script whose `#!` line names another interpreter (`python3`) needs only that;
 - **python packages**: `uvx --with SPEC` specs and the tool `uvx` runs, `pytest` for `pytest`/`python -m pytest`,
   and `pytest-json-ctrf` when `--ctrf` is passed;
-- **downloads**: the URLs `curl` and `wget` fetch.
+- **downloads**: the URLs `curl` and `wget` fetch (written out in full: a URL built from a variable is not checked).
 """
 
 from __future__ import annotations
@@ -24,25 +28,27 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-#: Words that are never a program to look for.
+from raygrpo.envs.shell_words import read_script, script_interpreter
+
+#: Words that are never a program to look for: keywords, builtins, and the wrappers `shell_words` looks through.
 SHELL_WORDS = frozenset(
     "if then else elif fi for while until do done case esac in function select time coproc { } [[ ]] ! "
-    "echo printf cd source . export set unset exit return true false test [ read local declare typeset eval exec "
-    "shift trap wait : alias unalias type command hash ulimit umask pushd popd dirs let break continue builtin "
-    "shopt getopts readonly mapfile readarray jobs fg bg disown kill sudo env nohup timeout xargs".split()
+    "echo printf cd pwd source . export set unset exit return true false test [ read local declare typeset eval "
+    "exec shift trap wait : alias unalias type command hash ulimit umask pushd popd dirs let break continue builtin "
+    "shopt getopts readonly mapfile readarray jobs fg bg disown kill caller compgen complete enable help history "
+    "logout suspend times bind sudo env nohup timeout xargs".split()
 )
-#: Operators after which a new simple command starts.
-COMMAND_STARTERS = frozenset(";; ; && || | |& & ( ) { !".split()) | {"then", "do", "else", "elif", "if", "while",
-                                                                    "until", "time", "!"}
 #: Programs the uv installer puts on PATH.
 UV_PROGRAMS = ("uv", "uvx")
 #: What `--ctrf` needs.
 CTRF_PACKAGE = "pytest-json-ctrf"
-_HEREDOC = re.compile(r"<<-?\s*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\1")
-_FUNCTION = re.compile(r"(?m)^\s*([A-Za-z_][A-Za-z0-9_.-]*)\s*\(\)")
-_FUNCTION_KEYWORD = re.compile(r"(?m)^\s*function\s+([A-Za-z_][A-Za-z0-9_.-]*)")
+#: Package managers whose `install P...` puts programs P on PATH.
+PACKAGE_MANAGERS = ("apt-get", "apt", "apk", "yum", "dnf")
+#: Where the task's own scripts are (uploaded with it, or written by the script) and relative paths: not looked for.
+TASK_PATHS = ("/tests/", "/solution/", "/logs/", "./", "../", "~")
 _URL = re.compile(r"https?://[^\s'\"|;&)]+")
 _PROGRAM = re.compile(r"^[A-Za-z0-9_.+-]+$|^/(usr|bin|sbin|opt)/[A-Za-z0-9_./+-]+$")
+_PYTHON = re.compile(r"^python(3(\.\d+)?)?$")
 
 
 @dataclass
@@ -56,6 +62,7 @@ class ToolingNeeds:
         via_uvx: The packages are meant to come through `uvx` (which installs them), not the sandbox's `python3`.
         urls: What it downloads.
         installs: Programs it installs itself (not looked for before it runs).
+        unread: The start of each part of the script the bash grammar could not read (left out of the rest).
     """
 
     commands: list[str] = field(default_factory=list)
@@ -63,151 +70,72 @@ class ToolingNeeds:
     via_uvx: bool = False
     urls: list[str] = field(default_factory=list)
     installs: list[str] = field(default_factory=list)
-
-
-def _logical_lines(text: str) -> list[str]:
-    """The script's lines with continuations joined, comments dropped, and here-document bodies left out."""
-    lines: list[str] = []
-    pending = ""
-    ending: str | None = None
-    for raw in text.splitlines():
-        if ending is not None:  # inside a here-document: its text is data, not commands
-            if raw.strip() == ending:
-                ending = None
-            continue
-        if raw.endswith("\\"):
-            pending += raw[:-1] + " "
-            continue
-        line = pending + raw
-        pending = ""
-        heredoc = _HEREDOC.search(line)
-        if heredoc:
-            ending = heredoc.group(2)
-            line = line[: heredoc.start()]
-        lines.append(line)
-    if pending:
-        lines.append(pending)
-    return lines
-
-
-def _tokens(line: str) -> list[str]:
-    line = line.replace("$(", " ( ").replace("`", " ( ")
-    lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|()!")
-    lexer.whitespace_split = True
-    lexer.commenters = "#"
-    try:
-        return list(lexer)
-    except ValueError:  # an unbalanced quote: read what can be read
-        return line.split()
-
-
-def _without_arithmetic(line: str) -> str:
-    """`line` with arithmetic (`$((...))`, `((...))`) replaced by a plain word: its names are variables."""
-    while True:
-        start = line.find("((")
-        if start == -1:
-            return line
-        depth, i = 0, start
-        while i < len(line):
-            depth += {"(": 1, ")": -1}.get(line[i], 0)
-            i += 1
-            if depth == 0:
-                break
-        word = "0" if start > 0 and line[start - 1] == "$" else "true"
-        line = line[: start - 1 if word == "0" else start] + word + line[i:]
-
-
-def _substitutions(line: str) -> list[str]:
-    """The text of each `$(...)` in `line` (nested ones included, through the outer one's text)."""
-    out: list[str] = []
-    start = line.find("$(")
-    while start != -1:
-        depth, i = 1, start + 2
-        while i < len(line) and depth:
-            depth += {"(": 1, ")": -1}.get(line[i], 0)
-            i += 1
-        inner = line[start + 2: i - 1]
-        out.append(inner)
-        out += _substitutions(inner)
-        start = line.find("$(", i)
-    return out
-
-
-def _simple_commands(text: str) -> list[list[str]]:
-    """Each simple command of the script as its words."""
-    commands: list[list[str]] = []
-    lines = [_without_arithmetic(line) for line in _logical_lines(text)]
-    lines += [inner for line in lines for inner in _substitutions(line)]  # `"$(cmd ...)"` inside quotes too
-    for line in lines:
-        current: list[str] = []
-        for token in _tokens(line):
-            if token in COMMAND_STARTERS:
-                if current:
-                    commands.append(current)
-                current = []
-                continue
-            current.append(token)
-        if current:
-            commands.append(current)
-    return commands
+    unread: list[str] = field(default_factory=list)
 
 
 def scan_test_script(text: str) -> ToolingNeeds:
     """What the test script `text` relies on (see the module docstring)."""
     needs = ToolingNeeds()
-    functions = set(_FUNCTION.findall(text)) | set(_FUNCTION_KEYWORD.findall(text))
+    interpreter = script_interpreter(text)
+    if interpreter is not None:
+        needs.commands = [interpreter] if _PROGRAM.match(interpreter) else []
+        return needs
+    script = read_script(text)
+    needs.unread = script.unread
     installs: set[str] = set()
     runs: list[str] = []
     packages: list[str] = []
-    for words in _simple_commands(text):
-        while words and ("=" in words[0] and re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0])):
-            words = words[1:]  # assignments before the command
-        if not words or words[0] in ("for", "case", "select", "function"):
-            continue
-        if words[0] in ("sudo", "env", "nohup", "timeout", "exec", "command", "time") and len(words) > 1:
-            rest = words[1:]
-            while rest and (rest[0].startswith("-") or re.match(r"^[0-9.]+[smhd]?$", rest[0])
-                            or re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", rest[0])):
-                rest = rest[1:]
-            words = rest or words
-        program = words[0]
+    urls: list[str] = []
+    for command in script.commands:
+        program = command.program
+        values = command.values
         if program in ("curl", "wget"):
-            needs.urls += [u for w in words[1:] for u in _URL.findall(w)]
-        if "astral.sh/uv" in " ".join(words):
+            urls += [u for v in values[1:] if v for u in _URL.findall(v)]
+        if "astral.sh/uv" in " ".join(w.text for w in command.words):
             installs.update(UV_PROGRAMS)
-        if program in ("apt-get", "apt", "apk", "yum", "dnf") and "install" in words:
-            installs.update(w for w in words[words.index("install") + 1:] if not w.startswith("-"))
-        if program == "uvx" or (program == "uv" and words[1:2] in (["run"], ["tool"])):
+        if program in PACKAGE_MANAGERS and "install" in values:
+            installs.update(v for v in values[values.index("install") + 1:] if v and not v.startswith("-"))
+        if program == "uvx" or (program == "uv" and values[1:2] in (["run"], ["tool"])):
             needs.via_uvx = True
-            packages += _uvx_packages(words)
-        if program in ("python", "python3") or re.match(r"^python3\.\d+$", program):
-            if words[1:3] == ["-m", "pytest"]:
-                packages.append("pytest")
+            packages += _uvx_packages(values)
+        if program is not None and _PYTHON.match(program) and values[1:3] == ["-m", "pytest"]:
+            packages.append("pytest")
         if program in ("pytest", "py.test"):
             packages.append("pytest")
-        if "--ctrf" in words or any(w.startswith("--ctrf=") for w in words):
+        if "--ctrf" in values or any(v and v.startswith("--ctrf=") for v in values):
             packages.append(CTRF_PACKAGE)
-        if program in SHELL_WORDS or program in functions or program.startswith(("$", "/tests/", "/solution/", "/logs/", "./", "../", "~")):
-            continue
-        if "/" in program and not program.startswith("/"):
-            continue
-        if _PROGRAM.match(program):
+        if program is not None and _is_program(program, script.functions):
             runs.append(program)
     needs.installs = sorted(installs)
     needs.commands = list(dict.fromkeys(c for c in runs if c not in installs))
     needs.packages = _dedupe_packages(packages)
+    needs.urls = list(dict.fromkeys(urls))
     return needs
 
 
-def _uvx_packages(words: list[str]) -> list[str]:
-    """The packages an `uvx [--with SPEC]... TOOL` (or `uv run --with SPEC ...`) invocation brings in."""
+def _is_program(program: str, functions: set[str]) -> bool:
+    """Whether `program` is one to look for on PATH (not a builtin, a function, or the task's own file)."""
+    if program in SHELL_WORDS or program in functions or program.startswith(TASK_PATHS):
+        return False
+    if "/" in program and not program.startswith("/"):
+        return False
+    return bool(_PROGRAM.match(program))
+
+
+def _uvx_packages(words: list[str | None]) -> list[str]:
+    """The packages an `uvx [--with SPEC]... TOOL` (or `uv run --with SPEC ...`) invocation brings in (`words` as
+    bash passes them, None for a word built from an expansion: such a spec is not looked for)."""
     out: list[str] = []
     i = 1
     tool: str | None = None
     while i < len(words):
         w = words[i]
+        if w is None:
+            break  # the tool is an expansion (option values are skipped below)
         if w in ("--with", "-w", "--from") and i + 1 < len(words):
-            out.append(words[i + 1])
+            spec = words[i + 1]
+            if spec is not None:
+                out.append(spec)
             i += 2
             continue
         if w.startswith("--with="):
