@@ -1,6 +1,8 @@
 """Command line: `raygrpo rollout CONFIG ...` (collect trajectories), `raygrpo train CONFIG ...` (GRPO),
 `raygrpo check CONFIG | TASK_DIR` (does each Harbor task's verifier pass its reference solution and fail doing
-nothing?) and `raygrpo reap` (stop the remote sandboxes crashed runs left, from the lease ledger)."""
+nothing?), `raygrpo reap` (stop the remote sandboxes crashed runs left, from the lease ledger) and
+`raygrpo export RUN_DIR --format parquet|hf|atif` (a run's trajectories as Parquet, a Hugging Face dataset or Harbor
+ATIF files)."""
 
 from __future__ import annotations
 
@@ -66,6 +68,20 @@ def _parser() -> argparse.ArgumentParser:
                       help="an owner whose heartbeat is older than S seconds is stale (default 30)")
     reap.add_argument("--json", dest="json_out", action="store_true",
                       help="print one JSON object (each stale lease's outcome and the sandboxes stopped) instead")
+    export = sub.add_parser(
+        "export", help="write a run's trajectories as Parquet, a Hugging Face dataset or Harbor ATIF files",
+        description="Stream a run's trajectories.jsonl (or a training run's rollouts.jsonl, with each line's step) "
+                    "into Parquet (one row per trajectory, every field a column), a Hugging Face dataset folder "
+                    "(datasets.load_from_disk) or one Harbor ATIF .json file per trajectory. A cut-off last line (a "
+                    "killed run) is left out and said so. Exit 0 when exported, 1 when the export broke, 2 for bad "
+                    "input (no trajectories, a line that is not JSON, an existing --out) or a bad argument.")
+    export.add_argument("run", metavar="RUN_DIR", help="a run folder, or the JSON lines file itself")
+    export.add_argument("--format", required=True, choices=["parquet", "hf", "atif"], help="the output format")
+    export.add_argument("--out", help="where to write (default: next to the JSON lines file, named after it: "
+                                      "trajectories.parquet, trajectories.hf/, trajectories.atif/)")
+    export.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    export.add_argument("--model-name", help="atif: the agent's model_name (a run folder does not record its model)")
+    export.add_argument("--no-progress", action="store_true", help="no progress bar")
     for command in (rollout, train, check):
         command.add_argument(
             "--address", help="join the Ray cluster at ADDRESS (\"auto\", host:port, ray://...) instead of "
@@ -94,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     apply_process_env()
     if args.command == "reap":
         return _reap(args)
+    if args.command == "export":
+        return _export(args)
     try:
         if args.command == "check":
             from raygrpo.check import load_target
@@ -188,6 +206,34 @@ def _reap(args: argparse.Namespace) -> int:
         print(f"raygrpo: {len(report.kept)} stale lease(s) could not be reaped; they stay in {ledger.root}",
               file=sys.stderr)
         return 1
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    """`raygrpo export`: what was written on stdout, notes on stderr; exit 0, 1 (the export broke) or 2 (bad input)."""
+    from raygrpo.export import ExportError, ExportOptions, export_run
+
+    signal.signal(signal.SIGTERM, _terminate)
+    options = ExportOptions(path=args.run, format=args.format, out=args.out, overwrite=args.overwrite,
+                            model_name=args.model_name, progress=not args.no_progress and sys.stderr.isatty())
+
+    def work() -> Any:
+        try:
+            return export_run(options)
+        except ExportError as exc:
+            return exc
+
+    result, code = _guarded(work, args.verbose, "nothing was written")
+    if code is not None:
+        return code
+    if isinstance(result, ExportError):
+        print(f"raygrpo: {result}", file=sys.stderr)
+        return 2
+    for note in result.notes():
+        print(f"raygrpo: {note}", file=sys.stderr)
+    unit = "file(s)" if result.format.value == "atif" else "row(s)"
+    print(f"wrote {result.written} trajectory {unit} of {result.source} to {result.out} ({result.format.value}, "
+          f"{result.seconds:.1f} s)")
     return 0
 
 

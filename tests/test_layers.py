@@ -34,8 +34,8 @@ LAYERS: list[list[str]] = [
     # the driver: dispatch, bringing a run up on Ray, its summary and progress
     ["raygrpo.pools", "raygrpo.orchestrator", "raygrpo.launch", "raygrpo.runtime", "raygrpo.session", "raygrpo.summary",
      "raygrpo.outcome", "raygrpo.progress", "raygrpo.placement"],
-    # the commands' work: resolving a config, collecting, checking tasks, training
-    ["raygrpo.resolve", "raygrpo.collect", "raygrpo.check", "raygrpo.train"],
+    # the commands' work: resolving a config, collecting, checking tasks, training, exporting a run's trajectories
+    ["raygrpo.resolve", "raygrpo.collect", "raygrpo.check", "raygrpo.train", "raygrpo.export"],
     ["raygrpo.cli"],
 ]
 
