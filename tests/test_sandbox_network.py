@@ -123,6 +123,26 @@ async def test_a_local_sandboxs_network_follows_its_task(tmp_path: Path, outside
     assert accepted == []
 
 
+async def test_public_sandboxes_leave_the_hosts_mounts_alone(tmp_path: Path):
+    """A network namespace of the host (`ip netns add`: a bind mount under the shared /run/netns) still works after
+    public sandboxes started and stopped beside it. slirp4netns's `--enable-sandbox`, run as root, unmounted such
+    mounts by propagation (the multi-node cluster tests failed beside this module until it was dropped)."""
+    require_netns()
+    ns = f"rgkeep{uuid.uuid4().hex[:6]}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        task_dir = make_task(tmp_path / "tasks", "public")
+        envs = [make_env(task_dir, tmp_path / "trials", tmp_path / "sbx")[0] for _ in range(4)]
+        for env in envs:
+            await env.start(force_build=False)
+        for env in envs:
+            await env.stop(delete=True)
+        inside = subprocess.run(["ip", "netns", "exec", ns, "ip", "-o", "link"], capture_output=True, text=True)
+        assert inside.returncode == 0 and inside.stdout.split(":")[1].strip() == "lo", inside.stderr
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
 async def test_an_allowlist_task_is_refused_by_name_on_the_local_backend(tmp_path: Path):
     make_task(tmp_path / "tasks", "allow", environment='network_mode = "allowlist"\nallowed_hosts = ["example.com"]')
     with pytest.raises(ValueError, match="network_mode='allowlist' is not supported by raygrpo-local"):

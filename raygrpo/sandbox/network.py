@@ -101,8 +101,10 @@ class OutboundNetwork:
         ready_r, ready_w = os.pipe()
         exit_r, self._exit_w = os.pipe()
         os.set_inheritable(self._exit_w, False)
-        argv = [SLIRP4NETNS, "--configure", "--mtu=65520", "--disable-host-loopback", "--enable-sandbox",
-                "--enable-seccomp", f"--ready-fd={ready_w}", f"--exit-fd={exit_r}", str(init_pid), "tap0"]
+        # Not --enable-sandbox: run as root where the host's mounts are shared (`ip netns add` makes /run/netns
+        # so), its detaching of the old root propagates and unmounts the host's network namespaces.
+        argv = [SLIRP4NETNS, "--configure", "--mtu=65520", "--disable-host-loopback", "--enable-seccomp",
+                f"--ready-fd={ready_w}", f"--exit-fd={exit_r}", str(init_pid), "tap0"]
         try:
             with open(log_path, "ab") as log:
                 self.proc = await asyncio.create_subprocess_exec(
