@@ -20,13 +20,15 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
-from harbor.environments.factory import EnvironmentFactory
 from harbor.models.task.task import Task
-from harbor.models.trial.config import EnvironmentConfig as TrialEnvironmentConfig
-from harbor.models.trial.paths import TrialPaths
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+from provisioning import local_sandbox  # noqa: E402
 
 MODES = {"public": "", "no-network": 'network_mode = "no-network"\n'}
 
@@ -49,14 +51,7 @@ def write_task(root: Path, name: str, environment: str) -> Path:
 
 async def one(task: Task, root: Path) -> float:
     """Start, exec `true`, stop one local sandbox; the start's seconds."""
-    paths = TrialPaths(root / "trials" / uuid.uuid4().hex[:8])
-    paths.mkdir()
-    env = EnvironmentFactory.create_environment_from_config(
-        TrialEnvironmentConfig(import_path="raygrpo.sandbox.local:LocalSandboxEnvironment",
-                               kwargs={"sandbox_root": str(root / "sbx")}),
-        environment_dir=task.paths.environment_dir, environment_name=task.short_name,
-        session_id=f"bench__{uuid.uuid4().hex[:6]}", trial_paths=paths, task_env_config=task.config.environment,
-    )
+    env, _ = local_sandbox(task, root)
     began = time.perf_counter()
     await env.start(force_build=False)
     started = time.perf_counter() - began

@@ -7,14 +7,18 @@ may not should not. The test host is the only target: its subnet is a private /3
 overlaps, and everything is removed on exit (the namespace, and with it the veth pair; the server; the one
 FORWARD rule that lets docker's bridges reach it through Docker's DROP policy). Needs root, iproute2 and iptables:
 `tests.netns_cluster.require_netns` skips or fails the test where they are missing.
+
+`Canary` is the other side: a service of the host itself, on every address, that counts who reached it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import random
+import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
@@ -103,3 +107,28 @@ def outside_host() -> Iterator[OutsideHost]:
         subprocess.run(["iptables", "-w", "-D", *rule], capture_output=True, timeout=30)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
         subprocess.run(["ip", "link", "del", host_if], capture_output=True, timeout=30)
+
+
+class Canary:
+    """A TCP service on every address of the host that counts the connections it accepts."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("0.0.0.0", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()

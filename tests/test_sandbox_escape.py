@@ -20,10 +20,8 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -44,6 +42,7 @@ from raygrpo.sandbox.network import SLIRP_HOST_ALIAS, host_addresses
 from raygrpo.specs.harbor import HarborSpec
 from tests.docker_utils import docker_missing, docker_ready  # noqa: F401 - a fixture
 from tests.harbor_utils import bash_script, make_task, tool_texts
+from tests.outside_host import Canary
 from tests.ors_utils import SleepEnvironment, ors_server
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.escape, pytest.mark.usefixtures("ray_local")]
@@ -95,31 +94,6 @@ print("link flags set")
 def net_probe(addrs: list[str], ports: list[int], kind: str = "tcp", marker: str = "/nonexistent") -> str:
     return (f"python3 -c {shlex.quote(NET_PROBE)} {shlex.quote(json.dumps(addrs))} {shlex.quote(json.dumps(ports))} "
             f"{shlex.quote(kind)} {shlex.quote(marker)}")
-
-
-class Canary:
-    """A TCP service on every address of the host that counts the connections it accepts."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("0.0.0.0", 0))
-        self.sock.listen(64)
-        self.port = self.sock.getsockname()[1]
-        self.accepted = 0
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            conn.close()
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ neither backend can enforce here, is refused by name. The verifier's commands ru
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import threading
@@ -27,7 +26,7 @@ from raygrpo.specs.harbor import HarborSpec
 from tests.docker_utils import docker_ready  # noqa: F401 - a fixture
 from tests.harbor_utils import make_task
 from tests.netns_cluster import require_netns
-from tests.outside_host import OutsideHost, outside_host
+from tests.outside_host import Canary, OutsideHost, outside_host
 from tests.sandbox_utils import make_env
 
 pytestmark = pytest.mark.timeout(180)
@@ -67,22 +66,9 @@ def outside() -> OutsideHost:
 @pytest.fixture
 def canary():
     """A service on every address of the host; counts its connections."""
-    server = socket.socket()
-    server.bind(("0.0.0.0", 0))
-    server.listen(16)
-    accepted = []
-
-    def serve():
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            accepted.append(conn)
-
-    threading.Thread(target=serve, daemon=True).start()
-    yield server.getsockname()[1], accepted
-    server.close()
+    service = Canary()
+    yield service
+    service.close()
 
 
 def interfaces(proc_net_dev: str) -> set[str]:
@@ -94,7 +80,7 @@ def slirp_processes() -> list[int]:
 
 
 async def test_a_local_sandboxs_network_follows_its_task(tmp_path: Path, outside: OutsideHost, canary):
-    port, accepted = canary
+    port = canary.port
     sroot = tmp_path / "sbx"
     slirps_before = set(slirp_processes())
     for mode, toml in MODES.items():
@@ -120,7 +106,7 @@ async def test_a_local_sandboxs_network_follows_its_task(tmp_path: Path, outside
         finally:
             await env.stop(delete=True)
         assert sandbox_processes(sroot) == [] and set(slirp_processes()) <= slirps_before
-    assert accepted == []
+    assert canary.accepted == 0
 
 
 async def test_public_sandboxes_leave_the_hosts_mounts_alone(tmp_path: Path):
@@ -161,7 +147,7 @@ async def test_an_allowlist_task_is_refused_by_name_on_the_local_backend(tmp_pat
 @pytest.mark.docker
 async def test_a_docker_sandboxs_network_follows_its_task(docker_ready, tmp_path: Path, outside: OutsideHost,
                                                           canary):
-    port, accepted = canary
+    port = canary.port
     for mode, toml in {**MODES, "allowlist": 'network_mode = "allowlist"\nallowed_hosts = ["example.com"]'}.items():
         make_task(tmp_path / mode, mode, environment=toml)
     for mode in [*MODES, "allowlist"]:
@@ -189,7 +175,7 @@ async def test_a_docker_sandboxs_network_follows_its_task(docker_ready, tmp_path
         finally:
             await adapter.close()
             await provider.aclose()
-    assert accepted == []
+    assert canary.accepted == 0
 
 
 def test_the_guards_shell_script_installs_what_ensure_checks():

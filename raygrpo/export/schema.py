@@ -22,6 +22,7 @@ key" for keys only some records have (`messages[].name`, `messages[].tool_calls`
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +41,7 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-class Codec:
+class Codec(ABC):
     """How one value travels between a JSON line and an Arrow column.
 
     Args:
@@ -50,9 +51,9 @@ class Codec:
     def __init__(self, arrow: pa.DataType) -> None:
         self.arrow = arrow
 
+    @abstractmethod
     def accepts(self, value: Any) -> bool:
         """True when `value` (never None) has the column's shape; otherwise its record keeps it in `_extra`."""
-        raise NotImplementedError
 
     def encode(self, value: Any) -> Any:
         """`value` (accepted, never None) as the Python value pyarrow converts into the column."""

@@ -31,7 +31,7 @@ import socket
 from pathlib import Path
 
 from raygrpo.sandbox.errors import SandboxStartError
-from raygrpo.sandbox.process import NSENTER, read_pipe
+from raygrpo.sandbox.process import NSENTER, log_tail, read_pipe
 
 SLIRP4NETNS = shutil.which("slirp4netns") or "/usr/bin/slirp4netns"
 IPTABLES_RESTORE = shutil.which("iptables-restore") or "/usr/sbin/iptables-restore"
@@ -123,7 +123,8 @@ class OutboundNetwork:
             except TimeoutError:
                 ready = b""
             if ready != b"1":
-                raise SandboxStartError(f"slirp4netns did not bring up the sandbox's network: {_tail(log_path)}")
+                raise SandboxStartError("slirp4netns did not bring up the sandbox's network: "
+                                        f"{log_tail(log_path) or '(no output)'}")
         except BaseException:
             ready_task.cancel()
             await self.stop()
@@ -157,9 +158,3 @@ class OutboundNetwork:
                 f"{out.decode(errors='replace').strip()[-500:]}"
             )
 
-
-def _tail(path: Path, n: int = 1000) -> str:
-    try:
-        return path.read_text(errors="replace")[-n:].strip() or "(no output)"
-    except OSError:
-        return "(no log)"
