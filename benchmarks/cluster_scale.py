@@ -3,16 +3,16 @@ sandbox provider, one node lost midway (issue 17, DESIGN section 6 item 7).
 
 What runs:
 
-- The provider: raygrpo's fake sandbox provider (`raygrpo.sandbox.fake_provider`) in its own process on 127.0.0.1,
+- The provider: raygrpo's fake sandbox provider (`raygrpo.testing.fake_provider`) in its own process on 127.0.0.1,
   enforcing `--create-rate` creates in any sliding 1 s window and `--live-cap` sandboxes alive at once (HTTP 429
   beyond either) and logging every call. Every limit, 429 and leak below is counted from that log
-  (`raygrpo.sandbox.fake_provider.audit.audit`), not from raygrpo's bookkeeping.
+  (`raygrpo.testing.fake_provider.audit.audit`), not from raygrpo's bookkeeping.
 - The cluster: `ray.cluster_utils.Cluster` on 127.0.0.1, a head (the driver, no env pool actors) and `--nodes` worker
   nodes, each carrying the custom resource `cluster_scale_host: 2 x --actors-per-node`; the env pool actors ask for
   `cluster_scale_host: 1` each (`envs.fake.pool: {num_actors, max_concurrent, num_cpus: 0, resources}`), so Ray
   spreads them `--actors-per-node` per node and a lost node's actors have room to come back on the others.
 - The run: one Harbor environment on the fake provider's backend
-  (`raygrpo.sandbox.fake_provider.backend:FakeProviderEnvironment`, `environment_kwargs: {url, reward: 1.0}`) with
+  (`raygrpo.testing.fake_provider.backend:FakeProviderEnvironment`, `environment_kwargs: {url, reward: 1.0}`) with
   the spec's cluster-wide `create_rate_per_s` and `max_live` set to the provider's limits, driven programmatically
   (`RolloutRuntime` + `Orchestrator`, as `raygrpo rollout` does). Each rollout is the real path (env pool actor,
   agent loop, chat template and tool-call parser of the tiny model, Harbor adapter, provisioning gate and verifier)
@@ -102,7 +102,7 @@ from session_cpu import SessionCpu  # noqa: E402
 logger = logging.getLogger("cluster_scale")
 
 TASKS = ROOT / "examples" / "harbor_local" / "tasks"
-BACKEND = "raygrpo.sandbox.fake_provider.backend:FakeProviderEnvironment"
+BACKEND = "raygrpo.testing.fake_provider.backend:FakeProviderEnvironment"
 #: The custom resource that marks the simulated worker nodes (env pool actors ask for 1 each).
 NODE_RESOURCE = "cluster_scale_host"
 #: The Harbor spec's cluster-wide live-sandbox cap (the governor's setting; issue 17).
@@ -130,7 +130,7 @@ QUICK = Shape(rollouts=600, create_rate=12.0, live_cap=24, hold_s=1.5, nodes=4, 
 
 async def policy(ctx: Any) -> str:
     """Scripted policy: wait `RAYGRPO_BENCH_HOLD_S` seconds (a model thinking, no CPU), make one `bash` call, stop."""
-    from raygrpo.toolcalls import format_tool_call
+    from raygrpo.agent.toolcalls import format_tool_call
 
     if ctx.turn > 0 or any(m.get("role") == "tool" for m in ctx.messages):
         return "Done."
@@ -238,7 +238,7 @@ def governor_state(cfg: Any) -> dict[str, Any]:
     """The governor's own counts (slots granted, live tickets, refusals), or {} when it does not answer."""
     import ray
 
-    from raygrpo.actors.rate_limiter import NAMESPACE, limiter_name
+    from raygrpo.governor.actor import NAMESPACE, limiter_name
 
     try:
         handle = ray.get_actor(limiter_name(cfg.envs[ENV_NAME].effective_rate_limit_key), namespace=NAMESPACE)
@@ -291,18 +291,18 @@ def run(shape: Shape, work: Path) -> dict[str, Any]:
     from ray._private import ray_constants
     from ray.cluster_utils import Cluster
 
-    from raygrpo.environ import PROCESS_ENV, apply_process_env
-    from raygrpo.launch import RolloutRuntime
-    from raygrpo.orchestrator import Orchestrator, RolloutRequest
-    from raygrpo.resolve import resolve_run
-    from raygrpo.sandbox.fake_provider.audit import audit
-    from raygrpo.sandbox.fake_provider.service import FakeProviderProcess
-    from raygrpo.sandbox.fake_provider.state import Limits
+    from raygrpo.core.environ import PROCESS_ENV, apply_process_env
+    from raygrpo.driver.launch import RolloutRuntime
+    from raygrpo.driver.orchestrator import Orchestrator, RolloutRequest
+    from raygrpo.driver.resolve import resolve_run
+    from raygrpo.testing.fake_provider.audit import audit
+    from raygrpo.testing.fake_provider.service import FakeProviderProcess
+    from raygrpo.testing.fake_provider.state import Limits
 
     apply_process_env()
     ray_constants.ENABLE_RAY_CLUSTER = False  # read at import; the variable is set above, this covers a prior import
     os.environ[HOLD_ENV] = str(shape.hold_s)
-    # A lease ledger of the benchmark's own (`raygrpo.sandbox.ledger`; the runtime hands it to the actors): it
+    # A lease ledger of the benchmark's own (`raygrpo.leases.ledger`; the runtime hands it to the actors): it
     # neither reaps nor waits on leases other runs on this machine left.
     os.environ["RAYGRPO_LEASE_DIR"] = str(work / "leases")
     actors = shape.nodes * shape.actors_per_node

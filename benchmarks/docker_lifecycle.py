@@ -7,7 +7,7 @@ Both arms start, use (one `exec`) and stop sandboxes of the example task `count-
   its additions (`stop(delete=False)`, so images are kept): `sleep infinity` is PID 1 and ignores SIGTERM, so
   `docker compose down` waits out Docker's 10 s stop timeout; every start runs `docker compose build` (cached layers)
   and tags one more `<session>-main` image.
-- **raygrpo**: `HarborProvider` adapters (`raygrpo.envs.harbor_docker`): the service under an init, the image built
+- **raygrpo**: `HarborProvider` adapters (`raygrpo.envs.harbor.docker`): the service under an init, the image built
   once as `hb__<hash>` and reused as a prebuilt image by every later start (the first start, which builds it, is
   reported on its own).
 
@@ -32,9 +32,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from raygrpo.envs.harbor import HarborProvider  # noqa: E402
-from raygrpo.envs.harbor_tasks import list_harbor_tasks, load_task  # noqa: E402
-from raygrpo.sandbox.docker_engine import docker_problem, image_exists, remove_images  # noqa: E402
+from raygrpo.envs.harbor.provider import HarborProvider  # noqa: E402
+from raygrpo.envs.harbor.tasks import list_harbor_tasks, load_task  # noqa: E402
+from raygrpo.docker.engine import docker_problem, image_exists, remove_images  # noqa: E402
 from raygrpo.specs.harbor import HarborSpec  # noqa: E402
 
 TASKS = ROOT / "examples" / "harbor_local" / "tasks"

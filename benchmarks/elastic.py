@@ -59,7 +59,7 @@ def log(msg: str) -> None:
 
 def policy(ctx: Any) -> str:
     """Scripted policy: one nap of `RAYGRPO_BENCH_NAP_S` seconds (set for the actors), then stop."""
-    from raygrpo.toolcalls import format_tool_call
+    from raygrpo.agent.toolcalls import format_tool_call
 
     if any(m.get("role") == "tool" for m in ctx.messages):
         return "Done."
@@ -82,9 +82,9 @@ def arm_config(url: str, *, elastic: bool, peak: int, k: int, idle_timeout_s: fl
 
 def run_arm(name: str, url: str, args: argparse.Namespace, peak: int) -> dict[str, Any]:
     """Run the bursts on one arm's pool; returns its figures and its samples over time."""
-    from raygrpo.launch import RolloutRuntime
-    from raygrpo.orchestrator import Orchestrator, RolloutRequest
-    from raygrpo.resolve import resolve_run
+    from raygrpo.driver.launch import RolloutRuntime
+    from raygrpo.driver.orchestrator import Orchestrator, RolloutRequest
+    from raygrpo.driver.resolve import resolve_run
 
     cfg = arm_config(url, elastic=name == "elastic", peak=peak, k=args.k, idle_timeout_s=args.idle_timeout)
     finals = []
@@ -200,8 +200,8 @@ def main() -> None:
     from ray._private import ray_constants
     from ray.cluster_utils import Cluster
 
-    from raygrpo.environ import PROCESS_ENV, apply_process_env
-    from raygrpo.envs.ors_server import serve_environments
+    from raygrpo.core.environ import PROCESS_ENV, apply_process_env
+    from raygrpo.envs.ors.server import serve_environments
     from tests.e2e_support import NapEnvironment  # the end-to-end tests' ORS environment: `nap(seconds)`, reward 1.0
 
     apply_process_env()

@@ -178,7 +178,7 @@ def main() -> None:
     parser.add_argument("--verbose", action="store_true", help="a line per step and the actors' output on stderr")
     args = parser.parse_args()
 
-    from raygrpo.runtime import init_ray, shutdown_ray
+    from raygrpo.driver.runtime import init_ray, shutdown_ray
 
     tmp = None
     if args.out is None:

@@ -59,7 +59,7 @@ class BenchEnvironment(Environment):
 
 def policy(ctx) -> str:
     """Scripted policy for the raygrpo arm: one `step` call per turn."""
-    from raygrpo.toolcalls import format_tool_call
+    from raygrpo.agent.toolcalls import format_tool_call
 
     return format_tool_call("step", {"n": ctx.turn + 1})
 

@@ -162,7 +162,7 @@ def raygrpo_config(url: str, episodes: int, actors: int):
 
 
 def run_raygrpo(runtime, episodes: int) -> tuple[float, dict]:
-    from raygrpo.orchestrator import Orchestrator, make_groups
+    from raygrpo.driver.orchestrator import Orchestrator, make_groups
 
     requests = make_groups(runtime.tasks[:episodes], group_size=1)
     orchestrator = Orchestrator(runtime.actors, max_in_flight_per_actor=runtime.cfg.workers.max_concurrent_per_actor)
@@ -183,9 +183,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs per arm; medians are reported")
     args = parser.parse_args()
 
-    from raygrpo.launch import RolloutRuntime
-    from raygrpo.resolve import resolve_run
-    from raygrpo.runtime import init_ray, shutdown_ray
+    from raygrpo.driver.launch import RolloutRuntime
+    from raygrpo.driver.resolve import resolve_run
+    from raygrpo.driver.runtime import init_ray, shutdown_ray
 
     server, url = start_server()
     log(f"server at {url}")

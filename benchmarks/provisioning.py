@@ -10,7 +10,7 @@ adapter, the fault wrapper), warm pool off; Ray start-up and actor creation outs
 `--repeats` batches.
 
 - `remote`: sandboxes that cost no local CPU, as a remote provider's do: the null backend
-  (`raygrpo.sandbox.null:NullEnvironment`, its verifier finds reward 1.0) under the fault injector with 1.0 s per
+  (`raygrpo.testing.null:NullEnvironment`, its verifier finds reward 1.0) under the fault injector with 1.0 s per
   start, 50 ms per exec and 200 ms more for the verifier's test script. The ideal is computed from those latencies,
   not measured through raygrpo: `start + tool_calls × exec + (verifier_execs × exec + verifier)`, with `tool_calls`
   the most tool calls of any rollout and `verifier_execs` the execs Harbor's verifier makes (3: removing old rewards,
@@ -42,7 +42,7 @@ adapter, the fault wrapper), warm pool off; Ray start-up and actor creation outs
   - `trl_as_shipped`: TRL's `HarborBashEnv` with Harbor's docker backend as TRL makes it (nothing swapped): every
     start runs `docker compose build` (from Docker's layer cache) and every stop is `down --rmi local`, which deletes
     that image again; `sleep infinity` is PID 1 and ignores SIGTERM, so each stop waits out Docker's 10 s timeout.
-  - raygrpo with `environment_type: docker` (`raygrpo.envs.harbor_docker`): each task's image built once as
+  - raygrpo with `environment_type: docker` (`raygrpo.envs.harbor.docker`): each task's image built once as
     `hb__<hash>` and started from as a prebuilt image afterwards, the service under an init. One batch first, which
     builds the images (`raygrpo_first_batch_s`), then the median of `--repeats` batches.
   - `trl_reuse_init`: the same TRL driving loop with Harbor's docker backend given raygrpo's two fixes through the
@@ -95,7 +95,7 @@ from raygrpo.sandbox.local import LocalSandboxEnvironment  # noqa: E402
 
 TASKS = ROOT / "examples" / "harbor_local" / "tasks"
 POLICIES = ROOT / "examples" / "harbor_local" / "policies.py"
-NULL_BACKEND = "raygrpo.sandbox.null:NullEnvironment"
+NULL_BACKEND = "raygrpo.testing.null:NullEnvironment"
 START_LATENCY_S = 1.0
 #: The remote arm's injected latencies.
 REMOTE_FAULTS = {"start_latency_s": START_LATENCY_S, "exec_latency_s": 0.05, "verifier_latency_s": 0.2}
@@ -130,7 +130,7 @@ def backend_swap(import_path: str, kwargs: dict[str, Any] | None = None,
     injector when `faults` is given)."""
     from harbor.models.trial.config import EnvironmentConfig
 
-    from raygrpo.sandbox.faults import wrap_environment
+    from raygrpo.envs.harbor.faults import wrap_environment
 
     def swap(create, config, **factory_kwargs):
         env = create(config=EnvironmentConfig(import_path=import_path, kwargs=dict(kwargs or {})), **factory_kwargs)
@@ -228,14 +228,14 @@ def raygrpo_config(indices: list[int], actors: int, per_actor: int, *, faults: d
 
 def _runtime(cfg):
     """The run's actors on Ray, for a config resolved here."""
-    from raygrpo.launch import RolloutRuntime
-    from raygrpo.resolve import resolve_run
+    from raygrpo.driver.launch import RolloutRuntime
+    from raygrpo.driver.resolve import resolve_run
 
     return RolloutRuntime(cfg, resolve_run(cfg).tasks_by_env)
 
 
 def run_batch(runtime, requests) -> tuple[float, list]:
-    from raygrpo.orchestrator import Orchestrator
+    from raygrpo.driver.orchestrator import Orchestrator
 
     orchestrator = Orchestrator(pools=runtime.pools)
     start = time.perf_counter()
@@ -248,7 +248,7 @@ def raygrpo_batches(cfg, group_size: int, repeats: int, total: int, *, first_apa
     most tool calls any rollout made, the medians of the rollouts' phases, and the sandboxes the runtime found left
     after it. `first_apart`: one more batch first, reported on its own (`first_batch_s`: on docker it builds the
     tasks' images)."""
-    from raygrpo.orchestrator import make_groups
+    from raygrpo.driver.orchestrator import make_groups
     from session_cpu import SessionCpu
 
     cpu = SessionCpu(exclude=set())
@@ -287,7 +287,7 @@ def raygrpo_stream(cfg, group_size: int, batches: int, total: int, in_flight: in
     its completions, from the n/4-th to the 3n/4-th, which leaves out the first starts' latency and the drain at the
     end; only for a stream of at least twice `in_flight` rollouts (the most run at once), so that its middle is past
     the first wave."""
-    from raygrpo.orchestrator import Orchestrator, make_groups
+    from raygrpo.driver.orchestrator import Orchestrator, make_groups
 
     cores = os.cpu_count() or 1
     with _runtime(cfg) as runtime:
@@ -416,7 +416,7 @@ def sandbox_cpu_seconds(dirs: list[Path], group_size: int, work: Path) -> dict[s
 
 
 def remote_arm(args, dirs: list[Path], total: int, per_actor: int) -> dict[str, Any]:
-    from raygrpo.runtime import init_ray, shutdown_ray
+    from raygrpo.driver.runtime import init_ray, shutdown_ray
 
     log("remote arm: null backend, 1.0 s starts, 50 ms execs, 200 ms verifier")
     init_ray(num_cpus=8)
@@ -447,8 +447,8 @@ def remote_arm(args, dirs: list[Path], total: int, per_actor: int) -> dict[str, 
 
 
 def local_arm(args, dirs: list[Path], total: int, per_actor: int, work: Path) -> dict[str, Any]:
-    from raygrpo.orchestrator import make_groups
-    from raygrpo.runtime import init_ray, shutdown_ray
+    from raygrpo.driver.orchestrator import make_groups
+    from raygrpo.driver.runtime import init_ray, shutdown_ray
 
     log("local arm: bwrap backend, 1.0 s of injected start latency")
     cores = os.cpu_count() or 1
@@ -537,16 +537,16 @@ def image_name(task_dir: Path) -> str:
 
 
 def reuse_and_init(run_id: str) -> tuple[Callable[..., Any], list[bool]]:
-    """A `run_serial` swap giving Harbor's docker backend raygrpo's two fixes, as `raygrpo.envs.harbor_docker` makes
+    """A `run_serial` swap giving Harbor's docker backend raygrpo's two fixes, as `raygrpo.envs.harbor.docker` makes
     them: raygrpo's compose overlay (the service under an init, owner labels of run `run_id`, the image named
     `hb__<hash>`), and the task's image started from as a prebuilt one once it exists. TRL's own start sequence and
     its `stop(delete=True)` are unchanged (`down --rmi local` keeps an image the compose file names). Returns the swap
     and a list that gets, per start, whether it started from the existing image."""
     from harbor.models.trial.config import EnvironmentConfig
 
-    from raygrpo.envs.harbor_docker import OVERLAY_NAME
-    from raygrpo.sandbox.docker_engine import image_exists
-    from raygrpo.sandbox.docker_owner import owner_labels, write_overlay
+    from raygrpo.envs.harbor.docker import OVERLAY_NAME
+    from raygrpo.docker.engine import image_exists
+    from raygrpo.docker.owners import owner_labels, write_overlay
 
     reused: list[bool] = []
     known: set[str] = set()
@@ -616,8 +616,8 @@ def docker_left(sessions: list[str], images: list[str], run_id: str) -> dict[str
     built (`hb__` names of its suite, and the `<session>-main` tags Harbor as shipped builds)."""
     import subprocess
 
-    from raygrpo.sandbox.docker_engine import COMPOSE_PROJECT
-    from raygrpo.sandbox.docker_owner import run_leftovers
+    from raygrpo.docker.engine import COMPOSE_PROJECT
+    from raygrpo.docker.owners import run_leftovers
 
     def listed(*cmd: str) -> list[str]:
         return subprocess.run(["docker", *cmd], capture_output=True, text=True, check=True).stdout.split()
@@ -647,8 +647,8 @@ def docker_arm(args, work: Path) -> dict[str, Any]:
     reuse and the init (see the module docstring)."""
     import subprocess
 
-    from raygrpo.runtime import init_ray, shutdown_ray
-    from raygrpo.sandbox.docker_engine import docker_problem, remove_images
+    from raygrpo.driver.runtime import init_ray, shutdown_ray
+    from raygrpo.docker.engine import docker_problem, remove_images
 
     problem = docker_problem()
     if problem:

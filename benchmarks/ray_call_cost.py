@@ -41,7 +41,7 @@ def main() -> None:
 
     import ray
 
-    from raygrpo.runtime import init_ray, shutdown_ray
+    from raygrpo.driver.runtime import init_ray, shutdown_ray
     from session_cpu import SessionCpu
 
     @ray.remote(num_cpus=0)

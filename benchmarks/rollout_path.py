@@ -67,8 +67,8 @@ class GcRuns:
 
 async def measure(args) -> dict:
     from raygrpo.actors.heap import freeze_heap
-    from raygrpo.resolve import resolve_run
-    from raygrpo.worker import RolloutWorker, WorkerSettings
+    from raygrpo.driver.resolve import resolve_run
+    from raygrpo.agent.worker import RolloutWorker, WorkerSettings
 
     cfg = raygrpo_config(list(range(args.tasks)), 1, args.tasks * args.group_size, faults=REMOTE_FAULTS, remote=True)
     tasks = [t for refs in resolve_run(cfg).tasks_by_env.values() for t in refs]

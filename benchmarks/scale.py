@@ -1,6 +1,6 @@
 """Scale: 2,000 Harbor rollouts at once, over a few env pool actors, against sandboxes that only wait.
 
-DESIGN section 6, item 3. The backend is raygrpo's null Harbor environment (`raygrpo.sandbox.null:NullEnvironment`:
+DESIGN section 6, item 3. The backend is raygrpo's null Harbor environment (`raygrpo.testing.null:NullEnvironment`:
 no process, file or socket per sandbox; its verifier download writes `reward.txt`), wrapped by the fault injector
 with a start latency (default 3 s, so every sandbox of the batch is up at the same time) and a small exec latency.
 Each rollout is the real raygrpo path: env pool actor, agent loop, chat template and tool-call parser, a scripted
@@ -13,7 +13,7 @@ the env pool actor processes (psutil). Prints progress to stderr and one JSON ob
 - `requested`, `completed` (trajectories returned with a reward), `lost` (requested - trajectories returned);
 - `wall_seconds` of the batch;
 - `max_concurrent_envs`: most sandboxes alive at one instant, counted between backend start and stop from the
-  trajectories' `env_span`, as `summary.json` does (`raygrpo.summary.peak_concurrency`);
+  trajectories' `env_span`, as `summary.json` does (`raygrpo.driver.summary.peak_concurrency`);
 - `rss_mb_per_env`: (peak summed RSS of the actors - their RSS before the batch) / `max_concurrent_envs`.
 
 Targets: `lost == 0`, `max_concurrent_envs >= 2000`. Run: `python benchmarks/scale.py` (about a minute on 2 cores;
@@ -35,7 +35,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 TASKS = ROOT / "examples" / "harbor_local" / "tasks"
-NULL_BACKEND = "raygrpo.sandbox.null:NullEnvironment"
+NULL_BACKEND = "raygrpo.testing.null:NullEnvironment"
 
 
 def log(msg: str) -> None:
@@ -44,7 +44,7 @@ def log(msg: str) -> None:
 
 def policy(ctx) -> str:
     """Scripted policy: one `bash` call, then stop."""
-    from raygrpo.toolcalls import format_tool_call
+    from raygrpo.agent.toolcalls import format_tool_call
 
     if any(m.get("role") == "tool" for m in ctx.messages):
         return "Done."
@@ -124,11 +124,11 @@ def main() -> None:
     parser.add_argument("--exec-latency", type=float, default=0.05, help="injected latency per exec (s)")
     args = parser.parse_args()
 
-    from raygrpo.launch import RolloutRuntime
-    from raygrpo.orchestrator import Orchestrator, RolloutRequest
-    from raygrpo.resolve import resolve_run
-    from raygrpo.runtime import init_ray, shutdown_ray
-    from raygrpo.summary import peak_concurrency
+    from raygrpo.driver.launch import RolloutRuntime
+    from raygrpo.driver.orchestrator import Orchestrator, RolloutRequest
+    from raygrpo.driver.resolve import resolve_run
+    from raygrpo.driver.runtime import init_ray, shutdown_ray
+    from raygrpo.driver.summary import peak_concurrency
 
     cfg = scale_config(args.rollouts, args.actors, args.start_latency, args.exec_latency, args.tasks)
     init_ray(num_cpus=max(4, args.actors))

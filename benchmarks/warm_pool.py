@@ -3,7 +3,7 @@
 DESIGN section 6, item 6 (issue 18). One env pool actor's provider (`HarborProvider`, plain asyncio: the unit the
 actor runs, without Ray) takes rollouts of the example suite `examples/harbor_local/tasks` arriving as a Poisson
 process, through the real agent loop (`run_rollout`, tiny tokenizer, a scripted policy whose first turn keeps the
-sandbox busy for about `busy_s`). Sandboxes cost no CPU: the null backend (`raygrpo.sandbox.null`) with start times
+sandbox busy for about `busy_s`). Sandboxes cost no CPU: the null backend (`raygrpo.testing.null`) with start times
 drawn here (`TimedStartNull`). The rollouts' tasks are known ahead, as the training schedule and the orchestrator's
 queue know them: each is told to the provider (`HarborProvider.expect`) `lookahead_s` before it arrives.
 
@@ -36,7 +36,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
-from raygrpo.sandbox.null import NullEnvironment  # noqa: E402
+from raygrpo.testing.null import NullEnvironment  # noqa: E402
 
 TASKS = ROOT / "examples" / "harbor_local" / "tasks"
 ARMS = ("pool", "hedge")
@@ -77,17 +77,17 @@ async def run_case(*, rate: float, count: int, busy_s: float, start: dict[str, f
     """`count` Poisson arrivals at `rate`/s through one provider; returns the rollouts' figures."""
     from transformers import AutoTokenizer
 
-    from raygrpo.chat import ChatRenderer
+    from raygrpo.agent.chat import ChatRenderer
     from raygrpo.config.rollout import RolloutConfig
-    from raygrpo.envs.harbor import HarborProvider
-    from raygrpo.envs.harbor_tasks import list_harbor_tasks
+    from raygrpo.envs.harbor.provider import HarborProvider
+    from raygrpo.envs.harbor.tasks import list_harbor_tasks
     from raygrpo.policy.base import SamplingParams
     from raygrpo.policy.scripted import ScriptedPolicy
     from raygrpo.policy.tiny import resolve_model_path
-    from raygrpo.provisioning import reset_gates
-    from raygrpo.rollout import run_rollout
+    from raygrpo.governor.gate import reset_gates
+    from raygrpo.agent.rollout import run_rollout
     from raygrpo.specs.harbor import HarborSpec
-    from raygrpo.toolcalls import format_tool_call
+    from raygrpo.agent.toolcalls import format_tool_call
 
     TimedStartNull._rng = None
     reset_gates()

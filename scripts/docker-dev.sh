@@ -16,7 +16,7 @@
 # the names task Dockerfiles use in FROM. They are NOT the upstream images: every one has Debian's Python 3.11
 # whatever its tag says, and says so in its labels (io.raygrpo.stand-in=true, io.raygrpo.stand-in.python).
 #
-# The wheelhouse (raygrpo.sandbox.wheelhouse) is a caching simple index on the docker bridge address: containers
+# The wheelhouse (raygrpo.testing.wheelhouse) is a caching simple index on the docker bridge address: containers
 # here reach Debian's mirror but not the pip index, so the stand-ins' /etc/pip.conf points pip at it and it
 # fetches from PyPI through the host.
 #
@@ -109,8 +109,8 @@ image_label() {  # image_label NAME KEY: the label's value, "<no value>" when un
 # ── sub-commands ───────────────────────────────────────────────────────────────────────────────────────────────────
 
 cmd_stop() {
-  [ -x "$PYTHON" ] && "$PYTHON" -m raygrpo.sandbox.docker_guard remove >/dev/null && say "sandbox firewall removed"
-  if stop_pid "$STATE/wheelhouse.pid" raygrpo.sandbox.wheelhouse; then say "wheelhouse stopped"; fi
+  [ -x "$PYTHON" ] && "$PYTHON" -m raygrpo.docker.guard remove >/dev/null && say "sandbox firewall removed"
+  if stop_pid "$STATE/wheelhouse.pid" raygrpo.testing.wheelhouse; then say "wheelhouse stopped"; fi
   if stop_pid "$STATE/dockerd.pid" dockerd; then say "dockerd stopped"
   elif docker_answers; then say "dockerd was not started by this script: left running"
   fi
@@ -137,7 +137,7 @@ cmd_status() {
   local bridge; bridge="$(bridge_address)"
   curl -fsS --max-time 2 "http://$bridge:$WHEELHOUSE_PORT/health" >/dev/null 2>&1 \
     && say "wheelhouse answers at http://$bridge:$WHEELHOUSE_PORT/simple" || say "wheelhouse: not answering"
-  [ -x "$PYTHON" ] && say "sandbox firewall: $("$PYTHON" -m raygrpo.sandbox.docker_guard status)"
+  [ -x "$PYTHON" ] && say "sandbox firewall: $("$PYTHON" -m raygrpo.docker.guard status)"
   docker images --filter "label=$LABEL=true" --format '{{.Repository}}:{{.Tag}} {{.ID}}' | grep -v '^hb__' || true
 }
 
@@ -194,8 +194,8 @@ setup_wheelhouse() {
   if curl -fsS --max-time 2 "$WHEELHOUSE/health" >/dev/null 2>&1; then
     done_part "answers at $WHEELHOUSE/simple"; return
   fi
-  stop_pid "$STATE/wheelhouse.pid" raygrpo.sandbox.wheelhouse || true
-  PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" setsid "$PYTHON" -m raygrpo.sandbox.wheelhouse \
+  stop_pid "$STATE/wheelhouse.pid" raygrpo.testing.wheelhouse || true
+  PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" setsid "$PYTHON" -m raygrpo.testing.wheelhouse \
     --host "$BRIDGE" --port "$WHEELHOUSE_PORT" --cache "$STATE/wheelhouse" >>"$STATE/wheelhouse.log" 2>&1 </dev/null &
   echo $! >"$STATE/wheelhouse.pid"
   local i
@@ -268,9 +268,9 @@ setup_images() {
   for name in "${refused[@]}"; do say "left $name alone: it exists and is not a raygrpo stand-in"; done
 }
 
-setup_guard() {  # the node's firewall against its docker sandboxes (raygrpo.sandbox.docker_guard)
+setup_guard() {  # the node's firewall against its docker sandboxes (raygrpo.docker.guard)
   part firewall
-  "$PYTHON" -m raygrpo.sandbox.docker_guard install >/dev/null || die "could not install the sandbox firewall"
+  "$PYTHON" -m raygrpo.docker.guard install >/dev/null || die "could not install the sandbox firewall"
   done_part "RAYGRPO-SANDBOX: containers on rg-* bridges reach nothing of this host"
 }
 

@@ -50,14 +50,14 @@ class SumsAdapter:
 
     async def start(self, task):
         import tasks as sums
-        from raygrpo.types import Observation
+        from raygrpo.core.types import Observation
 
         self.task = self.tasks[task.index]
         text = sums.prompt_text(self.task["a"], self.task["op"], self.task["b"])
         return Observation(messages=[{"role": "user", "content": text}], tools=[sums.SUBMIT_TOOL])
 
     async def call(self, name, arguments):
-        from raygrpo.types import ToolResult
+        from raygrpo.core.types import ToolResult
 
         self.reward = self._reward(arguments.get("answer"))
         return ToolResult(text="correct" if self.reward else "wrong", reward=self.reward, finished=True)
@@ -66,7 +66,7 @@ class SumsAdapter:
         if not self.plain_answers:
             return None
         import tasks as sums
-        from raygrpo.types import ToolResult
+        from raygrpo.core.types import ToolResult
 
         self.reward = self._reward(sums.text_answer(text))
         return ToolResult(text="", reward=self.reward, finished=True)
@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> dict:
     from raygrpo.policy.transformers_engine import TransformersEngine
     from raygrpo.train.inprocess import InProcessRollouts
     from raygrpo.train.trainer import BehaviourGRPOTrainer
-    from raygrpo.types import SamplingParams, TaskRef
+    from raygrpo.core.types import SamplingParams, TaskRef
 
     started = time.perf_counter()
     model_path = resolve_model_path(args.model)
@@ -227,7 +227,7 @@ def _logprob_gap(rollouts, model, tokenizer, task: dict) -> float:
     import tasks as sums
     import torch
 
-    from raygrpo.toolcalls import format_tool_call
+    from raygrpo.agent.toolcalls import format_tool_call
 
     prompt = rollouts.renderer.prompt_ids([{"role": "user", "content": sums.prompt_text(task["a"], task["op"],
                                                                                          task["b"])}],

@@ -227,8 +227,8 @@ class LocalAutoscalingCluster(AutoscalingCluster):
         """
         import ray
 
-        from raygrpo._compat import keep_ray_on_loopback
-        from raygrpo.environ import PROCESS_ENV, apply_process_env
+        from raygrpo.core.compat import keep_ray_on_loopback
+        from raygrpo.core.environ import PROCESS_ENV, apply_process_env
 
         os.environ.update(DRIVER_ENV)
         keep_ray_on_loopback()  # `ray` is imported already: set the constant it read from the environment

@@ -9,8 +9,8 @@ import tempfile
 
 import pytest
 
-from raygrpo.environ import apply_process_env
-from raygrpo.sandbox.ledger import LEASE_DIR_ENV
+from raygrpo.core.environ import apply_process_env
+from raygrpo.leases.ledger import LEASE_DIR_ENV
 
 apply_process_env()
 
@@ -25,8 +25,8 @@ atexit.register(shutil.rmtree, _LEASES, True)
 def ray_local():
     """A local Ray runtime kept on loopback, shut down at the end of the session; the scratch folders of the actors
     that tests killed go with it."""
-    from raygrpo.runtime import init_ray, shutdown_ray
-    from raygrpo.scratch import sweep_orphans
+    from raygrpo.driver.runtime import init_ray, shutdown_ray
+    from raygrpo.core.scratch import sweep_orphans
 
     init_ray(num_cpus=8)
     yield

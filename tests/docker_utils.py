@@ -13,8 +13,8 @@ import subprocess
 
 import pytest
 
-from raygrpo.sandbox.docker_engine import docker_problem, find, image_exists, remove, remove_images
-from raygrpo.sandbox.docker_owner import SANDBOX_LABEL
+from raygrpo.docker.engine import docker_problem, find, image_exists, remove, remove_images
+from raygrpo.docker.owners import SANDBOX_LABEL
 
 REQUIRE_ENV = "RAYGRPO_REQUIRE_DOCKER"
 #: The base image of the example tasks and of the tasks these tests write.

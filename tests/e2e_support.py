@@ -12,7 +12,7 @@ from openreward.environments import Environment, JSONObject, TextBlock, ToolOutp
 from pydantic import BaseModel
 
 from raygrpo.policy.base import GenerationContext
-from raygrpo.toolcalls import format_tool_call
+from raygrpo.agent.toolcalls import format_tool_call
 
 NUM_TASKS = 4
 

@@ -19,10 +19,10 @@ import time
 import ray
 
 from raygrpo.config import load_config
-from raygrpo.launch import RolloutRuntime
-from raygrpo.orchestrator import Orchestrator, make_groups
-from raygrpo.resolve import resolve_run
-from raygrpo.runtime import init_ray
+from raygrpo.driver.launch import RolloutRuntime
+from raygrpo.driver.orchestrator import Orchestrator, make_groups
+from raygrpo.driver.resolve import resolve_run
+from raygrpo.driver.runtime import init_ray
 
 OVERRIDES = [
     "policy.kind=scripted", "policy.script=slow.py:slow_right", "rollout.group_size=4", "workers.max_retries=3",

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from harbor.environments.base import BaseEnvironment, ExecResult
 
 from raygrpo.policy.base import GenerationContext
-from raygrpo.toolcalls import format_tool_call
+from raygrpo.agent.toolcalls import format_tool_call
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_DIR = REPO / "examples" / "harbor_local"

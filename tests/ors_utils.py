@@ -18,10 +18,10 @@ from typing import Any
 from openreward.environments import Environment, JSONObject, TextBlock, ToolOutput, tool
 from pydantic import BaseModel
 
-from raygrpo.envs.ors_server import RunningORSServer, serve_environments
+from raygrpo.envs.ors.server import RunningORSServer, serve_environments
 from raygrpo.policy.base import GenerationContext
-from raygrpo.toolcalls import ToolCallProblem, parse_tool_calls
-from raygrpo.types import TaskRef, ToolResult
+from raygrpo.agent.toolcalls import ToolCallProblem, parse_tool_calls
+from raygrpo.core.types import TaskRef, ToolResult
 
 #: The repository root; the example environments by absolute file path (as a loaded config holds them).
 REPO = Path(__file__).resolve().parent.parent
@@ -211,7 +211,7 @@ class SecretEnvironment(Environment):
                           finished=True)
 
 
-# ── a minimal episode loop (the real agent loop lives in raygrpo.rollout) ────────────────────────────────────────
+# ── a minimal episode loop (the real agent loop lives in raygrpo.agent.rollout) ────────────────────────────────────────
 
 
 async def run_episode(

@@ -18,7 +18,7 @@ from harbor.models.trial.config import EnvironmentConfig as TrialEnvironmentConf
 from harbor.models.trial.paths import TrialPaths
 
 LOCAL = "raygrpo.sandbox.local:LocalSandboxEnvironment"
-NULL = "raygrpo.sandbox.null:NullEnvironment"
+NULL = "raygrpo.testing.null:NullEnvironment"
 
 DEFAULT_DOCKERFILE = """\
 FROM python:3.12-slim

@@ -23,7 +23,7 @@ def simulated_cluster(nodes: int, slots_per_node: int) -> Iterator[None]:
     from ray._private import ray_constants
     from ray.cluster_utils import Cluster
 
-    from raygrpo.environ import PROCESS_ENV, apply_process_env
+    from raygrpo.core.environ import PROCESS_ENV, apply_process_env
 
     apply_process_env()
     ray_constants.ENABLE_RAY_CLUSTER = False  # read at import time; the variable is set before `ray` is imported

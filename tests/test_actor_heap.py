@@ -45,7 +45,7 @@ def test_an_env_pool_actor_freezes_its_heap_once_its_worker_is_built(ray_local):
 
     from raygrpo.actors.env_pool import EnvPoolActor
     from raygrpo.config import load_config
-    from raygrpo.worker import WorkerSettings
+    from raygrpo.agent.worker import WorkerSettings
 
     suite = Path(__file__).resolve().parent.parent / "examples" / "harbor_local" / "tasks"
     cfg = load_config(data={"envs": {"suite": {"kind": "harbor", "path": str(suite)}}, "policy": {"kind": "noop"}})

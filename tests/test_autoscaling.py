@@ -29,7 +29,7 @@ BURST = 2 * MAX_ACTORS * K
 NAP_S = 5.0
 
 NAP_SCRIPT = f'''
-from raygrpo.toolcalls import format_tool_call
+from raygrpo.agent.toolcalls import format_tool_call
 
 
 def nap(ctx):
@@ -87,9 +87,9 @@ def test_a_burst_adds_nodes_and_they_go_when_the_pool_drains(cluster, tmp_path):
     """48 rollouts on an elastic pool of 0-6 actors that need nodes the autoscaler adds: the pool grows to 6 on 3 new
     nodes, every rollout ends `ok`, then every actor drains (`drained == started`) and the nodes are removed."""
     from raygrpo.config import load_config
-    from raygrpo.launch import RolloutRuntime
-    from raygrpo.orchestrator import Orchestrator, make_groups
-    from raygrpo.resolve import resolve_run
+    from raygrpo.driver.launch import RolloutRuntime
+    from raygrpo.driver.orchestrator import Orchestrator, make_groups
+    from raygrpo.driver.resolve import resolve_run
     from tests.e2e_support import NapEnvironment
     from tests.ors_utils import ors_server
 

@@ -32,8 +32,8 @@ def chatml_tok(tiny_model_dir):
 def test_a_template_without_tools_gets_the_fallback(chatml_tok, tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from raygrpo.chat import ChatRenderer
-    from raygrpo.chat_tools import TOOLS_CHATML_TEMPLATE, template_renders_tools
+    from raygrpo.agent.chat import ChatRenderer
+    from raygrpo.agent.chat_tools import TOOLS_CHATML_TEMPLATE, template_renders_tools
 
     assert not template_renders_tools(chatml_tok)
     assert template_renders_tools(AutoTokenizer.from_pretrained(tiny_model_dir))  # Qwen3: TRL training variant
@@ -54,8 +54,8 @@ def test_a_template_without_tools_gets_the_fallback(chatml_tok, tiny_model_dir):
 
 
 def test_calls_the_template_writes_are_what_the_parser_reads(chatml_tok):
-    from raygrpo.chat_tools import TOOLS_CHATML_TEMPLATE
-    from raygrpo.toolcalls import format_tool_call, parse_tool_calls
+    from raygrpo.agent.chat_tools import TOOLS_CHATML_TEMPLATE
+    from raygrpo.agent.toolcalls import format_tool_call, parse_tool_calls
 
     call = {"type": "function", "function": {"name": "submit", "arguments": {"answer": 5}}}
     msgs = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
@@ -79,7 +79,7 @@ def test_trl_accepts_the_fallback_for_training(chatml_tok, tiny_model_dir, tmp_p
         supports_tool_calling,
     )
 
-    from raygrpo.chat_tools import TOOLS_CHATML_TEMPLATE
+    from raygrpo.agent.chat_tools import TOOLS_CHATML_TEMPLATE
 
     assert not supports_tool_calling(chatml_tok)  # SmolLM2's own template
     chatml_tok.chat_template = TOOLS_CHATML_TEMPLATE
@@ -107,7 +107,7 @@ def test_trl_accepts_the_fallback_for_training(chatml_tok, tiny_model_dir, tmp_p
 def test_fallback_needs_chatml_tokens(tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from raygrpo.chat import ChatRenderer
+    from raygrpo.agent.chat import ChatRenderer
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     tok.chat_template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
@@ -121,8 +121,8 @@ def test_renderings_asked_again_come_from_the_cache_unchanged_and_the_cache_is_b
     caller does with the ids it got never reaches the cache, and the cache keeps at most its size."""
     from transformers import AutoTokenizer
 
-    import raygrpo.chat as chat
-    from raygrpo.chat import ChatRenderer
+    import raygrpo.agent.chat as chat
+    from raygrpo.agent.chat import ChatRenderer
 
     renderer = ChatRenderer(AutoTokenizer.from_pretrained(tiny_model_dir))
     calls = []

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from raygrpo.check import CHECK_KIND, read_broken_tasks
+from raygrpo.driver.check import CHECK_KIND, read_broken_tasks
 from raygrpo.cli import main
 from raygrpo.config import load_config
-from raygrpo.errors import ResolveError
-from raygrpo.sandbox.registry import live_sandboxes, process_env_marks, sandbox_mounts
+from raygrpo.core.errors import ResolveError
+from raygrpo.sandbox.owners import live_sandboxes, process_env_marks, sandbox_mounts
 from raygrpo.train.run import resolve_train
 from tests.harbor_utils import EXAMPLE_DIR, make_task
 from tests.ors_utils import wait_until
@@ -148,7 +148,7 @@ def test_skip_broken_leaves_the_broken_tasks_out_of_training_and_says_which(chec
     _, _, _, suite, root = checked
     names = {v.task for v in read_broken_tasks(root / "check.json")}
     assert names == {"tests/broken-oracle", "tests/noop-passes", "tests/no-solution"}
-    with caplog.at_level(logging.WARNING, logger="raygrpo.resolve"):
+    with caplog.at_level(logging.WARNING, logger="raygrpo.driver.resolve"):
         resolved = resolve_train(train_config(suite), root / "check.json")
     assert [Path(t.metadata["task_dir"]).name for t in resolved.tasks_by_env["suite"]] == ["copies"]
     assert sorted(Path(t.metadata["task_dir"]).name for t in resolved.skipped) == ["broken-oracle", "no-solution",

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from raygrpo.sandbox.registry import process_env_marks, sandbox_mounts
+from raygrpo.sandbox.owners import process_env_marks, sandbox_mounts
 from tests.netns_cluster import NetnsCluster, NodeSpec, netns_ready  # noqa: F401 - a fixture
 from tests.ors_utils import wait_until
 
@@ -44,7 +44,7 @@ HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_timeout_ms": 2000
 SLOW_POLICY = '''
 from pathlib import Path
 
-from raygrpo.toolcalls import format_tool_call
+from raygrpo.agent.toolcalls import format_tool_call
 
 
 def slow_right(ctx):

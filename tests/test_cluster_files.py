@@ -26,7 +26,7 @@ import jsonschema
 import pytest
 import yaml
 
-from raygrpo.sandbox.docker_guard import MODE_ENV, shell_script
+from raygrpo.docker.guard import MODE_ENV, shell_script
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "cluster"
@@ -121,7 +121,7 @@ def test_ray_up_docker_host_installs_docker(name: str) -> None:
     # The sandboxes' firewall: installed by the set-up as root, with NET_ADMIN in the host's network namespace
     # (Ray runs the container with --net=host), and the actors told so.
     assert "--cap-add=NET_ADMIN" in run_options and f"-e {MODE_ENV}=external" in run_options
-    assert 'sudo "$(command -v python)" -m raygrpo.sandbox.docker_guard install' in setup
+    assert 'sudo "$(command -v python)" -m raygrpo.docker.guard install' in setup
     for node_type in ("head", "gpu", "sandbox_client"):
         docker = config.get_docker_config(node_type)
         options = " ".join(docker.get("run_options", []) + docker.get("worker_run_options", []))
@@ -407,9 +407,9 @@ def test_runtime_env_excludes_with_ray_packer(tmp_path: Path) -> None:
 
     excludes = yaml.safe_load((CLUSTER / "runtime_env.yaml").read_text())["excludes"]
     tree = tmp_path / "repo"
-    kept = ["raygrpo/cli.py", "examples/harbor_local/tasks/t1/task.toml", "examples/echo/train.yaml",
+    kept = ["raygrpo/cli/app.py", "examples/harbor_local/tasks/t1/task.toml", "examples/echo/train.yaml",
             "cluster/aws.yaml", "pyproject.toml"]
-    dropped = [".venv/lib/python3.12/site.py", "runs/echo/metrics.jsonl", ".git/HEAD", "raygrpo/__pycache__/cli.pyc",
+    dropped = [".venv/lib/python3.12/site.py", "runs/echo/metrics.jsonl", ".git/HEAD", "raygrpo/__pycache__/app.pyc",
                "models/smol.gguf", "models/tiny/model.safetensors", "raygrpo.egg-info/PKG-INFO",
                ".pytest_cache/README.md"]
     for rel in kept + dropped:

@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from raygrpo.sandbox.docker_engine import find
-from raygrpo.sandbox.docker_owner import SANDBOX_LABEL
-from raygrpo.sandbox.registry import process_env_marks
+from raygrpo.docker.engine import find
+from raygrpo.docker.owners import SANDBOX_LABEL
+from raygrpo.sandbox.owners import process_env_marks
 from tests.docker_utils import docker_ready  # noqa: F401 - a fixture
 from tests.e2e_support import NapEnvironment
 from tests.ors_utils import ors_server, wait_until
@@ -275,7 +275,7 @@ def test_harbor_rollout_on_docker_as_a_job(head, tmp_path):
 
 
 BUSY = '''
-from raygrpo.toolcalls import format_tool_call
+from raygrpo.agent.toolcalls import format_tool_call
 
 
 def busy(ctx):

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from raygrpo.types import Status
+from raygrpo.core.types import Status
 from tests.netns_cluster import NetnsCluster, NodeSpec, netns_ready  # noqa: F401 - a fixture
 from tests.test_cluster_job import job_state, submit_job
 

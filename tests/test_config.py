@@ -103,7 +103,7 @@ def test_a_pool_is_fixed_or_elastic_not_both(workers, pool, field):
 
 
 def test_elastic_bounds_default_to_min_0_and_the_fixed_count():
-    from raygrpo.launch import _bounds
+    from raygrpo.driver.launch import _bounds
 
     assert _bounds(3, None, None, 2) == (3, 3)      # num_actors: fixed
     assert _bounds(None, None, None, 2) == (2, 2)   # neither: workers.num_env_actors, fixed

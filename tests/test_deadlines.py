@@ -13,16 +13,16 @@ import time
 
 import pytest
 
-from raygrpo.chat import ChatRenderer
+from raygrpo.agent.chat import ChatRenderer
 from raygrpo.config.rollout import RolloutConfig
-from raygrpo.envs.harbor import HarborProvider
-from raygrpo.envs.harbor_tasks import list_harbor_tasks
+from raygrpo.envs.harbor.provider import HarborProvider
+from raygrpo.envs.harbor.tasks import list_harbor_tasks
 from raygrpo.policy.scripted import ScriptedPolicy
-from raygrpo.provisioning import reset_gates
-from raygrpo.rollout import run_rollout
+from raygrpo.governor.gate import reset_gates
+from raygrpo.agent.rollout import run_rollout
 from raygrpo.sandbox import NULL_IMPORT_PATH
 from raygrpo.specs.harbor import HarborSpec
-from raygrpo.types import SamplingParams, Status
+from raygrpo.core.types import SamplingParams, Status
 from tests.harbor_utils import make_task
 
 pytestmark = pytest.mark.timeout(120)

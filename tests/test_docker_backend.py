@@ -24,21 +24,21 @@ import pytest
 import ray
 from harbor.environments.definition import environment_content_hash
 
-from raygrpo.chat import ChatRenderer
+from raygrpo.agent.chat import ChatRenderer
 from raygrpo.config import load_config
 from raygrpo.config.rollout import RolloutConfig
-from raygrpo.envs.harbor import HarborProvider
-from raygrpo.envs.harbor_tasks import list_harbor_tasks
-from raygrpo.errors import TaskError
-from raygrpo.imports import load_object
+from raygrpo.envs.harbor.provider import HarborProvider
+from raygrpo.envs.harbor.tasks import list_harbor_tasks
+from raygrpo.core.errors import TaskError
+from raygrpo.core.imports import load_object
 from raygrpo.policy.base import SamplingParams
 from raygrpo.policy.scripted import ScriptedPolicy
-from raygrpo.provisioning import reset_gates
-from raygrpo.rollout import run_rollout
-from raygrpo.sandbox.docker_engine import COMPOSE_PROJECT, find, remove_images
-from raygrpo.sandbox.docker_owner import RUN_LABEL, SANDBOX_LABEL, owner_of
+from raygrpo.governor.gate import reset_gates
+from raygrpo.agent.rollout import run_rollout
+from raygrpo.docker.engine import COMPOSE_PROJECT, find, remove_images
+from raygrpo.docker.owners import RUN_LABEL, SANDBOX_LABEL, owner_of
 from raygrpo.specs.harbor import HarborSpec
-from raygrpo.types import Status
+from raygrpo.core.types import Status
 from tests.docker_utils import (
     BASE_IMAGE,
     STAND_IN_LABEL,
@@ -261,7 +261,7 @@ def suite_with_a_broken_task(tmp_path) -> Path:
 @pytest.mark.ray
 @pytest.mark.timeout(400)
 def test_example_suite_on_docker_through_ray(docker_ready, ray_local, tmp_path, suite_with_a_broken_task):
-    from raygrpo.collect import collect
+    from raygrpo.driver.collect import collect
 
     cfg = load_config(HARBOR, ["envs.local.environment_type=docker", f"envs.local.path={suite_with_a_broken_task}"])
     summary = collect(cfg, tmp_path / "out", progress=False)
@@ -278,8 +278,8 @@ def test_example_suite_on_docker_through_ray(docker_ready, ray_local, tmp_path, 
 
 
 def _busy_runtime():
-    from raygrpo.launch import RolloutRuntime
-    from raygrpo.resolve import resolve_run
+    from raygrpo.driver.launch import RolloutRuntime
+    from raygrpo.driver.resolve import resolve_run
 
     cfg = load_config(HARBOR, ["envs.local.environment_type=docker", "envs.local.num_tasks=4",
                                "policy.kind=scripted", f"policy.script={SUPPORT}:bash_sleep",
@@ -311,7 +311,7 @@ def sleeping(containers: list) -> int:
 
 
 def _stream(runtime, max_retries: int):
-    from raygrpo.orchestrator import Orchestrator, make_groups
+    from raygrpo.driver.orchestrator import Orchestrator, make_groups
 
     stop = threading.Event()
     orchestrator = Orchestrator(runtime.actors, max_in_flight_per_actor=8, max_retries=max_retries)

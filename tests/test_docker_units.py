@@ -18,9 +18,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from raygrpo.envs.harbor_docker import NodeLock, build_failure
-from raygrpo.sandbox.docker_engine import COMPOSE_PROJECT, DockerObject
-from raygrpo.sandbox.docker_owner import (
+from raygrpo.envs.harbor.docker import NodeLock, build_failure
+from raygrpo.docker.engine import COMPOSE_PROJECT, DockerObject
+from raygrpo.docker.owners import (
     RUN_LABEL,
     SANDBOX_LABEL,
     compose_overlay,
@@ -28,8 +28,8 @@ from raygrpo.sandbox.docker_owner import (
     owner_labels,
     owner_of,
 )
-from raygrpo.sandbox.registry import HOSTNAME, owner_alive
-from raygrpo.sandbox.wheelhouse import Wheelhouse, normalize
+from raygrpo.sandbox.owners import HOSTNAME, owner_alive
+from raygrpo.testing.wheelhouse import Wheelhouse, normalize
 
 pytestmark = pytest.mark.timeout(60)
 

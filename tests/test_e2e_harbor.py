@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import ray
 
-from raygrpo.collect import collect
+from raygrpo.driver.collect import collect
 from raygrpo.config import load_config
-from raygrpo.sandbox.registry import process_env_marks, sandbox_mounts
+from raygrpo.sandbox.owners import process_env_marks, sandbox_mounts
 from tests.ors_utils import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_local")]
@@ -93,8 +93,8 @@ def test_failed_run_leaves_nothing(tmp_path, sandbox_base):
 
 
 def _busy_runtime(cfg_overrides):
-    from raygrpo.launch import RolloutRuntime
-    from raygrpo.resolve import resolve_run
+    from raygrpo.driver.launch import RolloutRuntime
+    from raygrpo.driver.resolve import resolve_run
 
     cfg = load_config(HARBOR, ["policy.kind=scripted", f"policy.script={SUPPORT}:bash_sleep",
                                "envs.local.exec_timeout_s=600", *cfg_overrides])
@@ -103,7 +103,7 @@ def _busy_runtime(cfg_overrides):
 
 @pytest.mark.timeout(240)
 def test_cancelled_batch_kills_every_sandbox_process(sandbox_base):
-    from raygrpo.orchestrator import Orchestrator, make_groups
+    from raygrpo.driver.orchestrator import Orchestrator, make_groups
 
     with _busy_runtime([]) as runtime:
         stop = threading.Event()
@@ -123,7 +123,7 @@ def test_cancelled_batch_kills_every_sandbox_process(sandbox_base):
 
 @pytest.mark.timeout(240)
 def test_sigkill_of_an_env_pool_actor_is_reaped(sandbox_base):
-    from raygrpo.orchestrator import Orchestrator, make_groups
+    from raygrpo.driver.orchestrator import Orchestrator, make_groups
 
     with _busy_runtime(["rollout.rollout_timeout_s=90"]) as runtime:
         (victim_name, victim), _ = runtime.actors

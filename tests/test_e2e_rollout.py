@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from raygrpo.collect import collect
+from raygrpo.driver.collect import collect
 from raygrpo.config import load_config
-from raygrpo.errors import ResolveError
+from raygrpo.core.errors import ResolveError
 from tests.e2e_support import NUM_TASKS, FlakyEnvironment, NapEnvironment
 from tests.ors_utils import closed_port, ors_server, wait_until
 
@@ -141,9 +141,9 @@ def test_failed_run_leaves_no_session(tmp_path):
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("tasks, group_size", [(16, 1), (4, 4)])
 def test_cancelled_batch_leaves_no_session(tmp_path, tasks, group_size):
-    from raygrpo.launch import RolloutRuntime
-    from raygrpo.orchestrator import Orchestrator, make_groups
-    from raygrpo.resolve import resolve_run
+    from raygrpo.driver.launch import RolloutRuntime
+    from raygrpo.driver.orchestrator import Orchestrator, make_groups
+    from raygrpo.driver.resolve import resolve_run
 
     NapEnvironment.reset_counters()
     with ors_server(NapEnvironment) as server:

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import ray
 
-from raygrpo.collect import collect
+from raygrpo.driver.collect import collect
 from raygrpo.config import load_config
-from raygrpo.launch import RolloutRuntime
-from raygrpo.orchestrator import Orchestrator, make_groups
-from raygrpo.resolve import resolve_run
+from raygrpo.driver.launch import RolloutRuntime
+from raygrpo.driver.orchestrator import Orchestrator, make_groups
+from raygrpo.driver.resolve import resolve_run
 from tests.e2e_support import NapEnvironment
 from tests.ors_utils import ors_server, wait_until
 

@@ -25,11 +25,11 @@ from raygrpo.export.tables import read_parquet
 from raygrpo.policy.acting import OraclePolicy
 from raygrpo.policy.base import GenerationContext, SamplingParams
 from raygrpo.policy.scripted import ScriptedPolicy
-from raygrpo.rollout import PROVISION_PARTS, run_rollout
-from raygrpo.summary import TrajectoryWriter
-from raygrpo.toolcalls import format_tool_call
+from raygrpo.agent.rollout import PROVISION_PARTS, run_rollout
+from raygrpo.driver.summary import TrajectoryWriter
+from raygrpo.agent.toolcalls import format_tool_call
 from raygrpo.train.metrics import RolloutLog
-from raygrpo.types import ANSWER_STEP, SOLUTION_STEP, TRAJECTORY_SCHEMA_VERSION, Observation, TaskRef, ToolResult
+from raygrpo.core.types import ANSWER_STEP, SOLUTION_STEP, TRAJECTORY_SCHEMA_VERSION, Observation, TaskRef, ToolResult
 
 
 def _tool(name: str, argument: str) -> dict[str, Any]:
@@ -110,7 +110,7 @@ def _script(*turns: str):
 
 @pytest.fixture(scope="module")
 def renderer():
-    from raygrpo.chat import ChatRenderer
+    from raygrpo.agent.chat import ChatRenderer
     from raygrpo.policy.tiny import build_tokenizer
 
     return ChatRenderer(build_tokenizer())
@@ -199,7 +199,7 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 
 @pytest.mark.timeout(60)
 def test_the_schema_has_a_column_for_every_field_of_the_trajectory_line():
-    from raygrpo.types import Trajectory
+    from raygrpo.core.types import Trajectory
 
     assert SCHEMA_VERSION == TRAJECTORY_SCHEMA_VERSION, "the line's fields changed: update raygrpo/export/schema.py"
     names = [key.name for key in trajectory_codec(training=False).keys]

@@ -12,10 +12,10 @@ import time
 import httpx
 import pytest
 
-from raygrpo.sandbox.fake_provider.audit import audit
-from raygrpo.sandbox.fake_provider.backend import RUN_LABEL, FakeProviderEnvironment, ProviderRateLimited, SandboxGone
-from raygrpo.sandbox.fake_provider.service import FakeProviderProcess
-from raygrpo.sandbox.fake_provider.state import Limits
+from raygrpo.testing.fake_provider.audit import audit
+from raygrpo.testing.fake_provider.backend import RUN_LABEL, FakeProviderEnvironment, ProviderRateLimited, SandboxGone
+from raygrpo.testing.fake_provider.service import FakeProviderProcess
+from raygrpo.testing.fake_provider.state import Limits
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -38,8 +38,8 @@ def test_smollm2_resolves_offline_to_a_plain_hf_folder():
     pytest.importorskip("gguf")
     from transformers import AutoTokenizer
 
-    from raygrpo.chat import ChatRenderer
-    from raygrpo.chat_tools import TOOLS_CHATML_TEMPLATE
+    from raygrpo.agent.chat import ChatRenderer
+    from raygrpo.agent.chat_tools import TOOLS_CHATML_TEMPLATE
     from raygrpo.policy.smollm2 import CACHE_NAME
     from raygrpo.policy.tiny import resolve_model_path
 

@@ -13,11 +13,11 @@ import httpx
 import pytest
 
 from raygrpo.governor import BackoffSettings, CreateRateLimiter, Governor, LiveCap, rate_limit_signal
-from raygrpo.provisioning import ProvisioningError, ProvisioningGate, max_per_window, reset_gates
-from raygrpo.sandbox.fake_provider.audit import audit
-from raygrpo.sandbox.fake_provider.backend import ProviderRateLimited
-from raygrpo.sandbox.fake_provider.service import FakeProviderProcess
-from raygrpo.sandbox.fake_provider.state import Limits
+from raygrpo.governor.gate import ProvisioningError, ProvisioningGate, max_per_window, reset_gates
+from raygrpo.testing.fake_provider.audit import audit
+from raygrpo.testing.fake_provider.backend import ProviderRateLimited
+from raygrpo.testing.fake_provider.service import FakeProviderProcess
+from raygrpo.testing.fake_provider.state import Limits
 
 pytestmark = pytest.mark.timeout(90)
 

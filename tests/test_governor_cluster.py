@@ -54,10 +54,10 @@ def _run_cluster(workdir: str) -> dict:
 
     import ray
 
-    from raygrpo.provisioning import max_per_window
-    from raygrpo.sandbox.fake_provider.audit import audit
-    from raygrpo.sandbox.fake_provider.service import FakeProviderProcess
-    from raygrpo.sandbox.fake_provider.state import Limits
+    from raygrpo.governor.gate import max_per_window
+    from raygrpo.testing.fake_provider.audit import audit
+    from raygrpo.testing.fake_provider.service import FakeProviderProcess
+    from raygrpo.testing.fake_provider.state import Limits
     from tests.sim_cluster import simulated_cluster
 
     @ray.remote(num_cpus=0)
@@ -70,10 +70,10 @@ def _run_cluster(workdir: str) -> dict:
         async def run(self, url: str, begin_at: float) -> dict:
             import httpx
 
-            from raygrpo.actors.rate_limiter import RayRateLimiterClient
+            from raygrpo.governor.actor import RayRateLimiterClient
             from raygrpo.governor import BackoffSettings, rate_limit_signal
-            from raygrpo.provisioning import gate_for
-            from raygrpo.sandbox.fake_provider.backend import ProviderRateLimited
+            from raygrpo.governor.gate import gate_for
+            from raygrpo.testing.fake_provider.backend import ProviderRateLimited
 
             gate = gate_for(KEY, max_concurrent_starts=CONCURRENT, rate_per_s=RATE, max_live=LIVE,
                             backoff=BackoffSettings(initial_s=0.5, max_s=4.0, jitter=0.5, give_up_after_s=120),
@@ -125,7 +125,7 @@ def _run_cluster(workdir: str) -> dict:
     log = os.path.join(workdir, "provider.jsonl")
     with FakeProviderProcess(log, Limits(create_rate_per_s=RATE, max_live=LIVE)) as provider:
         with simulated_cluster(NODES, ACTORS):
-            from raygrpo.actors.rate_limiter import ensure_rate_limiter
+            from raygrpo.governor.actor import ensure_rate_limiter
 
             ensure_rate_limiter(KEY, RATE, max_live=LIVE)  # the driver owns the governor, as a run's driver does
             actors = [Lifecycles.options(resources={f"node{i % NODES}": 1}).remote() for i in range(ACTORS)]
@@ -138,7 +138,7 @@ def _run_cluster(workdir: str) -> dict:
 
             httpx.put(f"{provider.url}/limits", json={"create_rate_per_s": STORM_RATE, "max_live": STORM_LIVE})
             results = ray.get(pending, timeout=180)
-            from raygrpo.actors.rate_limiter import get_rate_limiter
+            from raygrpo.governor.actor import get_rate_limiter
 
             handle = get_rate_limiter(KEY, RATE, max_live=LIVE)
             governor = ray.get(handle.ping.remote(), timeout=30)

@@ -15,16 +15,16 @@ import time
 import httpx
 import pytest
 
-from raygrpo.collect import collect
+from raygrpo.driver.collect import collect
 from raygrpo.config import load_config
-from raygrpo.sandbox.fake_provider.audit import audit
-from raygrpo.sandbox.fake_provider.service import FakeProviderProcess
-from raygrpo.sandbox.fake_provider.state import Limits
+from raygrpo.testing.fake_provider.audit import audit
+from raygrpo.testing.fake_provider.service import FakeProviderProcess
+from raygrpo.testing.fake_provider.state import Limits
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_local")]
 
 HARBOR = "examples/harbor_local/rollout.yaml"
-BACKEND = "raygrpo.sandbox.fake_provider.backend:FakeProviderEnvironment"
+BACKEND = "raygrpo.testing.fake_provider.backend:FakeProviderEnvironment"
 
 
 @pytest.mark.timeout(240)

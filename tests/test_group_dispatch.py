@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from raygrpo.orchestrator import Orchestrator, RolloutRequest, make_groups
-from raygrpo.pools import PoolSet
-from raygrpo.types import TaskRef
+from raygrpo.driver.orchestrator import Orchestrator, RolloutRequest, make_groups
+from raygrpo.driver.pools import PoolSet
+from raygrpo.core.types import TaskRef
 from tests.dispatch_recorder import RecordingActor
 
 pytestmark = pytest.mark.timeout(30)
@@ -92,9 +92,9 @@ def test_one_call_runs_its_rollouts_at_once_and_one_that_raises_does_not_take_th
     import ray
 
     from raygrpo.config import load_config
-    from raygrpo.launch import RolloutRuntime
-    from raygrpo.resolve import resolve_run
-    from raygrpo.types import RolloutCall, Status
+    from raygrpo.driver.launch import RolloutRuntime
+    from raygrpo.driver.resolve import resolve_run
+    from raygrpo.core.types import RolloutCall, Status
     from tests.e2e_support import NapEnvironment
     from tests.ors_utils import ors_server, wait_until
 

@@ -15,22 +15,22 @@ import time
 
 import pytest
 
-from raygrpo.chat import ChatRenderer
+from raygrpo.agent.chat import ChatRenderer
 from raygrpo.config.rollout import RolloutConfig
 from raygrpo.envs.base import EnvAdapter, EnvError, EnvProvider, RewardMissingError, refuse_call
-from raygrpo.envs.harbor import HarborProvider
-from raygrpo.envs.harbor_adapter import HarborAdapter
-from raygrpo.envs.harbor_tasks import list_harbor_tasks
-from raygrpo.envs.harness import BashHarness, clip_output
-from raygrpo.envs.rewards import reduce_rewards
-from raygrpo.imports import load_object
+from raygrpo.envs.harbor.provider import HarborProvider
+from raygrpo.envs.harbor.adapter import HarborAdapter
+from raygrpo.envs.harbor.tasks import list_harbor_tasks
+from raygrpo.envs.harbor.harness import BashHarness, clip_output
+from raygrpo.envs.harbor.rewards import reduce_rewards
+from raygrpo.core.imports import load_object
 from raygrpo.policy.base import SamplingParams
 from raygrpo.policy.scripted import ScriptedPolicy
-from raygrpo.provisioning import reset_gates
-from raygrpo.rollout import run_rollout
-from raygrpo.sandbox.registry import live_sandboxes, sandbox_mounts, sandbox_processes
+from raygrpo.governor.gate import reset_gates
+from raygrpo.agent.rollout import run_rollout
+from raygrpo.sandbox.owners import live_sandboxes, sandbox_mounts, sandbox_processes
 from raygrpo.specs.harbor import HarborSpec
-from raygrpo.types import Status
+from raygrpo.core.types import Status
 from tests.harbor_utils import EXAMPLE_DIR, EXAMPLE_TASKS, bash_script, example_task_names, make_task, tool_texts
 
 pytestmark = pytest.mark.timeout(120)

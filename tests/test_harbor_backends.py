@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from raygrpo.envs.base import RewardMissingError
-from raygrpo.envs.harbor import HarborProvider
-from raygrpo.envs.harbor_docker import OVERLAY_NAME
-from raygrpo.envs.harbor_tasks import list_harbor_tasks
-from raygrpo.provisioning import reset_gates
+from raygrpo.envs.harbor.provider import HarborProvider
+from raygrpo.envs.harbor.docker import OVERLAY_NAME
+from raygrpo.envs.harbor.tasks import list_harbor_tasks
+from raygrpo.governor.gate import reset_gates
 from raygrpo.specs.harbor import HarborSpec
 from tests.harbor_utils import EXAMPLE_TASKS, RecordingMixin, make_task, recording_backend
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from raygrpo.envs.harbor import HarborProvider
-from raygrpo.envs.harbor_tasks import discover_task_dirs, list_harbor_tasks
-from raygrpo.envs.registry import HarborKind
-from raygrpo.errors import ResolveError
+from raygrpo.envs.harbor.provider import HarborProvider
+from raygrpo.envs.harbor.tasks import discover_task_dirs, list_harbor_tasks
+from raygrpo.envs.kinds import HarborKind
+from raygrpo.core.errors import ResolveError
 from raygrpo.specs.harbor import HarborSpec
 from tests.harbor_utils import EXAMPLE_DIR, EXAMPLE_TASKS, example_task_names, make_task
 
@@ -143,7 +143,7 @@ def test_import_path_file_resolves_against_base_dir(tmp_path):
 def test_harness_selectors(tmp_path):
     assert load({"path": str(EXAMPLE_TASKS)}).harness == "bash"
     (tmp_path / "my_harness.py").write_text(
-        "from raygrpo.envs.harness import BashHarness\n"
+        "from raygrpo.envs.harbor.harness import BashHarness\n"
         "class Shell(BashHarness):\n    pass\n"
         "class Broken:\n    pass\n"
     )

@@ -1,4 +1,4 @@
-"""Reading what a task's `tests/test.sh` needs (`raygrpo.envs.harbor_tooling`), on scripts in the shapes task authors
+"""Reading what a task's `tests/test.sh` needs (`raygrpo.envs.harbor.tooling`), on scripts in the shapes task authors
 write: Harbor's own `harbor tasks init` template, pytest with `--ctrf`, `python -m pytest`, here-documents, command
 substitutions, installs; a table of shell constructs read as bash reads them (issue 43), the real-world scripts of
 `tests/harbor_wild/`, and what the bash grammar cannot read (left out, never a command)."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from raygrpo.envs.harbor_tooling import probe_command, read_probe, scan_test_script
+from raygrpo.envs.harbor.tooling import probe_command, read_probe, scan_test_script
 
 pytestmark = pytest.mark.timeout(30)
 

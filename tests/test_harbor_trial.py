@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from raygrpo.envs.harbor_trial import TrialDir, keep_fresh, remove_spares
+from raygrpo.envs.harbor.trial import TrialDir, keep_fresh, remove_spares
 
 
 def _tree(path: str) -> list[str]:

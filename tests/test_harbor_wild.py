@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from raygrpo.check import load_target, run_check
-from raygrpo.errors import ResolveError
-from raygrpo.resolve import resolve_run
+from raygrpo.driver.check import load_target, run_check
+from raygrpo.core.errors import ResolveError
+from raygrpo.driver.resolve import resolve_run
 from tests.docker_utils import docker_ready  # noqa: F401 - a fixture
 
 WILD = Path(__file__).with_name("harbor_wild")

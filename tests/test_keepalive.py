@@ -18,9 +18,9 @@ import time
 import pytest
 
 from raygrpo.envs.base import EnvError
-from raygrpo.envs.ors import ORSProvider
-from raygrpo.envs.ors_listing import list_ors_tasks
-from raygrpo.imports import load_object
+from raygrpo.envs.ors.adapter import ORSProvider
+from raygrpo.envs.ors.listing import list_ors_tasks
+from raygrpo.core.imports import load_object
 from raygrpo.specs.ors import ORSSpec
 from tests.ors_utils import ARITH, ors_server, run_episode
 

@@ -2,9 +2,9 @@
 a concurrent run is never touched.
 
 Each run is a real `raygrpo rollout` process (its own local Ray) on a Harbor suite whose backend is the fake provider
-(`import_path: raygrpo.sandbox.fake_provider.backend:FakeProviderEnvironment`), with a scripted policy. The verdicts
+(`import_path: raygrpo.testing.fake_provider.backend:FakeProviderEnvironment`), with a scripted policy. The verdicts
 come from the provider's side: its listing (labels `io.raygrpo.run`, and `test.run` set per run in the config) and its
-call log (`raygrpo.sandbox.fake_provider.audit`).
+call log (`raygrpo.testing.fake_provider.audit`).
 """
 
 from __future__ import annotations
@@ -20,17 +20,17 @@ from pathlib import Path
 import psutil
 import pytest
 
-from raygrpo.sandbox.fake_provider.audit import audit
-from raygrpo.sandbox.fake_provider.backend import RUN_LABEL
-from raygrpo.sandbox.fake_provider.service import FakeProviderProcess
-from raygrpo.sandbox.fake_provider.state import Limits
-from raygrpo.sandbox.ledger import LEASE_DIR_ENV, LEASE_LABEL, LeaseLedger
+from raygrpo.testing.fake_provider.audit import audit
+from raygrpo.testing.fake_provider.backend import RUN_LABEL
+from raygrpo.testing.fake_provider.service import FakeProviderProcess
+from raygrpo.testing.fake_provider.state import Limits
+from raygrpo.leases.ledger import LEASE_DIR_ENV, LEASE_LABEL, LeaseLedger
 from tests.harbor_utils import make_task
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.ray]
 
 POLICY = '''
-from raygrpo.toolcalls import format_tool_call
+from raygrpo.agent.toolcalls import format_tool_call
 
 
 def busy(ctx):
@@ -44,7 +44,7 @@ envs:
   remote:
     kind: harbor
     path: suite
-    import_path: raygrpo.sandbox.fake_provider.backend:FakeProviderEnvironment
+    import_path: raygrpo.testing.fake_provider.backend:FakeProviderEnvironment
     environment_kwargs: {{url: "{url}", reward: 1.0, labels: {{test.run: "{name}"}}}}
     probe_verifier: false
     start_timeout_s: 120

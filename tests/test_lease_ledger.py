@@ -20,28 +20,28 @@ import httpx
 import pytest
 
 from raygrpo.cli import main as cli_main
-from raygrpo.envs.harbor import HarborProvider, HarborStartError
-from raygrpo.envs.harbor_leases import LIFETIME_MARGIN_S, HarborLeases
-from raygrpo.envs.harbor_tasks import list_harbor_tasks, load_task
+from raygrpo.envs.harbor.provider import HarborProvider, HarborStartError
+from raygrpo.envs.harbor.leases import LIFETIME_MARGIN_S, HarborLeases
+from raygrpo.envs.harbor.tasks import list_harbor_tasks, load_task
 from raygrpo.governor import Governor
-from raygrpo.sandbox.fake_provider.audit import audit
-from raygrpo.sandbox.fake_provider.service import FakeProviderProcess
-from raygrpo.sandbox.fake_provider.state import Limits
-from raygrpo.sandbox.lease_hooks import lease_policy
-from raygrpo.sandbox.lease_reaper import LeaseWatch, reap_leases
-from raygrpo.sandbox.ledger import LEASE_DIR_ENV, LEASE_LABEL, LeaseLedger, safe_id
+from raygrpo.testing.fake_provider.audit import audit
+from raygrpo.testing.fake_provider.service import FakeProviderProcess
+from raygrpo.testing.fake_provider.state import Limits
+from raygrpo.leases.hooks import lease_policy
+from raygrpo.leases.reaper import LeaseWatch, reap_leases
+from raygrpo.leases.ledger import LEASE_DIR_ENV, LEASE_LABEL, LeaseLedger, safe_id
 from raygrpo.specs import HarborSpec
 from tests.harbor_utils import EXAMPLE_TASKS, make_task
 
 pytestmark = pytest.mark.timeout(60)
 
-FAKE = "raygrpo.sandbox.fake_provider.backend:FakeProviderEnvironment"
+FAKE = "raygrpo.testing.fake_provider.backend:FakeProviderEnvironment"
 
 #: Writes leases (JSON list of intent kwargs, each with an optional `bind`) as an owner, prints the owner id, and
 #: then exits, or with "stay" keeps beating until killed.
 _OWNER = """
 import json, sys, time
-from raygrpo.sandbox.ledger import LeaseLedger
+from raygrpo.leases.ledger import LeaseLedger
 ledger = LeaseLedger(sys.argv[1])
 for spec in json.loads(sys.argv[2]):
     bind = spec.pop("bind", None)
@@ -233,7 +233,7 @@ def test_a_claim_whose_reaper_died_is_taken_over(tmp_path, provider):
     leases_of_a_dead_owner(root, lease_spec("claimed", url=provider.url))
     dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                               text=True, check=True).stdout.strip()
-    from raygrpo.sandbox.registry import HOSTNAME
+    from raygrpo.sandbox.owners import HOSTNAME
 
     os.rename(root / "claimed.json", root / f".claim-claimed@{safe_id(HOSTNAME)}@{dead_pid}")
     assert LeaseLedger(root).leases() == []
@@ -265,11 +265,11 @@ def test_raygrpo_reap_exit_codes(tmp_path, provider, capsys):
 
 
 def test_which_backends_are_leased():
-    from raygrpo.sandbox.fake_provider.backend import FakeProviderEnvironment
-    from raygrpo.sandbox.null import NullEnvironment
+    from raygrpo.testing.fake_provider.backend import FakeProviderEnvironment
+    from raygrpo.testing.null import NullEnvironment
 
     assert not lease_policy("local").tracked and not lease_policy("docker").tracked
-    assert not lease_policy("raygrpo.sandbox.null:NullEnvironment", NullEnvironment).tracked
+    assert not lease_policy("raygrpo.testing.null:NullEnvironment", NullEnvironment).tracked
     e2b = lease_policy("e2b")
     assert e2b.tracked and e2b.hook is None and e2b.lifetime_kwarg == "sandbox_timeout_secs"
     fake = lease_policy(FAKE, FakeProviderEnvironment)
@@ -390,7 +390,7 @@ async def test_a_create_whose_answer_never_came_is_stopped_by_its_label(tmp_path
 async def test_a_start_cancelled_while_waiting_for_its_create_slot_leaves_no_lease(tmp_path, provider, monkeypatch):
     """The intent is written before the start waits for its slot (so the create goes out on time); a start cancelled
     in that wait never sent a create, and its record goes with the adapter."""
-    from raygrpo.provisioning import reset_gates
+    from raygrpo.governor.gate import reset_gates
 
     reset_gates()
     monkeypatch.setenv(LEASE_DIR_ENV, str(tmp_path / "leases"))

@@ -14,20 +14,20 @@ import pytest
 
 from raygrpo.config import ConfigError, load_config
 from raygrpo.config.rollout import RolloutConfig
-from raygrpo.envs.harbor import HarborProvider
-from raygrpo.envs.harbor_adapter import HarborAdapter
-from raygrpo.envs.harbor_tasks import list_harbor_tasks
-from raygrpo.errors import ResolveError
-from raygrpo.imports import load_object
+from raygrpo.envs.harbor.provider import HarborProvider
+from raygrpo.envs.harbor.adapter import HarborAdapter
+from raygrpo.envs.harbor.tasks import list_harbor_tasks
+from raygrpo.core.errors import ResolveError
+from raygrpo.core.imports import load_object
 from raygrpo.policy.acting import NoopPolicy, OraclePolicy
 from raygrpo.policy.base import SamplingParams
 from raygrpo.policy.scripted import ScriptedPolicy
-from raygrpo.provisioning import reset_gates
-from raygrpo.resolve import resolve_run
-from raygrpo.rollout import run_rollout
-from raygrpo.sandbox.registry import live_sandboxes, sandbox_mounts, sandbox_processes
+from raygrpo.governor.gate import reset_gates
+from raygrpo.driver.resolve import resolve_run
+from raygrpo.agent.rollout import run_rollout
+from raygrpo.sandbox.owners import live_sandboxes, sandbox_mounts, sandbox_processes
 from raygrpo.specs.harbor import HarborSpec
-from raygrpo.types import SOLUTION_STEP, Status
+from raygrpo.core.types import SOLUTION_STEP, Status
 from tests.harbor_utils import EXAMPLE_DIR, make_task
 
 pytestmark = pytest.mark.timeout(120)
@@ -91,7 +91,7 @@ def copying_task(root: Path) -> Path:
 def renderer(tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from raygrpo.chat import ChatRenderer
+    from raygrpo.agent.chat import ChatRenderer
 
     return ChatRenderer(AutoTokenizer.from_pretrained(tiny_model_dir))
 

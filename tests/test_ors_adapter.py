@@ -12,11 +12,11 @@ import time
 import pytest
 
 from raygrpo.envs.base import EnvAdapter, EnvError, EnvProvider
-from raygrpo.envs.ors import ORSAdapter, ORSProvider, ORSSessionError, ORSTimeoutError
-from raygrpo.envs.ors_listing import list_ors_tasks
-from raygrpo.imports import load_object
+from raygrpo.envs.ors.adapter import ORSAdapter, ORSProvider, ORSSessionError, ORSTimeoutError
+from raygrpo.envs.ors.listing import list_ors_tasks
+from raygrpo.core.imports import load_object
 from raygrpo.specs.ors import ORSSpec
-from raygrpo.types import TaskRef
+from raygrpo.core.types import TaskRef
 from tests.ors_utils import (
     ARITH,
     ECHO,

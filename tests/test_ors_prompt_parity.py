@@ -13,10 +13,10 @@ import asyncio
 
 import pytest
 
-from raygrpo.chat import ChatRenderer
-from raygrpo.envs.ors import ORSProvider
+from raygrpo.agent.chat import ChatRenderer
+from raygrpo.envs.ors.adapter import ORSProvider
 from raygrpo.specs.ors import ORSSpec
-from raygrpo.types import TaskRef
+from raygrpo.core.types import TaskRef
 from tests.ors_utils import ARITH, ECHO, ors_server
 from tests.test_ors_semantics import toolbox  # noqa: F401 - the SDK-only server fixture
 

@@ -17,15 +17,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from raygrpo.chat import ChatRenderer
+from raygrpo.agent.chat import ChatRenderer
 from raygrpo.config.rollout import RolloutConfig
-from raygrpo.envs.ors import ORSProvider
-from raygrpo.envs.ors_listing import list_ors_tasks
+from raygrpo.envs.ors.adapter import ORSProvider
+from raygrpo.envs.ors.listing import list_ors_tasks
 from raygrpo.policy.scripted import ScriptedPolicy
-from raygrpo.rollout import run_rollout
+from raygrpo.agent.rollout import run_rollout
 from raygrpo.specs.ors import ORSSpec
-from raygrpo.toolcalls import format_tool_call
-from raygrpo.types import ANSWER_STEP, SamplingParams, Status, TaskRef
+from raygrpo.agent.toolcalls import format_tool_call
+from raygrpo.core.types import ANSWER_STEP, SamplingParams, Status, TaskRef
 from tests.ors_utils import closed_port, wait_until
 
 pytestmark = pytest.mark.timeout(180)

@@ -12,12 +12,12 @@ import time
 import pytest
 
 from raygrpo.envs.base import EnvError
-from raygrpo.envs.ors import ORSProvider
-from raygrpo.envs.ors_listing import list_ors_tasks
-from raygrpo.envs.ors_server import RunningORSServer, serve_environments, serving
-from raygrpo.errors import ResolveError
+from raygrpo.envs.ors.adapter import ORSProvider
+from raygrpo.envs.ors.listing import list_ors_tasks
+from raygrpo.envs.ors.server import RunningORSServer, serve_environments, serving
+from raygrpo.core.errors import ResolveError
 from raygrpo.specs.ors import ORSSpec
-from raygrpo.types import TaskRef
+from raygrpo.core.types import TaskRef
 from tests.ors_utils import ARITH, ECHO, closed_port, ors_server, wait_until
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -53,7 +53,7 @@ def test_bad_environment_specs_fail_clearly():
     with pytest.raises(ResolveError, match="no attribute 'Nope'"):
         serve_environments("examples/echo/env.py:Nope")
     with pytest.raises(ResolveError, match="not an openreward.environments.Environment subclass"):
-        serve_environments("raygrpo.toolcalls:format_tool_call")
+        serve_environments("raygrpo.agent.toolcalls:format_tool_call")
     busy = serve_environments(ECHO)
     try:
         with pytest.raises(OSError, match=f"127.0.0.1:{busy.port}"):

@@ -1,4 +1,4 @@
-"""ORSSpec: validation messages; task listing (`raygrpo.envs.ors_listing`) against a real local ORS server and
+"""ORSSpec: validation messages; task listing (`raygrpo.envs.ors.listing`) against a real local ORS server and
 unreachable servers; and `load_object` (the import-spec loader the spec's `environment` field uses)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from raygrpo.envs.ors_listing import ORSConfigError, ORSConnectionError, list_ors_tasks
-from raygrpo.imports import ImportSpecError, load_object
+from raygrpo.envs.ors.listing import ORSConfigError, ORSConnectionError, list_ors_tasks
+from raygrpo.core.imports import ImportSpecError, load_object
 from raygrpo.specs.ors import ORSSpec
 from tests.ors_utils import ARITH, ECHO, closed_port, ors_server
 
@@ -175,7 +175,7 @@ def test_catalog_without_api_key_names_the_variable(monkeypatch):
 
 
 def test_load_object_by_module_and_file(tmp_path):
-    assert load_object("raygrpo.toolcalls:format_tool_call").__name__ == "format_tool_call"
+    assert load_object("raygrpo.agent.toolcalls:format_tool_call").__name__ == "format_tool_call"
     echo_cls = load_object(ECHO)
     assert echo_cls.__name__ == "EchoEnvironment" and load_object(ECHO) is echo_cls
     (tmp_path / "mod.py").write_text("class Outer:\n    class Inner:\n        x = 3\n")
@@ -187,7 +187,7 @@ def test_load_object_by_module_and_file(tmp_path):
     "spec, needle",
     [
         ("no_such_pkg.mod:X", "no module named 'no_such_pkg'"),
-        ("raygrpo.toolcalls:nope", "has no attribute 'nope'"),
+        ("raygrpo.agent.toolcalls:nope", "has no attribute 'nope'"),
         ("missing/file.py:X", "does not exist"),
         ("examples/echo/env.py:Nope", "has no attribute 'Nope'"),
         ("just_a_module", "expected 'package.module:Attr'"),

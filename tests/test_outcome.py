@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from raygrpo.outcome import Outcomes, cause_of, report, verdict
-from raygrpo.types import Status, TaskRef, Trajectory
+from raygrpo.core.outcome import Outcomes, cause_of, report, verdict
+from raygrpo.core.types import Status, TaskRef, Trajectory
 
 pytestmark = pytest.mark.timeout(30)
 

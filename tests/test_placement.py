@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from raygrpo.collect import collect
+from raygrpo.driver.collect import collect
 from raygrpo.config import ConfigError, load_config
-from raygrpo.orchestrator import Orchestrator, Route, make_groups
-from raygrpo.placement import PlacementError, actor_resources, check_fits
-from raygrpo.types import TaskRef
-from raygrpo.workdir import relocate
+from raygrpo.driver.orchestrator import Orchestrator, Route, make_groups
+from raygrpo.driver.placement import PlacementError, actor_resources, check_fits
+from raygrpo.core.types import TaskRef
+from raygrpo.core.workdir import relocate
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -34,9 +34,9 @@ def _run_cluster() -> dict:
     from ray.cluster_utils import Cluster
 
     from raygrpo.config import load_config
-    from raygrpo.environ import PROCESS_ENV, apply_process_env
-    from raygrpo.launch import RolloutRuntime
-    from raygrpo.resolve import resolve_run
+    from raygrpo.core.environ import PROCESS_ENV, apply_process_env
+    from raygrpo.driver.launch import RolloutRuntime
+    from raygrpo.driver.resolve import resolve_run
     from tests.e2e_support import NapEnvironment
     from tests.ors_utils import ors_server, wait_until
 

@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 from raygrpo.governor import Governor
-from raygrpo.provisioning import (
+from raygrpo.governor.gate import (
     CreateRateLimiter,
     ProvisioningError,
     ProvisioningGate,
@@ -259,7 +259,7 @@ async def test_gate_for_shares_one_gate_per_key(caplog):
     assert gate_for("e2b", 4, None) is a
     assert [g["key"] for g in gate_stats()] == ["e2b"]  # what an env pool actor reports in its stats
     assert gate_for("docker", 4, None) is not a
-    with caplog.at_level(logging.WARNING, logger="raygrpo.provisioning"):
+    with caplog.at_level(logging.WARNING, logger="raygrpo.governor.gate"):
         assert gate_for("e2b", 8, None) is a
     assert "already set" in caplog.text
     with pytest.raises(ValueError):
@@ -276,7 +276,7 @@ async def test_ray_limiter_death_is_survived(ray_local):
     """Kill the named limiter once with a Ray restart and once for good; starts go on and never exceed the rate."""
     import ray
 
-    from raygrpo.actors.rate_limiter import NAMESPACE, RayRateLimiterClient, ensure_rate_limiter, limiter_name
+    from raygrpo.governor.actor import NAMESPACE, RayRateLimiterClient, ensure_rate_limiter, limiter_name
 
     key, rate = f"test-{uuid.uuid4().hex[:8]}", 10.0
     assert ensure_rate_limiter(key, rate)["rate_per_s"] == rate
@@ -310,7 +310,7 @@ async def test_the_named_governor_serves_a_rollouts_start_before_a_warm_one_and_
     """Two gates (two actors) on the named governor of a key with `max_live: 1`: one holds the ticket for a warm
     sandbox and queues a second warm start; the other's rollout start, queued later, is told to go first, and the
     first gate, asking, is told to stop its warm sandbox."""
-    from raygrpo.actors.rate_limiter import RayRateLimiterClient, ensure_rate_limiter
+    from raygrpo.governor.actor import RayRateLimiterClient, ensure_rate_limiter
 
     key = f"test-{uuid.uuid4().hex[:8]}"
     ensure_rate_limiter(key, None, max_live=1)

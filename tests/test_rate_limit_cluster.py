@@ -39,7 +39,7 @@ def _run_cluster() -> dict:
 
     import ray
 
-    from raygrpo.provisioning import max_per_window
+    from raygrpo.governor.gate import max_per_window
     from tests.sim_cluster import simulated_cluster
 
     @ray.remote(num_cpus=0)
@@ -50,8 +50,8 @@ def _run_cluster() -> dict:
             return ray.get_runtime_context().get_node_id()
 
         async def run(self, key: str, rate: float, starts: int, begin_at: float, end_at: float) -> dict:
-            from raygrpo.actors.rate_limiter import RayRateLimiterClient
-            from raygrpo.provisioning import gate_for
+            from raygrpo.governor.actor import RayRateLimiterClient
+            from raygrpo.governor.gate import gate_for
 
             gate = gate_for(key, max_concurrent_starts=starts, rate_per_s=rate, limiters=RayRateLimiterClient)
             creates: list[float] = []

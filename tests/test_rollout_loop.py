@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-from raygrpo.chat import ChatRenderer
+from raygrpo.agent.chat import ChatRenderer
 from raygrpo.config.rollout import RolloutConfig
 from raygrpo.envs.base import EnvError
 from raygrpo.policy.base import GenerationContext, SamplingParams
 from raygrpo.policy.scripted import ScriptedPolicy
-from raygrpo.rollout import run_rollout
-from raygrpo.toolcalls import format_tool_call
-from raygrpo.types import ANSWER_STEP, Observation, Status, TaskRef, ToolResult
+from raygrpo.agent.rollout import run_rollout
+from raygrpo.agent.toolcalls import format_tool_call
+from raygrpo.core.types import ANSWER_STEP, Observation, Status, TaskRef, ToolResult
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -258,7 +258,7 @@ def test_a_turn_that_stops_on_another_stop_token_is_closed_as_the_template_close
     """Qwen2.5-style models also stop on <|endoftext|>. The loop then closes the turn with the template's own
     end-of-turn token (environment glue, masked out) before the tool results, so the context the next turn is
     generated from reads as the template writes the conversation, the model's stop token aside."""
-    from raygrpo.types import Turn
+    from raygrpo.core.types import Turn
 
     tok = renderer.tokenizer
     other_stop = tok.convert_tokens_to_ids("<|endoftext|>")

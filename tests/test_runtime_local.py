@@ -18,7 +18,7 @@ from tests.ors_utils import closed_port
 SCRIPT = r"""
 import sys
 import ray
-from raygrpo.runtime import init_ray, shutdown_ray
+from raygrpo.driver.runtime import init_ray, shutdown_ray
 
 info = init_ray(num_cpus=1, _temp_dir=sys.argv[1])
 print("RESULT", info.joined, ray.cluster_resources().get("CPU"), flush=True)
@@ -44,7 +44,7 @@ def test_a_local_run_ignores_the_machines_recorded_cluster():
 IDLE_SCRIPT = r"""
 import json, sys, time
 import psutil, ray
-from raygrpo.runtime import init_ray, shutdown_ray
+from raygrpo.driver.runtime import init_ray, shutdown_ray
 
 init_ray(num_cpus=4, **json.loads(sys.argv[1]))
 time.sleep(4)  # Ray prestarts its idle workers right after the driver connects

@@ -30,14 +30,14 @@ from pathlib import Path
 
 import pytest
 
-from raygrpo.chat import ChatRenderer
+from raygrpo.agent.chat import ChatRenderer
 from raygrpo.config.rollout import RolloutConfig
-from raygrpo.envs.harbor import HarborProvider
-from raygrpo.envs.harbor_tasks import list_harbor_tasks
+from raygrpo.envs.harbor.provider import HarborProvider
+from raygrpo.envs.harbor.tasks import list_harbor_tasks
 from raygrpo.policy.base import SamplingParams
 from raygrpo.policy.scripted import ScriptedPolicy
-from raygrpo.provisioning import reset_gates
-from raygrpo.rollout import run_rollout
+from raygrpo.governor.gate import reset_gates
+from raygrpo.agent.rollout import run_rollout
 from raygrpo.sandbox.network import SLIRP_HOST_ALIAS, host_addresses
 from raygrpo.specs.harbor import HarborSpec
 from tests.docker_utils import docker_missing, docker_ready  # noqa: F401 - a fixture

@@ -11,7 +11,7 @@ from harbor.environments.base import BaseEnvironment
 from harbor.verifier.verifier import Verifier
 from pydantic import ValidationError
 
-from raygrpo.sandbox.faults import (
+from raygrpo.envs.harbor.faults import (
     FaultConfig,
     FaultInjectingEnvironment,
     InjectedExecTimeout,
@@ -21,8 +21,8 @@ from raygrpo.sandbox.faults import (
     LogNormalLatency,
     wrap_environment,
 )
-from raygrpo.sandbox.null import live_null_environments
-from raygrpo.sandbox.registry import live_sandboxes
+from raygrpo.testing.null import live_null_environments
+from raygrpo.sandbox.owners import live_sandboxes
 from tests.sandbox_utils import NULL, assert_no_leaks, make_env, make_task, pid_namespace, pids_in_namespace
 
 

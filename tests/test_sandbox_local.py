@@ -15,14 +15,14 @@ import pytest
 from harbor.verifier.verifier import Verifier
 
 from raygrpo.sandbox import process as _process
-from raygrpo.sandbox import registry as _registry
+from raygrpo.sandbox import owners as registry as _registry
 from raygrpo.sandbox.dockerfile import DockerfileError, parse_dockerfile
 from raygrpo.sandbox.local import (
     LocalSandboxEnvironment,
     SandboxExecTimeoutError,
     SandboxNotRunningError,
 )
-from raygrpo.sandbox.registry import live_sandboxes
+from raygrpo.sandbox.owners import live_sandboxes
 from raygrpo.sandbox.toolbox import toolbox_path
 from tests.sandbox_utils import (
     assert_no_leaks,
@@ -496,7 +496,7 @@ import asyncio, sys
 from pathlib import Path
 import ray
 from tests.sandbox_utils import make_env, make_task
-from raygrpo.runtime import init_ray, shutdown_ray
+from raygrpo.driver.runtime import init_ray, shutdown_ray
 
 async def use_a_sandbox():
     tmp = Path({str(tmp_path)!r})

@@ -15,13 +15,13 @@ import psutil
 import pytest
 from harbor.verifier.verifier import Verifier
 
-from raygrpo.envs.harbor import HarborProvider
-from raygrpo.envs.harbor_tasks import list_harbor_tasks
-from raygrpo.errors import TaskError
-from raygrpo.provisioning import reset_gates
-from raygrpo.sandbox import docker_guard
+from raygrpo.envs.harbor.provider import HarborProvider
+from raygrpo.envs.harbor.tasks import list_harbor_tasks
+from raygrpo.core.errors import TaskError
+from raygrpo.governor.gate import reset_gates
+from raygrpo.docker import guard as docker_guard
 from raygrpo.sandbox.network import SLIRP4NETNS, host_addresses
-from raygrpo.sandbox.registry import sandbox_processes
+from raygrpo.sandbox.owners import sandbox_processes
 from raygrpo.specs.harbor import HarborSpec
 from tests.docker_utils import docker_ready  # noqa: F401 - a fixture
 from tests.harbor_utils import make_task
@@ -189,13 +189,13 @@ def test_the_guards_shell_script_installs_what_ensure_checks():
         def in_ns(*argv: str) -> subprocess.CompletedProcess:
             return subprocess.run(["ip", "netns", "exec", ns, *argv], capture_output=True, text=True, timeout=60)
 
-        assert in_ns(sys.executable, "-m", "raygrpo.sandbox.docker_guard", "status").returncode == 1
+        assert in_ns(sys.executable, "-m", "raygrpo.docker.guard", "status").returncode == 1
         for _ in range(2):
             assert in_ns("sh", "-c", docker_guard.shell_script()).returncode == 0
-            status = in_ns(sys.executable, "-m", "raygrpo.sandbox.docker_guard", "status")
+            status = in_ns(sys.executable, "-m", "raygrpo.docker.guard", "status")
             assert status.returncode == 0 and "installed" in status.stdout
         assert in_ns("iptables", "-S", "INPUT").stdout.count(docker_guard.CHAIN) == 1
-        assert in_ns(sys.executable, "-m", "raygrpo.sandbox.docker_guard", "remove").returncode == 0
+        assert in_ns(sys.executable, "-m", "raygrpo.docker.guard", "remove").returncode == 0
         assert docker_guard.CHAIN not in in_ns("iptables", "-S").stdout
     finally:
         subprocess.run(["ip", "netns", "del", ns], capture_output=True)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from raygrpo.sandbox.reaper import reap_orphans
-from raygrpo.sandbox.registry import HEARTBEAT_INTERVAL_S, live_sandboxes, sandbox_mounts, sandbox_processes
+from raygrpo.sandbox.orphans import reap_orphans
+from raygrpo.sandbox.owners import HEARTBEAT_INTERVAL_S, live_sandboxes, sandbox_mounts, sandbox_processes
 from tests.sandbox_utils import (
     assert_no_leaks,
     make_env,
@@ -110,7 +110,7 @@ async def test_heartbeat_is_refreshed_and_own_sandboxes_are_never_reaped(tmp_pat
 
 REAPER = """
 import json, sys
-from raygrpo.sandbox.reaper import reap_orphans
+from raygrpo.sandbox.orphans import reap_orphans
 sys.stdin.readline()  # start together
 print(json.dumps(reap_orphans({root!r})), flush=True)
 """

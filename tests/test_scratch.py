@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from raygrpo import scratch
-from raygrpo.sandbox.registry import pid_alive
+from raygrpo.core import scratch
+from raygrpo.sandbox.owners import pid_alive
 from tests.sandbox_utils import wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -23,8 +23,8 @@ pytestmark = pytest.mark.timeout(120)
 # its scratch folder, then waits for a line on stdin before exiting normally.
 _OWNER = textwrap.dedent("""
     import asyncio, sys
-    from raygrpo.envs.harbor_trial import TrialDir
-    from raygrpo.scratch import process_scratch
+    from raygrpo.envs.harbor.trial import TrialDir
+    from raygrpo.core.scratch import process_scratch
 
     async def main():
         live = TrialDir.make("task")
@@ -74,7 +74,7 @@ def test_a_killed_owners_folder_is_swept_and_a_live_ones_is_not(tmp_path):
 
 
 def test_making_its_own_folder_sweeps_what_killed_processes_left(tmp_path):
-    code = ("import os; from raygrpo.scratch import process_scratch; print(process_scratch(), flush=True); "
+    code = ("import os; from raygrpo.core.scratch import process_scratch; print(process_scratch(), flush=True); "
             "os.kill(os.getpid(), 9)")
     env = {**os.environ, "TMPDIR": str(tmp_path)}
 
@@ -132,8 +132,8 @@ def test_a_forked_child_makes_its_own_folder_and_leaves_its_parents(tmp_path, mo
 def _env_pool_actor():
     from raygrpo.actors.env_pool import EnvPoolActor
     from raygrpo.config import load_config
-    from raygrpo.resolve import resolve_run
-    from raygrpo.worker import WorkerSettings
+    from raygrpo.driver.resolve import resolve_run
+    from raygrpo.agent.worker import WorkerSettings
 
     suite = Path(__file__).resolve().parent.parent / "examples" / "harbor_local" / "tasks"
     cfg = load_config(data={"envs": {"suite": {"kind": "harbor", "path": str(suite), "indices": [0]}},

@@ -6,8 +6,8 @@ import pytest
 
 from raygrpo.policy.base import GenerationContext, PolicyClient, PolicyError, SamplingParams
 from raygrpo.policy.scripted import ScriptedPolicy
-from raygrpo.toolcalls import format_tool_call, parse_tool_calls
-from raygrpo.types import TaskRef, ToolCall
+from raygrpo.agent.toolcalls import format_tool_call, parse_tool_calls
+from raygrpo.core.types import TaskRef, ToolCall
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ async def test_a_failing_script_is_a_policy_error(tok):
 @pytest.mark.timeout(60)
 async def test_factory_loads_a_script_by_file_path(tok, tmp_path, monkeypatch):
     from raygrpo.config.policy import PolicyConfig
-    from raygrpo.errors import ResolveError
+    from raygrpo.core.errors import ResolveError
     from raygrpo.policy.factory import build_policy_client, script_function
 
     (tmp_path / "scripts").mkdir()

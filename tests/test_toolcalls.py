@@ -2,8 +2,8 @@
 
 import pytest
 
-from raygrpo.toolcalls import ToolCallProblem, format_tool_call, parse_tool_calls
-from raygrpo.types import ToolCall
+from raygrpo.agent.toolcalls import ToolCallProblem, format_tool_call, parse_tool_calls
+from raygrpo.core.types import ToolCall
 
 pytestmark = pytest.mark.timeout(30)
 

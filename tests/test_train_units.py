@@ -13,7 +13,7 @@ from raygrpo.train.groups import GroupAssembler, to_rollout_output
 from raygrpo.train.metrics import MetricsLog, RolloutLog, plot_rewards, read_metrics
 from raygrpo.train.schedule import TaskSchedule
 from raygrpo.train.source import RolloutSource
-from raygrpo.types import Status, TaskRef, Trajectory
+from raygrpo.core.types import Status, TaskRef, Trajectory
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from raygrpo.collect import collect
+from raygrpo.driver.collect import collect
 from raygrpo.config import load_config
 from tests.harbor_utils import EXAMPLE_TASKS, bash_script, make_task
 from tests.test_harbor_adapter import nothing_left, renderer, rollout, root, spec_for  # noqa: F401 - fixtures

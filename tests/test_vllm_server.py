@@ -22,7 +22,7 @@ from raygrpo.config.policy import VLLMServeConfig
 from raygrpo.policy.base import SamplingParams
 from raygrpo.policy.vllm_client import VLLMClient
 from raygrpo.policy.vllm_serve import build_command, server_env, trl_server_kwargs
-from raygrpo.types import Turn
+from raygrpo.core.types import Turn
 from tests.fake_vllm import have_vllm_and_gpu
 
 FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_vllm_server_main.py")
@@ -214,7 +214,7 @@ def test_real_vllm_server(ray_local, tiny_model_dir, tmp_path):
 def test_rollout_run_serves_vllm_and_env_pools_generate_through_it(ray_local, tiny_model_dir, tmp_path):
     """`policy: {kind: vllm, serve: ...}` end to end against the fake server (vLLM cannot run here): raygrpo starts
     the server actor, env pool actors generate through its URL, and the server is gone after the run."""
-    from raygrpo.collect import collect
+    from raygrpo.driver.collect import collect
     from raygrpo.config import load_config
 
     echo = os.path.abspath(os.path.join(os.path.dirname(FAKE), "..", "examples", "echo", "env.py"))

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import ray
 
-from raygrpo.collect import collect
+from raygrpo.driver.collect import collect
 from raygrpo.config import load_config
-from raygrpo.sandbox.registry import process_env_marks
+from raygrpo.sandbox.owners import process_env_marks
 from tests.ors_utils import wait_until
 from tests.test_e2e_harbor import HARBOR, SUPPORT, no_os_leaks, os_leaks, sandbox_base  # noqa: F401 - fixture
 
@@ -45,8 +45,8 @@ def test_a_rollout_run_with_a_warm_pool_gets_warm_hits_and_leaves_nothing(tmp_pa
 
 
 def _busy_runtime(overrides):
-    from raygrpo.launch import RolloutRuntime
-    from raygrpo.resolve import resolve_run
+    from raygrpo.driver.launch import RolloutRuntime
+    from raygrpo.driver.resolve import resolve_run
 
     cfg = load_config(HARBOR, ["policy.kind=scripted", f"policy.script={SUPPORT}:bash_sleep",
                                "envs.local.exec_timeout_s=600", "envs.local.warm_pool={size: 3, ttl_s: 120}",
@@ -60,7 +60,7 @@ def _sandbox_ids(base: Path) -> set[str]:
 
 @pytest.mark.timeout(240)
 def test_a_cancelled_batch_stops_the_warm_sandboxes_too(sandbox_base):
-    from raygrpo.orchestrator import Orchestrator, make_groups
+    from raygrpo.driver.orchestrator import Orchestrator, make_groups
 
     with _busy_runtime([]) as runtime:
         stop = threading.Event()
@@ -80,7 +80,7 @@ def test_a_cancelled_batch_stops_the_warm_sandboxes_too(sandbox_base):
 
 @pytest.mark.timeout(240)
 def test_the_warm_sandboxes_of_a_killed_actor_are_reaped(sandbox_base):
-    from raygrpo.orchestrator import Orchestrator, make_groups
+    from raygrpo.driver.orchestrator import Orchestrator, make_groups
 
     with _busy_runtime(["rollout.rollout_timeout_s=90", "workers.max_retries=0"]) as runtime:
         ((_, victim),) = runtime.actors

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from raygrpo.orchestrator import Orchestrator, RolloutRequest
-from raygrpo.pools import PoolSet
-from raygrpo.types import TaskRef
+from raygrpo.driver.orchestrator import Orchestrator, RolloutRequest
+from raygrpo.driver.pools import PoolSet
+from raygrpo.core.types import TaskRef
 from tests.dispatch_recorder import RecordingActor
 
 pytestmark = pytest.mark.timeout(30)

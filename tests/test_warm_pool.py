@@ -1,4 +1,4 @@
-"""Warm pools and hedged starts of Harbor sandboxes (`raygrpo.envs.harbor_warm`, `raygrpo.envs.harbor_starts`) on the
+"""Warm pools and hedged starts of Harbor sandboxes (`raygrpo.envs.harbor.warm`, `raygrpo.envs.harbor.starts`) on the
 local sandbox backend, driven by the real agent loop: a warm sandbox is adopted and never by two rollouts, one that
 fails its check is replaced, one past its TTL is stopped, a cancelled rollout leaves the pool's start to the pool, a
 hedged start's loser is stopped after its rollout ended. Leaks are counted through the OS (`/proc`: sandbox
@@ -14,14 +14,14 @@ import time
 import pytest
 
 from raygrpo.config.rollout import RolloutConfig
-from raygrpo.envs.harbor import HarborProvider
-from raygrpo.envs.harbor_tasks import list_harbor_tasks
+from raygrpo.envs.harbor.provider import HarborProvider
+from raygrpo.envs.harbor.tasks import list_harbor_tasks
 from raygrpo.policy.base import SamplingParams
 from raygrpo.policy.scripted import ScriptedPolicy
-from raygrpo.rollout import run_rollout
+from raygrpo.agent.rollout import run_rollout
 from raygrpo.sandbox.local import LocalSandboxEnvironment
-from raygrpo.sandbox.registry import sandbox_processes
-from raygrpo.types import Status
+from raygrpo.sandbox.owners import sandbox_processes
+from raygrpo.core.types import Status
 from tests.harbor_utils import bash_script, make_task
 from tests.test_harbor_adapter import nothing_left, renderer, root, spec_for  # noqa: F401 - fixtures
 

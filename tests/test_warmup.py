@@ -12,9 +12,9 @@ import pytest
 from pydantic import ValidationError
 
 from raygrpo.config.train import WarmupConfig
-from raygrpo.envs.ors import ORSProvider
-from raygrpo.errors import ResolveError
-from raygrpo.imports import load_object
+from raygrpo.envs.ors.adapter import ORSProvider
+from raygrpo.core.errors import ResolveError
+from raygrpo.core.imports import load_object
 from raygrpo.train.warmup import encode_example, load_examples, run_warmup
 from tests.ors_utils import ECHO, ors_server, wait_until
 
@@ -40,9 +40,9 @@ def tokenizer(tiny_model_dir):
 @pytest.mark.timeout(90)
 async def test_warmup_prompts_match_the_echo_server(tokenizer):
     """The warm-up's tools and prompts are what the echo env's ORS server gives the agent loop, to the token."""
-    from raygrpo.chat import ChatRenderer
+    from raygrpo.agent.chat import ChatRenderer
     from raygrpo.specs.ors import ORSSpec
-    from raygrpo.types import TaskRef
+    from raygrpo.core.types import TaskRef
 
     renderer = ChatRenderer(tokenizer)
     echo_tool, prompt_text = _echo("ECHO_TOOL"), _echo("prompt_text")
@@ -71,8 +71,8 @@ async def test_warmup_prompts_match_the_echo_server(tokenizer):
 
 @pytest.mark.timeout(60)
 def test_echo_examples_are_disjoint_and_answers_random(tokenizer):
-    from raygrpo.chat import ChatRenderer
-    from raygrpo.toolcalls import parse_tool_calls
+    from raygrpo.agent.chat import ChatRenderer
+    from raygrpo.agent.toolcalls import parse_tool_calls
 
     train, test = _env("TRAIN_TARGETS"), _env("TEST_TARGETS")
     answers = _echo("ANSWERS")
@@ -112,8 +112,8 @@ async def _sample(model_dir: str, renderer, prompts: list[tuple[str, list[int]]]
 
 def _echo_calls(samples) -> tuple[float, float, Counter]:
     """Share of samples that are exactly one echo call with a string `text`, share that hit the target, answers."""
-    from raygrpo.toolcalls import parse_tool_calls
-    from raygrpo.types import ToolCall
+    from raygrpo.agent.toolcalls import parse_tool_calls
+    from raygrpo.core.types import ToolCall
 
     good = hits = 0
     said: Counter = Counter()
@@ -131,7 +131,7 @@ def _echo_calls(samples) -> tuple[float, float, Counter]:
 def test_warmup_teaches_the_format_not_the_answers(tiny_model_dir, tokenizer, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from raygrpo.chat import ChatRenderer
+    from raygrpo.agent.chat import ChatRenderer
 
     renderer = ChatRenderer(tokenizer)
     echo_tool, prompt_text = _echo("ECHO_TOOL"), _echo("prompt_text")
@@ -197,7 +197,7 @@ def test_the_learners_warmup_prompts_are_templated_like_rollout_prompts(tmp_path
     from transformers import AutoModelForCausalLM
 
     import raygrpo.train.warmup as warmup_module
-    from raygrpo.chat import ChatRenderer
+    from raygrpo.agent.chat import ChatRenderer
     from raygrpo.config import load_config
     from raygrpo.train.learner import Learner
 

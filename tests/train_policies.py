@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from raygrpo.imports import load_object
+from raygrpo.core.imports import load_object
 from raygrpo.policy.base import GenerationContext
 
 _EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -26,7 +26,7 @@ def mixed(ctx: GenerationContext) -> str | None:
 
 def nap_task0(ctx: GenerationContext) -> str:
     """For `tests/e2e_support.py:NapEnvironment`: task 0 naps 3 s on the server, every other task not at all."""
-    from raygrpo.toolcalls import format_tool_call
+    from raygrpo.agent.toolcalls import format_tool_call
 
     if any(m.get("role") == "tool" for m in ctx.messages):
         return "Done."

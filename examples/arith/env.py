@@ -180,6 +180,6 @@ class ArithEnvironment(Environment):
 
 
 if __name__ == "__main__":
-    from raygrpo.envs.ors_server import main
+    from raygrpo.envs.ors.server import main
 
     main(ArithEnvironment)

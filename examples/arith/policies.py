@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from raygrpo.policy.base import GenerationContext
-from raygrpo.toolcalls import format_tool_call
+from raygrpo.agent.toolcalls import format_tool_call
 
 _PROMPT = re.compile(r"Compute (.+?)\. The operands \(([^)]*)\)")
 _OPERAND = re.compile(r"^\s*([A-Za-z_]\w*)\s*=\s*(-?\d+)\s*$")

@@ -67,6 +67,6 @@ class EchoEnvironment(Environment):
 
 
 if __name__ == "__main__":
-    from raygrpo.envs.ors_server import main
+    from raygrpo.envs.ors.server import main
 
     main(EchoEnvironment)

@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 from raygrpo.policy.base import GenerationContext
-from raygrpo.toolcalls import format_tool_call
+from raygrpo.agent.toolcalls import format_tool_call
 
 _PROMPT_TARGET = re.compile(r"Echo '(.*)' to win")
 

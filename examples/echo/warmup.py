@@ -20,7 +20,7 @@ import copy
 import random
 from typing import Any
 
-from raygrpo.toolcalls import format_tool_call
+from raygrpo.agent.toolcalls import format_tool_call
 
 #: The guesses the warm-up teaches (the train split's answer set), drawn uniformly, independent of the prompt.
 ANSWERS = ["hello", "world", "hello world", "yes", "done", "the answer", "ok", "think step"]

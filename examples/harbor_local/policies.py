@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from raygrpo.policy.base import GenerationContext
-from raygrpo.toolcalls import format_tool_call
+from raygrpo.agent.toolcalls import format_tool_call
 
 
 def _called_a_tool(ctx: GenerationContext) -> bool:

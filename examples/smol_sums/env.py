@@ -89,6 +89,6 @@ class SumsEnvironment(Environment):
 
 
 if __name__ == "__main__":
-    from raygrpo.envs.ors_server import main
+    from raygrpo.envs.ors.server import main
 
     main(SumsEnvironment)

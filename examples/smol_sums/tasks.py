@@ -16,7 +16,7 @@ SPLIT_SIZES = {"train": 2000, "test": 400}
 OPERAND_RANGE = (10, 99)
 SEED = 20261201
 
-#: The `submit` tool as the ORS server lists it (raygrpo.envs.ors_tools renders it this way).
+#: The `submit` tool as the ORS server lists it (raygrpo.envs.ors.tools renders it this way).
 SUBMIT_TOOL: dict[str, Any] = {
     "type": "function",
     "function": {

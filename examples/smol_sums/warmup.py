@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from raygrpo.toolcalls import format_tool_call
+from raygrpo.agent.toolcalls import format_tool_call
 
 
 def _tasks():

@@ -3,11 +3,11 @@
 Everything loop-bound (the openreward client, the policy's HTTP client) is created inside the actor, on its loop,
 on first use; only the `WorkerSettings` are pickled to it. Being an async actor, it runs up to `max_concurrency`
 calls at once on one loop; the worker's semaphore bounds the rollouts. It wires the worker to the cluster: sandbox
-starts draw from the cluster-wide create-rate limiters (`raygrpo.actors.rate_limiter`), and a reaper thread stops
-sandboxes on this node whose owner died. Where its environments lease remote sandboxes (`raygrpo.sandbox.ledger`), the
+starts draw from the cluster-wide create-rate limiters (`raygrpo.governor.actor`), and a reaper thread stops
+sandboxes on this node whose owner died. Where its environments lease remote sandboxes (`raygrpo.leases.ledger`), the
 actor's process is their owner: its heartbeat starts with the worker's providers and its record goes at shutdown,
 once every sandbox is stopped. On a cluster it maps the config's paths into its node's copy of the job's
-working_dir (`raygrpo.workdir`) and records its node in every trajectory.
+working_dir (`raygrpo.core.workdir`) and records its node in every trajectory.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ from typing import Any
 import ray
 
 from raygrpo.actors.heap import freeze_heap
-from raygrpo.actors.rate_limiter import RayRateLimiterClient
-from raygrpo.environ import apply_process_env
-from raygrpo.sandbox.ledger import disown_all
-from raygrpo.sandbox.reaper import OrphanReaper
-from raygrpo.scratch import remove_process_scratch
-from raygrpo.types import RolloutCall, Status, TaskRef, Trajectory
-from raygrpo.workdir import relocate
-from raygrpo.worker import RolloutWorker, WorkerSettings
+from raygrpo.governor.actor import RayRateLimiterClient
+from raygrpo.core.environ import apply_process_env
+from raygrpo.leases.ledger import disown_all
+from raygrpo.sandbox.orphans import OrphanReaper
+from raygrpo.core.scratch import remove_process_scratch
+from raygrpo.core.types import RolloutCall, Status, TaskRef, Trajectory
+from raygrpo.core.workdir import relocate
+from raygrpo.agent.worker import RolloutWorker, WorkerSettings
 
 logger = logging.getLogger(__name__)
 

@@ -12,8 +12,8 @@ from typing import Any, Protocol
 
 import ray
 
-from raygrpo.environ import PROCESS_ENV
-from raygrpo.imports import load_object
+from raygrpo.core.environ import PROCESS_ENV
+from raygrpo.core.imports import load_object
 
 
 class Trainable(Protocol):

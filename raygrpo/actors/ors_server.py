@@ -1,4 +1,4 @@
-"""A Ray actor that serves `environment:` ORS specs: `raygrpo.envs.ors_server` in its own worker process.
+"""A Ray actor that serves `environment:` ORS specs: `raygrpo.envs.ors.server` in its own worker process.
 
 The driver starts one per embedded environment (`start_embedded_server`), lists tasks against its URL and hands env
 pool actors the spec returned by `spec.served_at(url)`. The actor owns the server thread; killing the actor (or the
@@ -7,7 +7,7 @@ driver's job ending) stops it, so a crashed run leaves no server behind.
 The server binds 127.0.0.1 by default, so env pool actors must run on the same node. On a cluster pass
 `host="node"`: it binds the address of the node it landed on and advertises that (`"0.0.0.0"` binds every interface
 and advertises the node's address too). There its environment's file path is mapped into the node's copy of the job's
-working_dir (`workdir`, see `raygrpo.workdir`).
+working_dir (`workdir`, see `raygrpo.core.workdir`).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any
 import ray
 
 from raygrpo.actors.heap import freeze_heap
-from raygrpo.envs.ors_server import serve_environments
-from raygrpo.errors import describe
+from raygrpo.envs.ors.server import serve_environments
+from raygrpo.core.errors import describe
 from raygrpo.specs.ors import ORSSpec
-from raygrpo.workdir import relocate
+from raygrpo.core.workdir import relocate
 
 logger = logging.getLogger(__name__)
 

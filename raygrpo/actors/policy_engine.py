@@ -15,7 +15,7 @@ import ray
 from raygrpo.config.policy import PolicyConfig
 from raygrpo.policy.base import GenerationContext, SamplingParams
 from raygrpo.policy.transformers_engine import TransformersEngine
-from raygrpo.types import Turn
+from raygrpo.core.types import Turn
 
 logger = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from raygrpo.imports import ImportSpecError, is_file_spec, resolve_file, split_spec
+from raygrpo.core.imports import ImportSpecError, is_file_spec, resolve_file, split_spec
 from raygrpo.specs.base import base_dir_of
-from raygrpo.types import SamplingParams
+from raygrpo.core.types import SamplingParams
 
 
 class VLLMServeConfig(BaseModel):

@@ -1,7 +1,7 @@
 """The run config: everything one run needs, as one pydantic model (`RunConfig`).
 
 Pure data: validating it checks fields, ranges and combinations, and makes relative paths absolute against the
-config file's folder; what those paths name is resolved by the driver before Ray starts (`raygrpo.resolve`).
+config file's folder; what those paths name is resolved by the driver before Ray starts (`raygrpo.driver.resolve`).
 """
 
 from __future__ import annotations

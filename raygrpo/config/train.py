@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from raygrpo.imports import ImportSpecError, is_file_spec, resolve_file, split_spec
+from raygrpo.core.imports import ImportSpecError, is_file_spec, resolve_file, split_spec
 from raygrpo.specs.base import base_dir_of, refuse_moved_fields
 
 #: `GRPOConfig` fields raygrpo sets itself, and the run-config field (or option) that owns each.
@@ -59,7 +59,7 @@ class WarmupConfig(BaseModel):
             (relative to the config file's folder). Called as `func(n=num_examples, seed=seed)`, it returns a list of
             `{"messages": [...], "tools": [...], "completion": str}`: `messages` the opening chat messages (no
             assistant turn), `tools` the OpenAI-format tool schemas the environment would list, `completion` the
-            assistant's text (tool calls written with `raygrpo.toolcalls.format_tool_call`), without the eos; other
+            assistant's text (tool calls written with `raygrpo.agent.toolcalls.format_tool_call`), without the eos; other
             keys are ignored. Its tasks must be disjoint from the training tasks (`examples/echo/warmup.py`).
         num_examples (`int`, *optional*, defaults to `2000`):
             How many conversations to ask `examples` for.

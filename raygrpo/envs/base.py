@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Protocol, runtime_checkable
 
-from raygrpo.errors import EnvError, RewardMissingError, TaskError
-from raygrpo.types import Observation, TaskRef, ToolResult
+from raygrpo.core.errors import EnvError, RewardMissingError, TaskError
+from raygrpo.core.types import Observation, TaskRef, ToolResult
 
 __all__ = ["EnvAdapter", "EnvError", "EnvProvider", "RewardMissingError", "SolutionRunner", "TaskError", "refuse_call"]
 

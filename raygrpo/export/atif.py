@@ -47,9 +47,9 @@ from typing import Any
 
 from harbor.models.trajectories import Trajectory as AtifTrajectory
 
-from raygrpo.types import ANSWER_STEP
+from raygrpo.core.types import ANSWER_STEP
 
-#: The tool name raygrpo's agent loop gives the result of a call it could not parse (`raygrpo.rollout`).
+#: The tool name raygrpo's agent loop gives the result of a call it could not parse (`raygrpo.agent.rollout`).
 INVALID_TOOL_CALL = "invalid_tool_call"
 #: Line fields that hold tokens; split per agent step when the turns split cleanly.
 TOKEN_KEYS = ("prompt_ids", "completion_ids", "logprobs", "env_mask")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raygrpo.types import TRAJECTORY_SCHEMA_VERSION as SCHEMA_VERSION
+from raygrpo.core.types import TRAJECTORY_SCHEMA_VERSION as SCHEMA_VERSION
 
 logger = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The Arrow schema of a trajectory line, and the codec between a line and an Arrow row, both ways.
 
-Every field of a line (`raygrpo.types.Trajectory.to_dict`, schema_version 5) is a column of its own. Nested records
+Every field of a line (`raygrpo.core.types.Trajectory.to_dict`, schema_version 5) is a column of its own. Nested records
 are Arrow structs and lists of structs (`task`, `messages` and their `tool_calls`, `timings`, `steps`, `verifier`);
 token ids and masks are lists of ints, log-probabilities lists of float64 (the exact values the JSON line holds).
 
@@ -33,7 +33,7 @@ import pyarrow as pa
 EXTRA = "_extra"
 #: The key of `EXTRA` listing keys that lines always carry but this record lacked.
 ABSENT = "__absent__"
-#: The trajectory `schema_version` this schema was written for (`raygrpo.types.TRAJECTORY_SCHEMA_VERSION`).
+#: The trajectory `schema_version` this schema was written for (`raygrpo.core.types.TRAJECTORY_SCHEMA_VERSION`).
 SCHEMA_VERSION = 5
 
 

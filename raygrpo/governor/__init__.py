@@ -7,7 +7,7 @@
 """
 
 from raygrpo.governor.governor import Governor, local_governor, reset_local_governors
-from raygrpo.governor.live import LiveCap
+from raygrpo.governor.live_cap import LiveCap
 from raygrpo.governor.refusals import BackoffSettings, RateLimitSignal, rate_limit_signal
 from raygrpo.governor.schedule import CreateRateLimiter, Reservation, max_per_window
 

@@ -3,7 +3,7 @@ answers.
 
 Providers limit a sandbox account two ways (e2b Pro: 5 creates/s and 100 live; Daytona: 600 creates/min) and
 answer anything beyond with HTTP 429. Every env pool actor on every node that creates sandboxes on one provider key
-goes through one `Governor` (the named Ray actor of `raygrpo.actors.rate_limiter`, or this process's own without
+goes through one `Governor` (the named Ray actor of `raygrpo.governor.actor`, or this process's own without
 Ray):
 
 - **create rate**: `CreateRateLimiter` (`schedule.py`), the schedule of create slots;
@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from raygrpo.governor.live import LiveCap
+from raygrpo.governor.live_cap import LiveCap
 from raygrpo.governor.refusals import BackoffSettings, RateLimitSignal, rate_limit_signal
 from raygrpo.governor.schedule import CreateRateLimiter, Reservation
 

@@ -3,7 +3,7 @@
 They do what Harbor's `oracle` and `nop` agents do. The oracle runs the task's reference solution through the
 adapter (`SolutionRunner.run_solution`: Harbor's `solution/solve.sh`, uploaded to `/solution` and run from the
 working directory); noop does nothing, so the verifier judges the untouched sandbox. The agent loop
-(`raygrpo.rollout`) gives them the started adapter instead of a conversation, records what they did as a step, and
+(`raygrpo.agent.rollout`) gives them the started adapter instead of a conversation, records what they did as a step, and
 has the episode scored as usual. They need no model, tokenizer or engine, serve `raygrpo rollout` and
 `raygrpo check`, and `raygrpo train` refuses them (there is nothing to train on).
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 from raygrpo.envs.base import SolutionRunner
-from raygrpo.errors import TaskError
-from raygrpo.types import SOLUTION_STEP, UNVERSIONED, ToolResult
+from raygrpo.core.errors import TaskError
+from raygrpo.core.types import SOLUTION_STEP, UNVERSIONED, ToolResult
 
 __all__ = ["ActingPolicy", "NoopPolicy", "OraclePolicy", "acting_policy"]
 

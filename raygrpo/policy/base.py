@@ -6,8 +6,8 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from raygrpo.errors import PolicyError
-from raygrpo.types import SamplingParams, TaskRef, Turn
+from raygrpo.core.errors import PolicyError
+from raygrpo.core.types import SamplingParams, TaskRef, Turn
 
 __all__ = ["GenerationContext", "PolicyClient", "PolicyError", "SamplingParams", "request_seed"]
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from raygrpo.errors import PolicyError, describe
+from raygrpo.core.errors import PolicyError, describe
 from raygrpo.policy.base import GenerationContext, SamplingParams
-from raygrpo.types import Turn
+from raygrpo.core.types import Turn
 
 
 class EngineClient:

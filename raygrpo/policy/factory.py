@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 from raygrpo.config.policy import PolicyConfig
-from raygrpo.errors import ResolveError
-from raygrpo.imports import load_function
+from raygrpo.core.errors import ResolveError
+from raygrpo.core.imports import load_function
 from raygrpo.policy.acting import ActingPolicy, acting_policy
 from raygrpo.policy.base import PolicyClient
 from raygrpo.policy.engine_client import EngineClient

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from raygrpo.policy.base import GenerationContext, PolicyError, SamplingParams
-from raygrpo.types import UNVERSIONED, TaskRef, Turn
+from raygrpo.core.types import UNVERSIONED, TaskRef, Turn
 
 logger = logging.getLogger(__name__)
 

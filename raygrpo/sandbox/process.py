@@ -22,7 +22,7 @@ from pathlib import Path
 
 from harbor.environments.base import transfer_tar_filter
 
-from raygrpo.sandbox import registry as _reg
+from raygrpo.sandbox import owners as _reg
 
 NSENTER = shutil.which("nsenter") or "/usr/bin/nsenter"
 # Tools run inside the sandbox, by absolute path (a task's ENV PATH may not include them); the sandbox's /usr is

@@ -1,6 +1,6 @@
-"""Fault and latency injection settings of an environment spec (`faults:`), applied by `raygrpo.sandbox.faults`.
+"""Fault and latency injection settings of an environment spec (`faults:`), applied by `raygrpo.envs.harbor.faults`.
 
-Pure data: the distributions sample from a `random.Random` they are given; `raygrpo.sandbox.faults` wraps a backend
+Pure data: the distributions sample from a `random.Random` they are given; `raygrpo.envs.harbor.faults` wraps a backend
 and injects what these settings describe.
 """
 

@@ -3,7 +3,7 @@
 Pure data. Loading a config validates the fields and makes relative paths (`path`, a file-path `harness` or
 `import_path`) absolute against the folder given as `base_dir` in the pydantic validation context (the config file's
 folder), else the working directory. What the paths name (the task dirs, the harness and backend classes) is checked
-by the driver's resolve step before Ray starts (`raygrpo.envs.registry`), and the spec travels to the env pool
+by the driver's resolve step before Ray starts (`raygrpo.envs.kinds`), and the spec travels to the env pool
 actors as it is: strings and numbers only, never a sandbox, a loop or a secret value.
 """
 
@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from raygrpo.imports import ImportSpecError, is_file_spec, resolve_file, split_spec
+from raygrpo.core.imports import ImportSpecError, is_file_spec, resolve_file, split_spec
 from raygrpo.specs.base import EnvSpecBase, base_dir_of
 from raygrpo.specs.faults import FaultConfig
 from raygrpo.specs.governor import BackoffSpec
@@ -60,7 +60,7 @@ class HarborSpec(EnvSpecBase):
         harness (`str`, *optional*, defaults to `"bash"`):
             The tool surface: a built-in name (`"bash"`), an import path `"pkg.module:Class"` or a file path
             `"path/to/file.py:Class"` (relative to the config file) of a harness class (see
-            `raygrpo.envs.harness.BaseHarness`).
+            `raygrpo.envs.harbor.harness.BaseHarness`).
         environment_type (`str`, *optional*):
             A Harbor `EnvironmentType`: `"docker"`, `"e2b"`, `"daytona"`, `"modal"`, ... The backend's extra must be
             installed where the env pool actors run (`pip install 'harbor[e2b]'`) and its credentials set there
@@ -107,7 +107,7 @@ class HarborSpec(EnvSpecBase):
             Serve Harbor's download-at-test-time verifier template from what the sandbox already has, for sandboxes
             that cannot download: during the verifier phase only, `apt-get`, `curl` of the uv installer,
             `$HOME/.local/bin/env`, `uvx --with SPEC ... pytest` and `uv run` are shims first on `test.sh`'s `PATH`
-            (`raygrpo.envs.harbor_offline`; task files are not rewritten). The packages asked for must be in the
+            (`raygrpo.envs.harbor.offline`; task files are not rewritten). The packages asked for must be in the
             sandbox's `python3` (the local backend's toolbox, or the image's); one that is not is a
             `verifier_error` naming it.
         keep_logs (`Literal["failed", "all", "none"]`, *optional*, defaults to `"failed"`):

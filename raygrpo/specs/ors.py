@@ -1,6 +1,6 @@
 """The ORS environment spec: one OpenReward Standard environment, reached by URL, catalog name or import path.
 
-Pure data. Loading a config validates the fields; the driver's resolve step (`raygrpo.envs.registry`) checks that an
+Pure data. Loading a config validates the fields; the driver's resolve step (`raygrpo.envs.kinds`) checks that an
 `environment` class loads and that a `url` or `catalog` server answers, before Ray starts. The spec travels to the
 env pool actors as it is: strings and numbers only, never a client, a loop or a secret value.
 """
@@ -13,7 +13,7 @@ from urllib.parse import urlparse
 
 from pydantic import Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
-from raygrpo.imports import ImportSpecError, is_file_spec, resolve_file, split_spec
+from raygrpo.core.imports import ImportSpecError, is_file_spec, resolve_file, split_spec
 from raygrpo.specs.base import EnvSpecBase, base_dir_of
 from raygrpo.specs.selection import check_indices
 

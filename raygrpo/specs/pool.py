@@ -13,7 +13,7 @@ own that ask Ray for what it names: docker-backed Harbor suites the docker hosts
 
 A pool is fixed (`num_actors`) or elastic (`min_actors` / `max_actors`): the orchestrator then starts actors as
 rollouts queue up (K per actor) and drains those idle for `idle_timeout_s`, so an autoscaler can release their nodes
-(see `raygrpo.pools`).
+(see `raygrpo.driver.pools`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A Harbor suite's start-ahead settings: its warm pool (`envs.<name>.warm_pool`) and hedged starts
-(`envs.<name>.hedge`). Pure data; `raygrpo.envs.harbor_warm` and `raygrpo.envs.harbor_hedge` act on them."""
+(`envs.<name>.hedge`). Pure data; `raygrpo.envs.harbor.warm` and `raygrpo.envs.harbor.starts` act on them."""
 
 from __future__ import annotations
 

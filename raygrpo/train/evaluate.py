@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from raygrpo.orchestrator import Orchestrator, make_groups
+from raygrpo.driver.orchestrator import Orchestrator, make_groups
 from raygrpo.train.metrics import per_env_stats, reward_stats
-from raygrpo.types import UNVERSIONED, TaskRef
+from raygrpo.core.types import UNVERSIONED, TaskRef
 
 
 def evaluate(orchestrator: Orchestrator, tasks: list[TaskRef]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from raygrpo.types import Trajectory
+from raygrpo.core.types import Trajectory
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """The learner path in one process, without Ray: for the GPU check and for tests of a real model's training step.
 
 `InProcessRollouts` gives TRL's `GRPOTrainer` (raygrpo's `BehaviourGRPOTrainer`) a `rollout_func` that runs the
-plain-asyncio agent loop (`raygrpo.rollout.run_rollout`) against in-process environment adapters and an in-process
+plain-asyncio agent loop (`raygrpo.agent.rollout.run_rollout`) against in-process environment adapters and an in-process
 `TransformersEngine`, on an event loop of its own thread. Before each batch it gives the engine the trainer's
 weights (as `raygrpo.train.learner.Learner` does through Ray), picks the batch's tasks with `TaskSchedule`, and returns
 the groups laid out by `raygrpo.train.groups.to_rollout_output`: the same rollout records, weight sync and batch
@@ -16,15 +16,15 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from raygrpo.chat import ChatRenderer
+from raygrpo.agent.chat import ChatRenderer
 from raygrpo.config.rollout import RolloutConfig
 from raygrpo.envs.base import EnvAdapter
-from raygrpo.rollout import run_rollout
+from raygrpo.agent.rollout import run_rollout
 from raygrpo.train.groups import Group, to_rollout_output
 from raygrpo.train.metrics import reward_stats
 from raygrpo.train.schedule import TaskSchedule
 from raygrpo.train.weights import cpu_state_dict
-from raygrpo.types import SamplingParams, TaskRef, Trajectory
+from raygrpo.core.types import SamplingParams, TaskRef, Trajectory
 
 logger = logging.getLogger(__name__)
 

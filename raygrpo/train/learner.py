@@ -27,13 +27,13 @@ from typing import Any
 from transformers import TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 
-from raygrpo._compat import sync_vllm_weights
+from raygrpo.core.compat import sync_vllm_weights
 from raygrpo.config import RunConfig
-from raygrpo.orchestrator import Orchestrator, Route
-from raygrpo.outcome import Outcomes
+from raygrpo.driver.orchestrator import Orchestrator, Route
+from raygrpo.core.outcome import Outcomes
 from raygrpo.policy.tiny import resolve_model_path
 from raygrpo.policy.vllm_serve import trl_server_kwargs
-from raygrpo.pools import ActorSpawner, PoolSet
+from raygrpo.driver.pools import ActorSpawner, PoolSet
 from raygrpo.train.evaluate import evaluate
 from raygrpo.train.groups import to_rollout_output
 from raygrpo.train.grpo_args import build_grpo_config
@@ -44,8 +44,8 @@ from raygrpo.train.source import RolloutSource
 from raygrpo.train.trainer import trainer_class
 from raygrpo.train.warmup import run_warmup
 from raygrpo.train.weights import push_weights
-from raygrpo.types import TaskRef
-from raygrpo.workdir import relocate
+from raygrpo.core.types import TaskRef
+from raygrpo.core.workdir import relocate
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ class Learner:
         resume: Continue from the latest checkpoint in `out_dir/checkpoints` (if any).
         routes: Which environments each actor serves and its capacity (`RolloutRuntime.routes`).
         spawners: How to start each env pool of the run (`RolloutRuntime.spawners`): the learner then owns the
-            pools (`raygrpo.pools`), sized from its rollout demand, instead of `actors`.
+            pools (`raygrpo.driver.pools`), sized from its rollout demand, instead of `actors`.
         workdir: The driver's working_dir on a cluster: config paths under it are mapped into this node's copy.
     """
 

@@ -9,8 +9,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from raygrpo.summary import trajectory_line
-from raygrpo.types import Trajectory
+from raygrpo.driver.summary import trajectory_line
+from raygrpo.core.types import Trajectory
 
 
 def reward_stats(trajectories: Iterable[Trajectory]) -> dict[str, Any]:

@@ -16,13 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from raygrpo.actors.learner import start_learner
-from raygrpo.check import read_broken_tasks
+from raygrpo.driver.check import read_broken_tasks
 from raygrpo.config import RunConfig
-from raygrpo.placement import actor_resources, check_fits
-from raygrpo.progress import Progress, progress_mode
-from raygrpo.resolve import ResolvedRun, resolve_run
-from raygrpo.runtime import ray_info
-from raygrpo.session import RunSession
+from raygrpo.driver.placement import actor_resources, check_fits
+from raygrpo.driver.progress import Progress, progress_mode
+from raygrpo.driver.resolve import ResolvedRun, resolve_run
+from raygrpo.driver.runtime import ray_info
+from raygrpo.driver.session import RunSession
 from raygrpo.train.metrics import read_metrics
 
 logger = logging.getLogger(__name__)

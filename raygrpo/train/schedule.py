@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from raygrpo.types import TaskRef
+from raygrpo.core.types import TaskRef
 
 
 class _EnvCycle:

@@ -30,7 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Literal
 
-from raygrpo.orchestrator import Orchestrator, make_groups
+from raygrpo.driver.orchestrator import Orchestrator, make_groups
 from raygrpo.train.groups import Group, GroupAssembler
 from raygrpo.train.schedule import TaskSchedule
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from trl import GRPOTrainer
 
-from raygrpo._compat import GenerationOutputHook
+from raygrpo.core.compat import GenerationOutputHook
 from raygrpo.config import RunConfig
 
 

@@ -16,9 +16,9 @@ import random
 import time
 from typing import Any
 
-from raygrpo.chat import ChatRenderer
+from raygrpo.agent.chat import ChatRenderer
 from raygrpo.config.train import WarmupConfig
-from raygrpo.imports import load_function
+from raygrpo.core.imports import load_function
 
 logger = logging.getLogger(__name__)
 

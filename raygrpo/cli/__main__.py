@@ -1,0 +1,5 @@
+import sys
+
+from raygrpo.cli.app import main
+
+sys.exit(main())

@@ -1,0 +1,89 @@
+"""How a run went: the statuses its rollouts ended with, why the failed ones failed, and whether the run failed.
+
+DESIGN section 7's exit codes: a run that completed exits 0, unless it failed: no rollout was scored while some failed
+for an infrastructure reason, or more than `fail_fraction` of its rollouts failed. `Outcomes` collects the final
+trajectories (`rollout` counts every requested rollout, `train` every consumed one); `verdict` judges them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from raygrpo.core.types import Status, Trajectory
+
+#: How many causes the console and the summary list.
+TOP_CAUSES = 5
+
+_NUMBER = re.compile(r"\b\d+(\.\d+)?\b")
+_HEX_ID = re.compile(r"\b[0-9a-f]{8,}\b")
+_URL_PORT = re.compile(r"(https?://[^/:\s]+):\d+")
+
+
+def cause_of(error: str | None) -> str:
+    """An error message with what varies between otherwise identical failures (numbers, ids, ports) replaced, so
+    that the same failure of many rollouts counts as one cause."""
+    text = error or "(no message)"
+    text = _URL_PORT.sub(r"\1:PORT", text)
+    text = _HEX_ID.sub("ID", text)
+    return _NUMBER.sub("N", text)
+
+
+@dataclass
+class Outcomes:
+    """Final statuses of a run's rollouts, and the causes of its failures with one example message each."""
+
+    status_counts: Counter = field(default_factory=Counter)
+    scored: int = 0
+    _causes: Counter = field(default_factory=Counter)
+    _examples: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def add(self, traj: Trajectory) -> None:
+        self.status_counts[traj.status.value] += 1
+        if traj.reward is not None:
+            self.scored += 1
+        if traj.status.is_failure:
+            key = (traj.status.value, cause_of(traj.error))
+            self._causes[key] += 1
+            self._examples.setdefault(key, traj.error or "")
+
+    def causes(self, top: int = TOP_CAUSES) -> list[dict[str, Any]]:
+        """The most frequent failure causes: `{status, cause, count, example}`, most frequent first."""
+        return [{"status": status, "cause": cause, "count": count, "example": self._examples[(status, cause)]}
+                for (status, cause), count in self._causes.most_common(top)]
+
+
+@dataclass
+class Verdict:
+    """Whether a completed run failed, and why (one line)."""
+
+    failed: bool
+    reason: str = ""
+
+
+def verdict(status_counts: Mapping[str, int], scored: int, fail_fraction: float) -> Verdict:
+    """Judge a completed run by DESIGN section 7's rule (see the module docstring), from its status counts and the
+    number of scored rollouts (as `summary.json` reports them)."""
+    total = sum(status_counts.values())
+    failed = sum(n for status, n in status_counts.items() if Status(status).is_failure)
+    if failed and not scored:
+        return Verdict(True, f"no rollout was scored and {failed} of {total} failed")
+    if total and failed / total > fail_fraction:
+        return Verdict(True, f"{failed} of {total} rollouts failed, more than fail_fraction={fail_fraction:g}")
+    return Verdict(False)
+
+
+def report(status_counts: dict[str, int], causes: list[dict[str, Any]]) -> str:
+    """The lines the console shows at the end of a run: status counts, then the top failure causes."""
+    lines = ["status: " + (", ".join(f"{s} {n}" for s, n in sorted(status_counts.items(), key=lambda kv: -kv[1]))
+                           or "no rollouts")]
+    if causes:
+        lines.append("top failure causes:")
+        for c in causes:
+            lines.append(f"  {c['count']:>5}  {c['status']:<13} {c['cause']}")
+            if c["example"] != c["cause"]:
+                lines.append(f"  {'':>5}  {'':<13} e.g. {c['example']}")
+    return "\n".join(lines)

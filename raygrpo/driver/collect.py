@@ -1,0 +1,75 @@
+"""`raygrpo rollout`: collect trajectories for every task of a run config, without training.
+
+Writes `OUT/trajectories.jsonl` (appended as rollouts finish), `OUT/metrics.jsonl` (the env pools' sizes, queue
+and attempts by status every few seconds) and `OUT/summary.json`. On Ctrl-C or an error the
+rollouts in flight are cancelled, every environment is closed, and a partial summary is written.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from raygrpo.config import RunConfig
+from raygrpo.driver.orchestrator import Orchestrator, make_groups
+from raygrpo.driver.pools.metrics import PoolMetricsLog
+from raygrpo.driver.progress import Progress, progress_mode
+from raygrpo.driver.resolve import resolve_run
+from raygrpo.driver.session import RunSession
+from raygrpo.driver.summary import RunSummary, TrajectoryWriter
+from raygrpo.core.types import Trajectory
+
+logger = logging.getLogger(__name__)
+
+
+def collect(cfg: RunConfig, out_dir: str | Path, progress: bool | str = True) -> dict[str, Any]:
+    """Run every task of `cfg` `group_size` times and write the outputs; returns the summary.
+
+    Resolves what the config names first (a failure raises `ResolveError` before Ray starts), then starts a local
+    Ray (or joins `cfg.ray.address`) unless Ray is already initialised, and shuts down only what it started.
+
+    Args:
+        cfg: The validated run config.
+        out_dir: The run folder.
+        progress: `"bar"` (or True) for a live progress bar, `"log"` for a plain line every few seconds (logs of
+            `ray job submit`, CI), False for none.
+    """
+    resolved = resolve_run(cfg)
+    out = Path(out_dir)
+    summary = RunSummary(requested=0)
+    writer = TrajectoryWriter(out / "trajectories.jsonl")
+    lost = 0
+    session = RunSession(cfg, out, resolved.tasks_by_env, actor_prefix="raygrpo-envpool",
+                         summarize=lambda: summary.to_dict(extra={
+                             "server_live_sessions": session.runtime.server_live_sessions,
+                             "attempts_lost_to_actors": lost, "pools": session.runtime.pool_snapshot}))
+    try:
+        with session:
+            requests = make_groups(session.runtime.tasks, cfg.rollout.group_size)
+            summary.requested = len(requests)
+            orchestrator = Orchestrator(
+                pools=session.runtime.pools,
+                max_retries=cfg.workers.max_retries,
+                on_failed_attempt=summary.add_failed_attempt,
+            )
+            pool_log = PoolMetricsLog(out / "metrics.jsonl")
+            try:
+                with Progress("rollouts", len(requests), progress_mode(progress)) as bar:
+                    for traj in orchestrator.run(requests, on_poll=lambda o: o.log_pools(pool_log)):
+                        writer.write(traj)
+                        summary.add(traj)
+                        bar.update(len(summary.trajectories), _progress_info(summary.trajectories,
+                                                                              orchestrator.in_flight))
+            finally:
+                orchestrator.log_pools(pool_log, force=True)
+                lost = orchestrator.stats.lost_to_actors
+    finally:
+        writer.close()
+    return session.summary
+
+
+def _progress_info(trajectories: list[Trajectory], in_flight: int) -> str:
+    rewards = [t.reward for t in trajectories if t.reward is not None]
+    mean = f"{sum(rewards) / len(rewards):.3f}" if rewards else "-"
+    return f"in flight {in_flight}  scored {len(rewards)}  reward {mean}"

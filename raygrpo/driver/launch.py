@@ -1,0 +1,260 @@
+"""Starting and stopping what a run needs on Ray: embedded ORS servers, policy engines, env pool actors.
+
+`RolloutRuntime` is a context manager: it brings everything up in `__enter__` and, whatever happened (an error,
+Ctrl-C), shuts the env pool actors down (which closes every session), then the engines and the servers, in
+`__exit__`. The env pool actors are started through the run's pools (`raygrpo.driver.pools`), which size themselves from
+the orchestrator's demand; in training the learner owns the pools instead (`own_pools=False`) and gets the spawners. The final actor stats give the leak count. It starts from a resolved run: the config, and the tasks the
+driver's resolve step listed (None for an `environment` that is listed once it is served here).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+import ray
+
+from raygrpo.actors.ors_server import start_embedded_server
+from raygrpo.actors.policy_engine import start_engines, stop_engines
+from raygrpo.governor.actor import ensure_rate_limiter, forget_holders
+from raygrpo.actors.vllm_server import start_vllm_server, stop_vllm_server
+from raygrpo.config import RunConfig
+from raygrpo.envs.kinds import kind_of
+from raygrpo.driver.orchestrator import Route
+from raygrpo.driver.placement import actor_resources, check_fits
+from raygrpo.driver.pools import ActorSpawner, PoolGroup, PoolSet, SlotState
+from raygrpo.driver.runtime import ray_info
+from raygrpo.docker.engine import DockerUnavailable, may_have_docker
+from raygrpo.docker.owners import run_leftovers
+from raygrpo.leases.reaper import LeaseWatch, reap_stale_leases
+from raygrpo.leases.ledger import LEASE_DIR_ENV, lease_dir
+from raygrpo.sandbox.orphans import OrphanReaper
+from raygrpo.sandbox.owners import ROOT_ENV, RUN_ENV, sandbox_root
+from raygrpo.specs import ORSSpec
+from raygrpo.core.types import TaskRef
+from raygrpo.agent.worker import WorkerSettings
+
+logger = logging.getLogger(__name__)
+
+
+class RolloutRuntime:
+    """The Ray side of a run.
+
+    Args:
+        cfg: The validated run config.
+        tasks_by_env: The environments to serve (`envs`, plus `eval_envs` for training), each with the tasks the
+            resolve step listed, or None for an `environment` spec (listed here once its server is up).
+        actor_prefix: Prefix of the env pool actors' names (they are named, so a cluster operator can find them).
+        own_pools: Start the env pools here (`pools`); False leaves `spawners` for the process that dispatches
+            (the learner), which then owns the actors and reports their final stats (`add_final_stats`).
+    """
+
+    def __init__(self, cfg: RunConfig, tasks_by_env: dict[str, list[TaskRef] | None],
+                 actor_prefix: str = "raygrpo-envpool", own_pools: bool = True) -> None:
+        unknown = sorted(set(tasks_by_env) - set(cfg.envs) - set(cfg.eval_envs))
+        if unknown:
+            raise ValueError(f"environments {unknown} are not in the run config")
+        self.cfg = cfg
+        self.actor_prefix = actor_prefix
+        self.envs: dict[str, Any] = {name: {**cfg.envs, **cfg.eval_envs}[name] for name in tasks_by_env}
+        self.tasks_by_env: dict[str, list[TaskRef] | None] = dict(tasks_by_env)
+        self.servers: dict[str, Any] = {}
+        #: The policy settings the actors use: `cfg.policy`, with the URL filled in when raygrpo serves vLLM.
+        self.policy = cfg.policy
+        self.vllm_server: Any = None
+        self.engines: list[Any] = []
+        self.own_pools = own_pools
+        #: How each pool's actors are started (what the learner needs to own the pools in training).
+        self.spawners: list[ActorSpawner] = []
+        #: The run's env pools, when started here: pass to `Orchestrator(pools=...)`.
+        self.pools: PoolSet | None = None
+        self.final_stats: list[dict[str, Any]] = []
+        #: The pools' last snapshot after they closed: actors started, drained and lost per pool.
+        self.pool_snapshot: dict[str, Any] = {}
+        self.server_live_sessions: dict[str, int] = {}
+        #: Labels this run's docker sandboxes; local ones live under their own root: leak counts see only the run's.
+        self.run_id = f"run-{uuid.uuid4().hex[:12]}"
+        self.sandbox_root = str(sandbox_root() / self.run_id)
+        #: The lease ledger of remote sandboxes (`raygrpo.leases.ledger`); shared storage on a multi-node cluster.
+        self.lease_dir = str(lease_dir())
+        self.leaked_sandboxes: int = 0
+        self._reaper: OrphanReaper | None = None
+        self._lease_watch: LeaseWatch | None = None
+
+    @property
+    def tasks(self) -> list[TaskRef]:
+        """The tasks of the run's `envs` (not of `eval_envs`), in config order."""
+        return [t for name in self.cfg.envs if name in self.tasks_by_env for t in self.tasks_by_env[name] or []]
+
+    def __enter__(self) -> RolloutRuntime:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def _start(self) -> None:
+        cfg = self.cfg
+        info = ray_info()
+        for name, spec in self.envs.items():
+            if isinstance(spec, ORSSpec) and spec.environment:
+                # Actors on other nodes reach it only through the node's own address.
+                handle, url = start_embedded_server(spec, name, host="node" if info.joined else "127.0.0.1",
+                                                   workdir=info.workdir)
+                self.servers[name] = handle
+                self.envs[name] = spec.served_at(url)
+                logger.info("serving environment %s at %s", name, url)
+        for name, tasks in self.tasks_by_env.items():
+            if tasks is None:
+                self.tasks_by_env[name] = kind_of(self.envs[name]).list_tasks(self.envs[name], name)
+        for spec in self.envs.values():
+            rate, cap = getattr(spec, "create_rate_per_s", None), getattr(spec, "max_live", None)
+            if rate or cap:
+                # Created here, by the driver, so the governor outlives any one env pool actor.
+                ensure_rate_limiter(spec.effective_rate_limit_key, rate, max_live=cap)
+        groups = self._pool_groups()
+        demands = {g.field: actor_resources(g.num_cpus, memory=g.memory, resources=g.resources) for g in groups}
+        if cfg.policy.kind == "transformers":
+            demands["policy.engine_resources"] = actor_resources(
+                cfg.policy.engine_num_cpus, 1.0 if cfg.policy.device.startswith("cuda") else 0.0,
+                resources=cfg.policy.engine_resources)
+        if cfg.policy.kind == "vllm" and cfg.policy.serve is not None:
+            serve = cfg.policy.serve
+            demands["policy.serve"] = actor_resources(serve.num_cpus, serve.num_gpus, resources=serve.resources)
+            if info.joined and serve.host not in ("0.0.0.0", "::"):
+                logger.warning("policy.serve.host=%s: on a cluster only actors on the server's node reach it; set "
+                               "0.0.0.0 to serve every node", serve.host)
+        check_fits(demands)
+        if cfg.policy.kind == "vllm" and cfg.policy.serve is not None:
+            self.vllm_server, url = start_vllm_server(cfg.policy.serve, cfg.model)
+            name = cfg.policy.served_model_name or cfg.policy.serve.served_model_name or cfg.model
+            self.policy = cfg.policy.model_copy(update={"url": url, "serve": None, "served_model_name": name})
+            logger.info("vLLM server for %s at %s", cfg.model, url)
+        self.engines = start_engines(self.policy, cfg.model)
+
+        # What crashed runs left at remote providers (leases whose owner is stale), before this run's actors start.
+        reap_stale_leases(self.lease_dir)
+        self._reaper = OrphanReaper(self.sandbox_root)
+        # This run's own: the sandboxes of an actor lost mid-run, stopped, and its live tickets dropped.
+        self._lease_watch = LeaseWatch(self.lease_dir, self.run_id, on_holders_gone=forget_holders).start()
+        job_env = dict((ray.get_runtime_context().runtime_env or {}).get("env_vars") or {})
+        env_vars = {**job_env, ROOT_ENV: self.sandbox_root, RUN_ENV: self.run_id, LEASE_DIR_ENV: self.lease_dir}
+        template = WorkerSettings(name="", envs={}, policy=self.policy, model=cfg.model, sampling=cfg.sampling,
+                                  rollout=cfg.rollout, max_concurrent=1, engines=self.engines, workdir=info.workdir)
+        base = 0
+        for group in groups:
+            self.spawners.append(ActorSpawner(group, template, env_vars, index_base=base))
+            base += group.max_actors
+        if self.own_pools:
+            self.pools = PoolSet.from_spawners(self.spawners)
+            logger.info("starting %d env pool actor(s)", sum(g.min_actors for g in groups))
+            self.pools.start()
+
+    @property
+    def actors(self) -> list[tuple[str, Any]]:
+        """The live env pool actors of the pools started here, `(name, handle)`."""
+        return self.pools.actors if self.pools is not None else []
+
+    @property
+    def routes(self) -> dict[str, Route]:
+        """Per live actor name: the environments it serves and its K (for `Orchestrator(actors, routes=...)`)."""
+        if self.pools is None:
+            return {}
+        return {s.name: Route(envs=s.envs, capacity=s.capacity) for p in self.pools.pools for s in p.slots
+                if s.state is SlotState.LIVE}
+
+    def add_final_stats(self, stats: list[dict[str, Any]]) -> None:
+        """Final stats of env pool actors owned elsewhere (the learner's pools), for the leak count."""
+        self.final_stats.extend(stats)
+
+    def _pool_groups(self) -> list[PoolGroup]:
+        """The run's env pool actor groups. Environments without `pool` share the default group (`workers:`); each
+        one with `pool` gets a group of its own."""
+        workers = self.cfg.workers
+        shared = {name: spec for name, spec in self.envs.items() if spec.pool is None}
+        groups = []
+        if shared:
+            low, high = _bounds(None, workers.min_env_actors, workers.max_env_actors, workers.num_env_actors)
+            groups.append(PoolGroup("workers", self.actor_prefix, shared, workers.max_concurrent_per_actor,
+                                    workers.actor_num_cpus, min_actors=low, max_actors=high,
+                                    idle_timeout_s=workers.idle_timeout_s,
+                                    start_timeout_s=workers.actor_start_timeout_s))
+        for name, spec in self.envs.items():
+            pool = spec.pool
+            if pool is not None:
+                low, high = _bounds(pool.num_actors, pool.min_actors, pool.max_actors, workers.num_env_actors)
+                groups.append(PoolGroup(
+                    f"envs.{name}.pool", f"{self.actor_prefix}-{name}", {name: spec},
+                    pool.max_concurrent or workers.max_concurrent_per_actor,
+                    workers.actor_num_cpus if pool.num_cpus is None else pool.num_cpus,
+                    int(pool.memory) if pool.memory else None, pool.resources, min_actors=low, max_actors=high,
+                    idle_timeout_s=pool.idle_timeout_s or workers.idle_timeout_s,
+                    start_timeout_s=workers.actor_start_timeout_s))
+        return groups
+
+    def stop(self) -> None:
+        """Shut down actors (closing every environment), then engines and embedded servers. Safe to call twice."""
+        if self.pools is not None:
+            self.final_stats.extend(self.pools.close())
+            self.pool_snapshot = self.pools.snapshot()
+            self.pools = None
+        if self.engines:
+            stop_engines(self.engines)
+            self.engines = []
+        if self.vllm_server is not None:
+            stop_vllm_server(self.vllm_server, timeout_s=60)
+            self.vllm_server = None
+        for name, handle in self.servers.items():
+            try:
+                self.server_live_sessions[name] = ray.get(handle.live_sessions.remote(), timeout=30)
+                ray.get(handle.stop.remote(), timeout=30)
+            except Exception as exc:  # noqa: BLE001
+                logger.warning("embedded server %s did not stop cleanly: %s", name, exc)
+            ray.kill(handle, no_restart=True)
+        self.servers = {}
+        if self._lease_watch is not None:
+            self._lease_watch.close()
+            self._lease_watch = None
+        if self._reaper is not None:
+            self.leaked_sandboxes = self._reaper.close() + len(self._docker_leftovers())
+            self._reaper = None
+            # This run's leases whose owner is gone (an actor lost with its node, a stop that failed).
+            reap_stale_leases(self.lease_dir, run=self.run_id)
+
+    def _docker_leftovers(self) -> list[str]:
+        """This run's docker sandboxes (compose projects) that docker on this machine still has."""
+        if not may_have_docker():
+            return []
+        try:
+            left = run_leftovers(self.run_id)
+        except DockerUnavailable as exc:
+            logger.debug("docker not asked for leftovers: %s", exc)
+            return []
+        if left:
+            logger.warning("docker sandboxes of this run still there after it: %s", ", ".join(left))
+        return left
+
+    @property
+    def leaked_envs(self) -> int:
+        """Environments still alive after shutdown: the largest of the actors' own count (warm sandboxes included), the ORS servers' count of
+        live sessions, and the sandboxes of this run still found on this machine: local ones through the OS, docker
+        ones (compose projects labelled with the run) through docker."""
+        # An actor's open sandboxes include its rollouts' (live_envs) and those its warm pool still holds.
+        actor_live = sum(max(int(s.get("live_envs") or 0), int(s.get("open_sandboxes") or 0))
+                         for s in self.final_stats)
+        return max(actor_live, sum(self.server_live_sessions.values()), self.leaked_sandboxes)
+
+
+def _bounds(fixed: int | None, low: int | None, high: int | None, default: int) -> tuple[int, int]:
+    """A pool's (min, max) actors: a fixed count, or elastic bounds (min 0; max the larger of min and `default`)."""
+    if fixed is not None and low is None and high is None:
+        return fixed, fixed
+    if low is None and high is None:
+        return default, default
+    low = 0 if low is None else low
+    return low, max(low, default) if high is None else high

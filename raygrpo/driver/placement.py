@@ -1,0 +1,82 @@
+"""Checking, before an actor is created, that some node of the cluster can ever hold what it asks for.
+
+Ray queues an actor whose resources no node has, forever and silently, in case an autoscaler adds such a node. A
+run instead fails at start, naming the config field and the resource, when neither a live node nor a node type the
+cluster's autoscaler may add (the cluster config it reports, `ray up` and KubeRay alike) offers the amount.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from raygrpo.core.errors import ResolveError
+
+logger = logging.getLogger(__name__)
+
+
+class PlacementError(ResolveError):
+    """An actor asks for resources that no node offers and no autoscaler can add; the message names the field."""
+
+
+def actor_resources(num_cpus: float = 0.0, num_gpus: float = 0.0, memory: int | None = None,
+                    resources: dict[str, float] | None = None) -> dict[str, float]:
+    """One actor's demand as Ray counts it (`CPU`, `GPU`, `memory` in bytes, custom resources); zeros left out."""
+    out = {"CPU": float(num_cpus), "GPU": float(num_gpus), "memory": float(memory or 0), **(resources or {})}
+    return {key: amount for key, amount in out.items() if amount}
+
+
+def node_capacities() -> list[dict[str, float]]:
+    """Total resources of every alive node."""
+    import ray
+
+    return [dict(node.get("Resources") or {}) for node in ray.nodes() if node.get("Alive")]
+
+
+def autoscaler_capacities() -> list[dict[str, float]]:
+    """Resources of each node type the cluster's autoscaler may add (none without an autoscaler)."""
+    try:
+        from ray._private.state import state
+
+        config = state.get_cluster_config()
+    except Exception as exc:  # noqa: BLE001 - a private API: without it, only live nodes count
+        logger.debug("no autoscaler cluster config: %s", exc)
+        return []
+    if config is None:
+        return []
+    return [{key: float(v) for key, v in group.resources.items()} for group in config.node_group_configs
+            if group.max_count != 0]
+
+
+def check_fits(demands: dict[str, dict[str, float]], nodes: list[dict[str, float]] | None = None,
+               node_types: list[dict[str, float]] | None = None) -> None:
+    """Raise `PlacementError` for the first demand that no live node and no autoscalable node type can hold.
+
+    Args:
+        demands: Config field (e.g. `envs.swe.pool`) to one actor's resources (`actor_resources`).
+        nodes: Live nodes' totals (default: asked of Ray).
+        node_types: Node types an autoscaler may add (default: from the cluster config the autoscaler reports).
+    """
+    nodes = node_capacities() if nodes is None else nodes
+    node_types = autoscaler_capacities() if node_types is None else node_types
+    for field, demand in demands.items():
+        if any(_fits(demand, node) for node in [*nodes, *node_types]):
+            continue
+        missing = sorted(key for key in demand if not any(key in node for node in [*nodes, *node_types]))
+        offered = sorted({key for node in [*nodes, *node_types] for key in node if not key.startswith("node:")})
+        what = (f"no node offers {', '.join(repr(k) for k in missing)}" if missing
+                else f"no single node has {_show(demand)}")
+        scaler = "and the cluster has no autoscaler node type with it" if node_types else "and no autoscaler can add one"
+        raise PlacementError(f"{field}: one actor asks for {_show(demand)}; {what} {scaler} (nodes offer: "
+                             f"{', '.join(offered) or 'nothing'})")
+
+
+def _fits(demand: dict[str, float], node: dict[str, Any]) -> bool:
+    return all(float(node.get(key, 0.0)) >= amount for key, amount in demand.items())
+
+
+def _show(demand: dict[str, float]) -> str:
+    parts = []
+    for key, amount in demand.items():
+        parts.append(f"memory={amount / 2**30:.3g}GiB" if key == "memory" else f"{key}={amount:g}")
+    return "{" + ", ".join(parts) + "}"

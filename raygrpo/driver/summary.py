@@ -1,0 +1,141 @@
+"""Run outputs: trajectories appended as JSON lines, and the summary of a run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from raygrpo.core.outcome import Outcomes
+from raygrpo.core.types import Trajectory
+
+#: Folder of a run folder holding the verifier logs trajectories carried (`HarborSpec.keep_logs`).
+VERIFIER_LOGS = "verifier_logs"
+
+
+def trajectory_line(traj: Trajectory, run_dir: Path) -> dict[str, Any]:
+    """`traj` as a JSON line for a file in `run_dir`; verifier logs it carries are written to files under
+    `run_dir/verifier_logs/<rollout>/` instead, and the line's `verifier.logs_dir` names that folder (relative to
+    `run_dir`)."""
+    line = traj.to_dict()
+    verifier = line.get("verifier")
+    if verifier and verifier.get("logs") is not None:
+        rollout = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{traj.group_id or 'rollout'}-{traj.sample}-{traj.attempt}")
+        folder = run_dir / VERIFIER_LOGS / rollout
+        for rel, text in verifier.pop("logs").items():
+            target = (folder / rel).resolve()
+            if not target.is_relative_to(folder.resolve()):  # a path from the sandbox must stay in its folder
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+        verifier["logs_dir"] = str(folder.relative_to(run_dir))
+    return line
+
+
+class TrajectoryWriter:
+    """Appends one trajectory per line to `path`, flushed as each arrives so nothing finished is lost; kept verifier
+    logs go to files next to it (`trajectory_line`)."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", encoding="utf-8")
+
+    def write(self, traj: Trajectory) -> None:
+        self._file.write(json.dumps(trajectory_line(traj, self.path.parent), ensure_ascii=False) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    pos = (len(ordered) - 1) * q
+    low = int(pos)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+
+def peak_concurrency(spans: list[tuple[float, float]]) -> int:
+    """Most intervals open at one instant (an interval that closes as another opens does not overlap it)."""
+    events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans], key=lambda e: (e[0], e[1]))
+    live = peak = 0
+    for _, delta in events:
+        live += delta
+        peak = max(peak, live)
+    return peak
+
+
+class RunSummary:
+    """Accumulates what `summary.json` reports.
+
+    Args:
+        requested: Rollouts requested (tasks × group size).
+    """
+
+    def __init__(self, requested: int) -> None:
+        self.requested = requested
+        self.trajectories: list[Trajectory] = []
+        self.failed_attempts: list[Trajectory] = []
+        self.outcomes = Outcomes()
+
+    def add(self, traj: Trajectory) -> None:
+        self.trajectories.append(traj)
+        self.outcomes.add(traj)
+
+    def add_failed_attempt(self, traj: Trajectory) -> None:
+        self.failed_attempts.append(traj)
+
+    def to_dict(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The run's figures (`RunSession` adds `wall_seconds`, `leaked_envs` and `interrupted`)."""
+        trajs = self.trajectories
+        rewards = [t.reward for t in trajs if t.reward is not None]
+        status_counts = Counter(t.status.value for t in trajs)
+        missing = self.requested - len(trajs)
+        if missing > 0:
+            status_counts["cancelled"] += missing  # requested but never finished (interrupted run)
+        phases: dict[str, dict[str, float]] = {}
+        for phase in ("provision", "governor_wait", "backoff", "warm_wait", "start", "generate", "tools", "verify",
+                      "total"):
+            values = [t.timings[phase] for t in trajs if phase in t.timings]
+            if values:
+                phases[phase] = {"p50": _percentile(values, 0.5), "p95": _percentile(values, 0.95)}
+        spans = [t.env_span for t in trajs + self.failed_attempts if t.env_span]
+        per_env: dict[str, dict[str, Any]] = {}
+        for name in sorted({t.task.env for t in trajs}):
+            env_rewards = [t.reward for t in trajs if t.task.env == name and t.reward is not None]
+            per_env[name] = {
+                "completed": sum(1 for t in trajs if t.task.env == name),
+                "scored": len(env_rewards),
+                "reward_mean": statistics.fmean(env_rewards) if env_rewards else None,
+            }
+        return {
+            "requested": self.requested,
+            "completed": len(trajs),
+            "scored": len(rewards),
+            "reward_mean": statistics.fmean(rewards) if rewards else None,
+            "status_counts": dict(sorted(status_counts.items())),
+            "failure_causes": self.outcomes.causes(),
+            "retried_attempts": len(self.failed_attempts),
+            "phase_seconds": phases,
+            "max_concurrent_envs": peak_concurrency(spans),
+            "sandboxes": dict(sorted(Counter(t.sandbox for t in trajs if t.sandbox).items())),
+            "tool_calls": sum(t.tool_calls for t in trajs),
+            "per_env": per_env,
+            **(extra or {}),
+        }
+
+
+def write_summary(path: str | os.PathLike[str], summary: dict[str, Any]) -> None:
+    """Write `summary.json` atomically (a reader never sees half a file)."""
+    path = Path(path)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)

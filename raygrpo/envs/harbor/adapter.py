@@ -1,0 +1,349 @@
+"""One episode of a Harbor task: `HarborAdapter` gets its sandbox (warm, cold or hedged), drives it through the
+harness, grades it with Harbor's `Verifier` and stops it; and the errors it raises.
+
+Outcomes, as the agent loop (`raygrpo.agent.rollout`) reports them:
+
+- the sandbox fails to start, its healthcheck fails, or it dies mid-episode: `EnvError` -> `env_error` (retried);
+- the task's image does not build (docker: a Dockerfile step fails): `TaskError` -> `task_error`, not retried;
+- the verifier crashes (cannot upload the tests, cannot read the results back, ...): `EnvError` -> `env_error`;
+- the verifier runs past its deadline: `TimeoutError` (`HarborVerifierTimeout`) -> `timeout`, not retried;
+- the verifier writes no usable reward (no file, an empty or unparsable one, a missing `reward_key`):
+  `RewardMissingError` -> `task_error`, not retried.
+
+The oracle policy runs the task's reference solution through `run_solution` (as Harbor's oracle agent does); a
+missing `solution/solve.sh` is a `TaskError`, a solution past the task's `[agent] timeout_sec` a `TimeoutError`
+(`timeout`), a sandbox that cannot run it an `EnvError`; a solution that exits non-zero is left to the verifier.
+
+None of them is ever scored 0.0. Whatever the outcome, what the verifier left behind (exit code, output tail, raw
+rewards, and for failed verifications the sandbox's `/logs`) is the adapter's `verifier` (`raygrpo.envs.harbor.verify`)
+and goes into the trajectory. Every sandbox that was started is stopped in `close()`, which is idempotent,
+never raises, and finishes in the background when its rollout is cancelled; the provider's `aclose()` stops what is
+still alive and waits for those background stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+from raygrpo.envs.base import EnvError, RewardMissingError, refuse_call
+from raygrpo.envs.harbor.solution import run_solution
+from raygrpo.envs.harbor.verify import VerifierEvidence, gather, run_verifier
+from raygrpo.envs.live import LiveAdapter, LiveAdapters
+from raygrpo.envs.harbor.rewards import reduce_rewards
+from raygrpo.core.errors import TaskError, VerifierError, describe
+from raygrpo.core.types import Observation, TaskRef, ToolResult
+
+if TYPE_CHECKING:
+    from harbor.environments.base import BaseEnvironment
+    from harbor.models.task.task import Task
+    from harbor.models.trial.paths import TrialPaths
+
+    from raygrpo.envs.harbor.docker import DockerSupport
+    from raygrpo.envs.harbor.sandbox import HarborSandbox
+    from raygrpo.envs.harbor.starts import SandboxStarts
+    from raygrpo.envs.harbor.warm import WarmPool
+    from raygrpo.envs.harbor.harness import Harness
+    from raygrpo.specs.harbor import HarborSpec
+
+
+class HarborStartError(EnvError):
+    """The sandbox could not be created or started, or its healthcheck failed (retried as `env_error`)."""
+
+
+class HarborVerifierError(EnvError):
+    """The task's verifier crashed (infrastructure: retried as `env_error`)."""
+
+
+class HarborVerifierTimeout(TimeoutError):
+    """The task's verifier ran past its deadline; the rollout ends unscored with status `timeout`."""
+
+
+class EpisodeHost(Protocol):
+    """What an episode needs of its suite's provider (`raygrpo.envs.harbor.provider.HarborProvider` is one)."""
+
+    spec: HarborSpec
+    harness_cls: type[Harness]
+    docker: DockerSupport | None
+    starts: SandboxStarts
+    warm: WarmPool | None
+    episodes: LiveAdapters
+
+    @property
+    def label(self) -> str: ...
+
+    def register(self, adapter: HarborAdapter) -> None: ...
+
+    def task(self, task_dir: str) -> Task: ...
+
+    def task_dir_of(self, ref: TaskRef) -> str: ...
+
+    async def tooling_missing(self, task_dir: str, task: Task, env: BaseEnvironment) -> list[str]: ...
+
+
+class HarborAdapter(LiveAdapter):
+    """One episode of one Harbor task: a sandbox started in `start`, driven through the harness, graded by the
+    task's verifier in `score`, stopped in `close`.
+
+    `timings` records seconds per phase of this episode: of its sandbox's start when it started one (`create`,
+    `governor_wait`, `backoff`, `start`, `healthcheck`), the wait for a warm one (`warm_wait`), then `exec` (summed
+    over calls), `verify`, `stop`; for summaries, benchmarks and debugging.
+
+    Args:
+        provider: The provider (suite, harness, gate) this adapter belongs to.
+    """
+
+    def __init__(self, provider: EpisodeHost) -> None:
+        super().__init__(provider.episodes)
+        spec = provider.spec
+        self.provider = provider
+        self.spec = spec
+        self.harness = provider.harness_cls(exec_timeout_s=spec.exec_timeout_s, max_output_chars=spec.max_output_chars)
+        self.task: TaskRef | None = None
+        self.harbor_task: Task | None = None
+        #: The episode's sandbox, once it has one (started for it, or adopted from the warm pool).
+        self.sandbox: HarborSandbox | None = None
+        #: How it got it: `"cold"` (started for it), `"hedged"` (a second start won), `"warm"` (the warm pool's).
+        self.provenance: str | None = None
+        self.timings: dict[str, float] = {}
+        self._tool_names: set[str] = set()
+        self._dead: str | None = None
+        self._evidence: VerifierEvidence | None = None
+        self._score_cancelled = False
+        self._tooling_missing: list[str] = []
+
+    # ── state ─────────────────────────────────────────────────────────────────────────────────────────────────────
+
+    @property
+    def label(self) -> str:
+        name = f" task {self.harbor_task.name}" if self.harbor_task is not None else ""
+        return f"{self.provider.label}{name}"
+
+    @property
+    def env(self) -> BaseEnvironment | None:
+        """The sandbox's Harbor environment (None before it has one)."""
+        return self.sandbox.env if self.sandbox is not None else None
+
+    @property
+    def session_id(self) -> str | None:
+        return self.sandbox.session_id if self.sandbox is not None else None
+
+    @property
+    def _trial_paths(self) -> TrialPaths | None:
+        trial = self.sandbox.trial if self.sandbox is not None else None
+        return trial.paths if trial is not None else None
+
+    @property
+    def _trial_dir(self) -> str | None:
+        trial = self.sandbox.trial if self.sandbox is not None else None
+        return trial.path if trial is not None else None
+
+    # ── EnvAdapter ────────────────────────────────────────────────────────────────────────────────────────────────
+
+    async def start(self, task: TaskRef) -> Observation:
+        """Get the task's sandbox, started and prepared (`HarborSandbox.start`: created, started, healthchecked,
+        `/logs/verifier` made), run the harness's set-up in it, and return the instruction with the harness's tools.
+
+        The sandbox is the warm pool's where it holds one of the task that passes its check, else one started now
+        (hedged when the spec says so). The sandbox start runs inside the provider's provisioning gate (per-actor concurrency, cluster-wide create
+        rate); `start_timeout_s` counts from when the gate lets it in, so waiting for a slot never fails a start. On
+        any failure the adapter must still be closed (`close` is safe after a failed or cancelled start).
+
+        Raises:
+            HarborStartError: Creating or starting the sandbox failed, the healthcheck failed, or the deadline
+                passed.
+            TaskError: The task's image does not build (docker: a Dockerfile step failed).
+        """
+        if self._started or self._closed:
+            raise HarborStartError(f"{self.label}: start() may be called once, on a new adapter")
+        self._started = True
+        self.task = task
+        self.provider.register(self)
+        try:
+            return await self._start(task)
+        except (EnvError, TaskError):
+            raise
+        except TimeoutError:
+            self._dead = f"did not start within start_timeout_s={self.spec.start_timeout_s:g}"
+            raise HarborStartError(f"{self.label}: the sandbox {self._dead}") from None
+        except Exception as exc:  # noqa: BLE001 - every backend fails its own way; all are start failures
+            self._dead = describe(exc)
+            docker = self.provider.docker
+            broken = await docker.start_failed(self.harbor_task, exc) if docker is not None else None
+            if broken is not None:
+                raise broken from exc
+            raise HarborStartError(f"{self.label}: the sandbox failed to start: {self._dead}") from exc
+
+    async def _start(self, task: TaskRef) -> Observation:
+        clock = time.perf_counter
+        provider = self.provider
+        task_dir = provider.task_dir_of(task)
+        harbor_task = self.harbor_task = provider.task(task_dir)
+        sandbox = None
+        if provider.warm is not None:
+            began = clock()
+            sandbox = await provider.warm.take(task_dir)
+            self.timings["warm_wait"] = clock() - began
+        if sandbox is not None:
+            self.sandbox, self.provenance = sandbox, "warm"
+            deadline = asyncio.get_running_loop().time() + self.spec.start_timeout_s
+        else:
+            sandbox, hedged = await provider.starts.start(task_dir)
+            self.sandbox, self.provenance = sandbox, "hedged" if hedged else "cold"
+            self.timings.update(sandbox.timings)
+            deadline = sandbox.deadline
+        env = sandbox.env
+        async with asyncio.timeout_at(deadline):
+            setup = getattr(self.harness, "setup", None)
+            if setup is not None:
+                await setup(env)
+            if self.spec.probe_verifier:
+                self._tooling_missing = await provider.tooling_missing(task_dir, harbor_task, env)
+        self.timings["exec"] = 0.0
+        tools = copy.deepcopy(list(self.harness.tools))
+        self._tool_names = {t["function"]["name"] for t in tools}
+        return Observation(messages=[{"role": "user", "content": harbor_task.instruction}], tools=tools)
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        """Run one harness tool call in the sandbox.
+
+        Unknown tools and non-object arguments are refused without touching the sandbox; a command that times out
+        comes back as an error result (the episode goes on).
+
+        Raises:
+            EnvError: The sandbox is dead (an exec failed for another reason than a timeout), or the adapter is not
+                started / already closed.
+        """
+        if self._closed:
+            raise EnvError(f"{self.label}: call() after close()")
+        if not self._started or self.env is None:
+            raise EnvError(f"{self.label}: call() before start()")
+        if self._dead is not None:
+            raise EnvError(f"{self.label}: the sandbox is dead ({self._dead})")
+        refused = refuse_call(name, arguments, self._tool_names)
+        if refused is not None:
+            return refused
+        began = time.perf_counter()
+        try:
+            return await self.harness.call(self.env, name, arguments)
+        except EnvError as exc:
+            self._dead = str(exc)
+            raise EnvError(f"{self.label}: {exc}") from exc
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a harness that breaks leaves the sandbox in an unknown state
+            self._dead = describe(exc)
+            raise EnvError(f"{self.label}: tool {name!r} failed: {self._dead}") from exc
+        finally:
+            self.timings["exec"] = self.timings.get("exec", 0.0) + time.perf_counter() - began
+
+    async def answer(self, text: str) -> None:
+        """A final plain answer ends the episode; the verifier (`score`) judges the sandbox, not the text."""
+        return None
+
+    async def run_solution(self) -> ToolResult:
+        """Run the task's reference solution in the sandbox, as Harbor's oracle agent does (see
+        `raygrpo.envs.harbor.solution.run_solution`, which says what it returns and raises).
+
+        Raises:
+            TaskError: The task has no runnable `solution/solve.sh`.
+            HarborSolutionTimeout (`raygrpo.envs.harbor.solution`): `solve.sh` ran past the task's `[agent] timeout_sec`.
+            EnvError: The sandbox is dead, or uploading or running the solution failed (infrastructure: retried).
+        """
+        if not self._started or self.env is None or self.harbor_task is None:
+            raise EnvError(f"{self.label}: run_solution() before start()")
+        if self._dead is not None:
+            raise EnvError(f"{self.label}: the sandbox is dead ({self._dead})")
+        began = time.perf_counter()
+        try:
+            return await run_solution(self.env, self.harbor_task, self.label)
+        except EnvError as exc:
+            self._dead = str(exc)
+            raise
+        finally:
+            self.timings["solution"] = time.perf_counter() - began
+
+    async def score(self) -> float:
+        """Run the task's verifier in the sandbox and reduce its rewards to one number. What the verifier left
+        behind (exit code, output tail, raw rewards, and for a failed verification the sandbox's `/logs`) is in
+        `verifier` afterwards, however it ended.
+
+        Raises:
+            HarborVerifierTimeout: The verifier ran past `verifier_timeout_s` (or the task's own timeout).
+            RewardMissingError: The verifier wrote no usable reward.
+            HarborVerifierError: The verifier crashed.
+            EnvError: The sandbox is dead or was never started.
+        """
+        if not self._started or self.env is None or self.harbor_task is None:
+            raise EnvError(f"{self.label}: score() before start()")
+        if self._dead is not None:
+            raise EnvError(f"{self.label}: the sandbox is dead ({self._dead})")
+        evidence = self._evidence = VerifierEvidence(tooling_missing=list(self._tooling_missing))
+        reward: float | None = None
+        began = time.perf_counter()
+        try:
+            try:
+                reward = await self._score(evidence)
+            except RewardMissingError as exc:
+                self._check_tooling(None, exc)
+                raise
+            self._check_tooling(reward)
+            return reward
+        finally:
+            self.timings["verify"] = time.perf_counter() - began
+            if not self._score_cancelled:
+                keep = self.spec.keep_logs == "all" or (self.spec.keep_logs == "failed" and not (reward or 0) >= 1.0)
+                await gather(self.env, self._trial_paths, evidence, keep_logs=keep,
+                             keep_logs_kib=self.spec.keep_logs_kib, label=self.label)
+
+    def _check_tooling(self, reward: float | None, cause: BaseException | None = None) -> None:
+        """The verdict stands unless the probe at start showed the verifier's tooling missing and the verifier then
+        did not award full reward: then it is not the model's (`VerifierError`, status `verifier_error`)."""
+        if not self._tooling_missing or (reward is not None and reward >= 1.0):
+            return
+        verdict = f"reward {reward:g}" if reward is not None else "no reward"
+        raise VerifierError(
+            f"{self.label}: the verifier's tooling was missing before the model acted: "
+            f"{', '.join(self._tooling_missing)}; its verdict ({verdict}) is not the model's") from cause
+
+    async def _score(self, evidence: VerifierEvidence) -> float:
+        from harbor.verifier.verifier import RewardFileEmptyError, RewardFileNotFoundError, VerifierOutputParseError
+        from pydantic import ValidationError
+
+        timeout = self.spec.verifier_timeout_s or self.harbor_task.config.verifier.timeout_sec
+        try:
+            result = await asyncio.wait_for(
+                run_verifier(self.env, self.harbor_task, self._trial_paths, evidence,
+                             offline_tooling=self.spec.offline_tooling), timeout)
+        except TimeoutError:
+            raise HarborVerifierTimeout(f"{self.label}: the verifier did not finish within {timeout:g} s") from None
+        except (RewardFileNotFoundError, RewardFileEmptyError, VerifierOutputParseError, ValidationError) as exc:
+            raise RewardMissingError(f"{self.label}: the verifier wrote no usable reward: {describe(exc)}") from None
+        except asyncio.CancelledError:
+            self._score_cancelled = True
+            raise
+        except EnvError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - uploading tests, running test.sh or reading results failed
+            raise HarborVerifierError(f"{self.label}: the verifier crashed: {describe(exc)}") from exc
+        return reduce_rewards(dict(result.rewards or {}), self.spec.reward_reduce, self.spec.reward_key, self.label)
+
+    @property
+    def verifier(self) -> dict[str, Any] | None:
+        """What the last verification left behind (`raygrpo.envs.harbor.verify.VerifierEvidence` as a dict); None
+        before `score`."""
+        return self._evidence.to_dict() if self._evidence is not None else None
+
+    def _holds_resources(self) -> bool:
+        return self.sandbox is not None
+
+    async def _release(self) -> None:
+        """Close the episode's sandbox (see `HarborSandbox.close`: the stop, the lease, the live ticket, the host
+        files)."""
+        began = time.perf_counter()
+        try:
+            await self.sandbox.close()
+        finally:
+            self.timings["stop"] = self.sandbox.timings.get("stop", time.perf_counter() - began)

@@ -1,0 +1,293 @@
+"""One Harbor sandbox from create to stop: `HarborSandbox`, the unit an adapter runs its episode in.
+
+Its start is the whole sequence a sandbox goes through before a model may act in it: the backend is made through
+Harbor's factory, a live ticket is taken from the provisioning gate (the cluster-wide live cap), the lease intent is
+written, a start slot is waited for (per-actor concurrency, the create rate), the backend's `start` runs and the lease
+gets the sandbox's id, a provider's refusal (429) is backed off and queued again, and the sandbox is prepared (copied
+files re-uploaded where a backend drops them, the task's healthcheck, `/logs/verifier`, the agent user). Its stop
+undoes all of it once: the backend's `stop`, the lease, the live ticket, the host files.
+
+A sandbox belongs to no episode: an adapter starts one for itself, or adopts one that the provider's warm pool
+(`raygrpo.envs.harbor.warm`) or a hedged start (`raygrpo.envs.harbor.starts`) started before it asked. Whoever holds it
+last closes it; the provider tracks every sandbox that is not closed (`LiveAdapters`), so that `aclose` stops those
+nobody adopted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from raygrpo.envs.base import EnvError
+from raygrpo.envs.harbor.files import upload_copied_files
+from raygrpo.envs.harbor.trial import TrialDir
+from raygrpo.envs.live import LiveAdapter, LiveAdapters
+from raygrpo.core.errors import describe
+from raygrpo.governor import rate_limit_signal
+
+if TYPE_CHECKING:
+    from harbor.environments.base import BaseEnvironment
+    from harbor.models.task.task import Task
+    from harbor.models.trial.paths import TrialPaths
+
+    from raygrpo.envs.harbor.leases import HarborLeases
+    from raygrpo.governor.gate import ProvisioningGate
+    from raygrpo.leases.ledger import Lease
+    from raygrpo.specs.harbor import HarborSpec
+
+logger = logging.getLogger(__name__)
+
+
+class TicketYielder(Protocol):
+    """A warm pool, as a start under a live cap sees it: a rollout's own start comes before the pool's."""
+
+    async def ticket_for_cold(self, acquire: Awaitable[str | None]) -> str | None: ...
+
+    async def ticket_for_warm(self, acquire: Awaitable[str | None]) -> str | None: ...
+
+
+class SandboxHost(Protocol):
+    """What a sandbox needs of its suite's provider (`raygrpo.envs.harbor.provider.HarborProvider` is one)."""
+
+    spec: HarborSpec
+    leases: HarborLeases
+    docker: Any
+    sandboxes: LiveAdapters
+    warm: TicketYielder | None
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def gate(self) -> ProvisioningGate: ...
+
+    def task(self, task_dir: str) -> Task: ...
+
+    async def create_environment(self, task: Task, trial_paths: TrialPaths, session_id: str) -> BaseEnvironment: ...
+
+
+class SandboxUnhealthy(EnvError):
+    """A started sandbox failed the check made before a rollout adopts it (it is stopped and replaced)."""
+
+
+class HarborSandbox(LiveAdapter):
+    """One sandbox of one task: started once (`start`), checked before a later adoption (`check`), closed once
+    (`close`, never raises, finishes in the background when its caller is cancelled).
+
+    `timings` holds seconds per phase of its start (`create`, `governor_wait`, `backoff`, `start`, `healthcheck`)
+    and of its stop (`stop`). `start` raises what the backend raised (the adapter says what it means for the
+    rollout); the sandbox must be closed whatever `start` did.
+
+    Args:
+        provider: The provider of the task's suite (spec, gate, leases, docker support, the sandboxes it tracks).
+        task_dir: The task dir the sandbox is for.
+        for_pool: Started by the warm pool, ahead of any rollout. A start for a rollout (`False`) that waits for a
+            live ticket has the warm pool stop idle sandboxes to free one (`WarmPool.ticket_for_cold`); a pool's
+            start still waiting for one then gives up (`WarmPool.ticket_for_warm`).
+    """
+
+    def __init__(self, provider: SandboxHost, task_dir: str, for_pool: bool = False) -> None:
+        super().__init__(provider.sandboxes)
+        self.provider = provider
+        self.for_pool = for_pool
+        self.spec = provider.spec
+        self.task_dir = task_dir
+        self.harbor_task: Task | None = None
+        self.env: BaseEnvironment | None = None
+        self.session_id: str | None = None
+        self.trial: TrialDir | None = None
+        self.timings: dict[str, float] = {}
+        #: Loop time by which the start (and an adapter's set-up right after it) must be done.
+        self.deadline: float | None = None
+        #: Monotonic times the gate let its create in, and its start finished (None until then).
+        self.admitted_at: float | None = None
+        self.ready_at: float | None = None
+        #: Set once the gate let its create in (a hedge's timer runs from then).
+        self.admitted = asyncio.Event()
+        self._gate: ProvisioningGate | None = None
+        self._live_ticket: str | None = None
+        self._lease: Lease | None = None
+        self._lease_started = False
+        self._start_called = False
+
+    @property
+    def label(self) -> str:
+        name = f" task {self.harbor_task.name}" if self.harbor_task is not None else ""
+        return f"{self.provider.label}{name}"
+
+    @property
+    def ready(self) -> bool:
+        return self.ready_at is not None and not self.closed
+
+    @property
+    def startup_s(self) -> float | None:
+        """Seconds from when the gate let its create in until it was ready (None before it was)."""
+        if self.ready_at is None or self.admitted_at is None:
+            return None
+        return self.ready_at - self.admitted_at
+
+    async def start(self) -> None:
+        """Create, admit, start, lease and prepare the sandbox (see the module docstring); `start_timeout_s` counts
+        from when the gate lets the create in, so waiting for a slot never fails a start.
+
+        Raises:
+            TimeoutError: The start or the preparation ran past `start_timeout_s`.
+            Exception: Whatever the backend, the healthcheck or the lease ledger raised.
+        """
+        if self._started or self._closed:
+            raise EnvError(f"{self.label}: a sandbox starts once")
+        self._started = True
+        self._live.add(self)
+        try:
+            await self._start()
+        finally:
+            if self.provider.docker is not None and self.session_id is not None:
+                self.provider.docker.release(self.session_id)
+
+    async def _start(self) -> None:
+        from harbor.models.trial.paths import EnvironmentPaths
+
+        clock = time.perf_counter
+        began = clock()
+        provider = self.provider
+        harbor_task = self.harbor_task = provider.task(self.task_dir)
+        self.trial = TrialDir.make(harbor_task.short_name)
+        self.session_id = f"{harbor_task.short_name}__{uuid.uuid4().hex[:10]}__env"
+        self.env = await provider.create_environment(harbor_task, self.trial.paths, self.session_id)
+        self.timings["create"] = clock() - began
+
+        loop = asyncio.get_running_loop()
+        gate = self._gate = provider.gate
+        began = clock()
+        warm = provider.warm
+        if warm is None or gate.max_live is None:
+            self._live_ticket = await gate.acquire_live()
+        elif self.for_pool:
+            self._live_ticket = await warm.ticket_for_warm(gate.acquire_live(warm=True))
+        else:
+            self._live_ticket = await warm.ticket_for_cold(gate.acquire_live())
+        waited = clock() - began
+        refusals, refused_since = 0, 0.0
+        while True:
+            # The intent is on disk before the slot is waited for: a durable write inside the slot would delay the
+            # create past it (under load, by more than the schedule's margin: the provider's window then refuses it).
+            await self._lease_intent()
+            asked = clock()
+            async with gate.start_slot(self._live_ticket):
+                waited += clock() - asked
+                self.deadline = loop.time() + self.spec.start_timeout_s
+                self._start_called = True
+                if self.admitted_at is None:
+                    self.admitted_at = time.monotonic()
+                    self.admitted.set()
+                began = clock()
+                try:
+                    async with asyncio.timeout_at(self.deadline):
+                        await self.env.start(force_build=False)
+                        await self._lease_bind()
+                except Exception as exc:
+                    if (refusal := rate_limit_signal(exc)) is None:
+                        raise
+                else:
+                    self.timings["start"] = clock() - began
+                    break
+            # The provider refused the create (429): not a failure of this rollout; back off, then queue again.
+            refusals += 1
+            refused_since = refused_since or time.time()
+            backoff = await gate.back_off(refusal, refusals, refused_since)
+            self.timings["backoff"] = self.timings.get("backoff", 0.0) + backoff
+        self.timings["governor_wait"] = waited
+        if provider.docker is not None:
+            provider.docker.started(harbor_task)
+            provider.docker.release(self.session_id)
+        began = clock()
+        async with asyncio.timeout_at(self.deadline):
+            if self.spec.reuploads_copied_files:
+                await upload_copied_files(self.env, harbor_task.paths.environment_dir)
+            await self.env.run_healthcheck()
+            self.timings["healthcheck"] = clock() - began
+            # test.sh writes its reward here; the shell cannot create the parent itself.
+            await self.env.empty_dirs([EnvironmentPaths.for_os(self.env.os).verifier_dir], chmod=True)
+            # Tool commands run as the task's agent user, as in a Harbor trial.
+            self.env.default_user = harbor_task.config.agent.user
+        self.ready_at = time.monotonic()
+        logger.debug("%s: sandbox %s up in %.2f s", self.label, self.session_id, self.timings.get("start", 0.0))
+
+    async def check(self) -> None:
+        """Check that a sandbox started earlier still answers, right before a rollout adopts it: one run of the
+        task's healthcheck command (a plain `true` for a task without one), bounded by `exec_timeout_s`.
+
+        Raises:
+            SandboxUnhealthy: It did not answer, answered non-zero, or is closed.
+        """
+        if not self.ready or self.env is None:
+            raise SandboxUnhealthy(f"{self.label}: the sandbox is not started or already closed")
+        healthcheck = self.env.task_env_config.healthcheck if self.env.task_env_config is not None else None
+        command = healthcheck.command if healthcheck is not None else "true"
+        timeout = self.spec.exec_timeout_s
+        try:
+            result = await asyncio.wait_for(self.env.exec(command, timeout_sec=int(max(1, timeout))), timeout + 5)
+        except Exception as exc:  # noqa: BLE001 - dead, unreachable or hung: all mean "do not use it"
+            raise SandboxUnhealthy(f"{self.label}: sandbox {self.session_id} failed its check: {describe(exc)}") from exc
+        if result.return_code != 0:
+            raise SandboxUnhealthy(f"{self.label}: sandbox {self.session_id} failed its check "
+                                   f"({command!r} exited {result.return_code})")
+
+    async def _lease_intent(self) -> None:
+        """Write the sandbox's lease intent durably (leased backends only); call it right before each create
+        attempt is sent (a retried create rewrites it with fresh times).
+
+        Raises:
+            OSError: The record could not be written (the create must not be sent).
+        """
+        holder = self._gate.holder if self._gate is not None and self._live_ticket is not None else None
+        self._lease = await self.provider.leases.intent(self.session_id, self.harbor_task, holder) or self._lease
+
+    async def _lease_bind(self) -> None:
+        """The create answered: the lease gets the sandbox's id (when the backend exposes one)."""
+        self._lease_started = True
+        await self.provider.leases.bind(self._lease, self.env, self.harbor_task)
+
+    async def _lease_release(self) -> None:
+        """The sandbox was stopped: its lease goes (see `HarborLeases.release`); kept when that fails."""
+        try:
+            await self.provider.leases.release(self._lease, self._lease_started)
+        except Exception as exc:  # noqa: BLE001 - close never raises; the lease stays for `raygrpo reap`
+            logger.warning("%s: lease %s of sandbox %s kept: %s", self.label, self._lease.id, self.session_id,
+                           describe(exc))
+        else:
+            self._lease = None
+
+    def _holds_resources(self) -> bool:
+        return self.env is not None or self.trial is not None or self._live_ticket is not None
+
+    async def _release(self) -> None:
+        """Stop the sandbox (bounded by `stop_timeout_s`; the reaper gets what is left), drop its lease once it is
+        stopped (a failed stop keeps it, for `raygrpo reap`), give its live ticket back and remove its host files."""
+        began = time.perf_counter()
+        try:
+            if self.env is not None and self._start_called:
+                await asyncio.wait_for(self.env.stop(delete=self.spec.stop_delete), self.spec.stop_timeout_s)
+                logger.debug("%s: sandbox %s stopped", self.label, self.session_id)
+                if self._lease is not None:
+                    await asyncio.wait_for(self._lease_release(), self.spec.stop_timeout_s)
+            elif self._lease is not None:  # written, but the create was never sent (cancelled waiting for its slot)
+                self.provider.leases.discard(self._lease)
+                self._lease = None
+        except TimeoutError:
+            logger.warning("%s: stopping sandbox %s took over %g s; the sandbox reaper gets what is left",
+                           self.label, self.session_id, self.spec.stop_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - close never raises
+            logger.warning("%s: stopping sandbox %s failed: %s", self.label, self.session_id, describe(exc))
+        finally:
+            self.timings["stop"] = time.perf_counter() - began
+            if self._gate is not None:
+                # Given back even when the stop failed: the provider's own limit then refuses what is too much.
+                self._gate.release_live(self._live_ticket)
+                self._live_ticket = None
+            if self.trial is not None:
+                await self.trial.remove()

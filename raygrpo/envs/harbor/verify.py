@@ -1,0 +1,232 @@
+"""Running a Harbor task's verifier and keeping what it left behind: the exit code of `tests/test.sh`, the end of its
+output, the raw rewards before reduction, and (for failed verifications) the sandbox's `/logs`.
+
+A reward of 0.0 says nothing about why the tests failed: a wrong answer, or a `pytest: command not found`. The
+evidence gathered here goes into every Harbor trajectory (`Trajectory.verifier`) so that anyone reading a run can
+tell the two apart, and is what `verifier_error` verdicts are checked against.
+
+Harbor's `Verifier` discards the exit code of `test.sh` (its output goes to `/logs/verifier/test-stdout.txt`), so
+the verifier is given the sandbox behind a thin observer that records it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shlex
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from raygrpo.envs.harbor.offline import SERVED, SERVED_URL_PART, install_shims, with_shims
+from raygrpo.envs.harbor.tooling import probe_command, read_probe, scan_test_script
+from raygrpo.core.errors import describe
+
+if TYPE_CHECKING:
+    from harbor.environments.base import BaseEnvironment
+    from harbor.models.task.task import Task
+    from harbor.models.trial.paths import TrialPaths
+
+logger = logging.getLogger(__name__)
+
+#: Characters of `test.sh`'s output kept in every trajectory.
+OUTPUT_TAIL_CHARS = 2000
+#: Deadline for gathering the evidence after a verification (reading the output, downloading `/logs`).
+GATHER_TIMEOUT_S = 30.0
+
+
+@dataclass
+class VerifierEvidence:
+    """What one verification left behind.
+
+    Args:
+        exit_code: The exit status of `tests/test.sh`; None when it never ran to an end (it was not reached, or
+            ran past its deadline).
+        output_tail: The end of what `test.sh` printed (stdout and stderr), as Harbor saved it.
+        rewards: The verifier's rewards as written (`reward.txt` as `{"reward": x}`, `reward.json` as is), before
+            `reward_reduce`; None when none could be read.
+        logs: The sandbox's `/logs` files kept for this rollout (path relative to `/logs` -> text), when kept.
+        logs_omitted: Files of `/logs` left out because the `keep_logs_kib` budget was spent.
+        tooling_missing: What `test.sh` needs and the sandbox lacked when it started, before the model acted
+            (`raygrpo.envs.harbor.tooling`); empty when nothing was missing or nothing was probed.
+    """
+
+    exit_code: int | None = None
+    output_tail: str | None = None
+    rewards: dict[str, Any] | None = None
+    logs: dict[str, str] | None = None
+    logs_omitted: list[str] = field(default_factory=list)
+    tooling_missing: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"exit_code": self.exit_code, "output_tail": self.output_tail, "rewards": self.rewards}
+        if self.tooling_missing:
+            out["tooling_missing"] = self.tooling_missing
+        if self.logs is not None:
+            out["logs"] = self.logs
+            if self.logs_omitted:
+                out["logs_omitted"] = self.logs_omitted
+        return out
+
+
+class _RecordingEnvironment:
+    """What Harbor's verifier is given instead of the sandbox: the sandbox itself for everything, except that the
+    exit code of the `exec` running `test_command` is kept in `evidence`. The sandbox is not modified."""
+
+    def __init__(self, env: BaseEnvironment, test_command: str, evidence: VerifierEvidence, offline: bool) -> None:
+        self._env = env
+        self._test_command = test_command
+        self._evidence = evidence
+        self._offline = offline
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._env, name)
+
+    async def exec(self, command: str, *args: Any, **kwargs: Any) -> Any:
+        if command != self._test_command:
+            return await self._env.exec(command, *args, **kwargs)
+        result = await self._env.exec(with_shims(command) if self._offline else command, *args, **kwargs)
+        self._evidence.exit_code = result.return_code
+        return result
+
+
+async def run_verifier(env: BaseEnvironment, task: Task, trial_paths: TrialPaths, evidence: VerifierEvidence, *,
+                       offline_tooling: bool = False) -> Any:
+    """Run Harbor's verifier for `task` in `env` as the task's verifier user, recording the exit code and the raw
+    rewards in `evidence` (with `offline_tooling`, `test.sh` runs with `raygrpo.envs.harbor.offline`'s shims first on
+    its `PATH`); returns Harbor's `VerifierResult` and raises what Harbor raises."""
+    if offline_tooling:
+        await install_shims(env, trial_paths.trial_dir)
+    from harbor.models.trial.config import VerifierConfig
+    from harbor.verifier.factory import VerifierFactory
+
+    recording = _RecordingEnvironment(env, _test_command(env, task, trial_paths), evidence, offline_tooling)
+    verifier = VerifierFactory.create_verifier_from_config(
+        VerifierConfig(),
+        task=task,
+        trial_paths=trial_paths,
+        environment=recording,  # type: ignore[arg-type] - the sandbox, observed
+        override_env=task.config.verifier.env or None,
+        logger=logger,
+    )
+    # test.sh runs as the task's verifier user, as in a Harbor trial.
+    with env.with_default_user(task.config.verifier.user):
+        result = await verifier.verify()
+    evidence.rewards = dict(result.rewards or {})
+    return result
+
+
+#: `_test_command`'s answers by (task dir, OS): every verification of a task runs the same command, and building
+#: it (a directory listing and path arithmetic) was a tenth of a rollout's CPU on a remote backend.
+_TEST_COMMANDS: dict[tuple[str, str], str] = {}
+_TEST_COMMANDS_KEPT = 4096
+
+
+def _test_command(env: BaseEnvironment, task: Task, trial_paths: TrialPaths) -> str:
+    """The command Harbor's verifier runs `test.sh` with (as `harbor.verifier.verifier.Verifier.verify` builds it).
+
+    Made once per task and OS: the task (parsed once per provider) does not change, and every trial dir has
+    Harbor's one layout."""
+    key = (str(task.paths.task_dir), str(env.os))
+    command = _TEST_COMMANDS.get(key)
+    if command is None:
+        from harbor.models.trial.paths import EnvironmentPaths
+        from harbor.utils.scripts import build_execution_command
+
+        paths = EnvironmentPaths.for_os(env.os)
+        host_test = task.paths.discovered_test_path_for(env.os)
+        if host_test is None:
+            return ""
+        script = paths.tests_dir / host_test.relative_to(task.paths.tests_dir).as_posix()
+        stdout = paths.verifier_dir / trial_paths.test_stdout_path.relative_to(trial_paths.verifier_dir).as_posix()
+        command = build_execution_command(str(script), stdout_path=str(stdout), task_os=env.os)
+        if len(_TEST_COMMANDS) >= _TEST_COMMANDS_KEPT:
+            _TEST_COMMANDS.clear()
+        _TEST_COMMANDS[key] = command
+    return command
+
+
+async def probe_tooling(env: BaseEnvironment, task: Task, *, offline_tooling: bool = False) -> list[str]:
+    """What the task's `tests/test.sh` needs and the sandbox `env` lacks, checked as the task's verifier user
+    (`raygrpo.envs.harbor.tooling`); with `offline_tooling`, what the shims serve is not looked for, but what they
+    need (the packages `uvx` is asked for) is. Call it before the model acts. Empty when nothing is missing."""
+    host_test = task.paths.discovered_test_path_for(env.os)
+    if host_test is None:
+        return []
+    needs = scan_test_script(host_test.read_text(errors="replace"))
+    if offline_tooling:
+        needs.urls = [u for u in needs.urls if SERVED_URL_PART not in u]
+    command = probe_command(needs, served=SERVED if offline_tooling else ())
+    if command is None:
+        return []
+    with env.with_default_user(task.config.verifier.user):
+        result = await env.exec(command, timeout_sec=int(GATHER_TIMEOUT_S))
+    return read_probe(result.stdout or "")
+
+
+async def gather(
+    env: BaseEnvironment,
+    trial_paths: TrialPaths,
+    evidence: VerifierEvidence,
+    *,
+    keep_logs: bool,
+    keep_logs_kib: int,
+    label: str,
+) -> None:
+    """Fill in the output tail (and the kept `/logs`, when `keep_logs`) after a verification, however it ended.
+    Bounded by `GATHER_TIMEOUT_S`; never raises (missing evidence is logged, not fatal)."""
+    try:
+        async with asyncio.timeout(GATHER_TIMEOUT_S):
+            evidence.output_tail = await _output_tail(env, trial_paths)
+            if keep_logs:
+                evidence.logs, evidence.logs_omitted = await _kept_logs(env, trial_paths, keep_logs_kib * 1024)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - evidence is best effort; the verdict stands without it
+        logger.warning("%s: could not gather the verifier's output: %s", label, describe(exc))
+
+
+async def _output_tail(env: BaseEnvironment, trial_paths: TrialPaths) -> str | None:
+    from harbor.models.trial.paths import EnvironmentPaths
+
+    host = trial_paths.test_stdout_path
+    if host.is_file():  # downloaded (or mounted) by the verifier
+        return _tail(host.read_bytes(), OUTPUT_TAIL_CHARS)
+    # The verifier did not get to download it (it ran past its deadline, or crashed): ask the sandbox.
+    sandbox_path = EnvironmentPaths.for_os(env.os).verifier_dir / host.name
+    result = await env.exec(f"tail -c {OUTPUT_TAIL_CHARS * 4} {shlex.quote(str(sandbox_path))}", user="root")
+    if result.return_code != 0:
+        return None
+    return _tail((result.stdout or "").encode(), OUTPUT_TAIL_CHARS)
+
+
+async def _kept_logs(env: BaseEnvironment, trial_paths: TrialPaths, budget: int) -> tuple[dict[str, str], list[str]]:
+    """The sandbox's `/logs` as `{relative path: text}` within `budget` bytes (each file keeps its end; the test
+    output first), and the files left out."""
+    from harbor.models.trial.paths import EnvironmentPaths
+
+    with tempfile.TemporaryDirectory(dir=trial_paths.trial_dir, prefix="kept-logs-") as tmp:
+        await env.download_dir(source_dir=str(EnvironmentPaths.for_os(env.os).logs_dir), target_dir=Path(tmp))
+        files = sorted((p for p in Path(tmp).rglob("*") if p.is_file()),
+                       key=lambda p: (p.name != trial_paths.test_stdout_path.name, str(p)))
+        kept: dict[str, str] = {}
+        omitted: list[str] = []
+        for path in files:
+            rel = path.relative_to(tmp).as_posix()
+            if budget <= 0:
+                omitted.append(rel)
+                continue
+            data = path.read_bytes()
+            text = _tail(data, budget)
+            kept[rel] = text
+            budget -= min(len(data), budget)
+        return kept, omitted
+
+
+def _tail(data: bytes, chars: int) -> str:
+    """The last `chars` characters of `data` (UTF-8, undecodable bytes replaced), marked when cut."""
+    text = data.decode("utf-8", errors="replace")
+    if len(text) <= chars:
+        return text
+    return "[...]\n" + text[-chars:]

@@ -1,0 +1,97 @@
+"""Spec kind -> how raygrpo resolves, lists and runs that kind of environment (as Harbor's `EnvironmentFactory`
+maps an environment type to a backend class).
+
+Each kind answers three questions about its specs:
+
+- `resolve(spec, name)`, on the driver before Ray starts: does what the spec names exist and load (task folders,
+  harness and backend classes, environment classes, a server that answers)? It fails with a `ResolveError` naming the
+  config field, and returns the spec's tasks when it could list them already (None when they can only be listed
+  later: an `environment` is served on Ray first);
+- `list_tasks(spec, name)`, on the driver: the tasks the spec selects;
+- `provider(spec, name, limiters=..., rollout_timeout_s=...)`, inside an env pool actor: the `EnvProvider` that makes
+  its adapters (told the run's rollout deadline, which bounds a leased sandbox's lifetime).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from raygrpo.envs.base import EnvProvider
+from raygrpo.envs.harbor.provider import HarborProvider
+from raygrpo.envs.harbor.tasks import list_harbor_tasks, load_environment_class
+from raygrpo.envs.harbor.harness import load_harness
+from raygrpo.envs.ors.adapter import ORSProvider
+from raygrpo.envs.ors.listing import list_ors_tasks
+from raygrpo.envs.ors.server import environment_class
+from raygrpo.core.errors import ResolveError
+from raygrpo.governor.gate import LimiterFactory
+from raygrpo.specs import HarborSpec, ORSSpec
+from raygrpo.core.types import TaskRef
+
+
+class EnvKind(Protocol):
+    """How raygrpo handles one kind of environment spec (see the module docstring)."""
+
+    def resolve(self, spec: Any, name: str) -> list[TaskRef] | None: ...
+
+    def list_tasks(self, spec: Any, name: str) -> list[TaskRef]: ...
+
+    def provider(self, spec: Any, name: str, *, limiters: LimiterFactory | None = None,
+                 rollout_timeout_s: float | None = None) -> EnvProvider: ...
+
+
+class ORSKind:
+    """OpenReward Standard environments: a server by `url`, a `catalog` name, or an `environment` class served for
+    the run."""
+
+    def resolve(self, spec: ORSSpec, name: str) -> list[TaskRef] | None:
+        if spec.environment is not None:
+            environment_class(spec.environment, spec.field_path(name, "environment"))
+            return None
+        return self.list_tasks(spec, name)
+
+    def list_tasks(self, spec: ORSSpec, name: str) -> list[TaskRef]:
+        return list_ors_tasks(spec, name)
+
+    def provider(self, spec: ORSSpec, name: str, *, limiters: LimiterFactory | None = None,
+                 rollout_timeout_s: float | None = None) -> EnvProvider:
+        return ORSProvider(spec, name=name)
+
+
+class HarborKind:
+    """Harbor task suites: a folder of task dirs, run in sandboxes of any Harbor backend."""
+
+    def resolve(self, spec: HarborSpec, name: str) -> list[TaskRef] | None:
+        try:
+            load_harness(spec.harness)
+        except ValueError as exc:
+            raise ResolveError(f"{spec.field_path(name, 'harness')}: {exc}") from None
+        if spec.import_path is not None:
+            try:
+                load_environment_class(spec.import_path)
+            except ValueError as exc:
+                raise ResolveError(f"{spec.field_path(name, 'import_path')}: {exc}") from None
+        return self.list_tasks(spec, name)
+
+    def list_tasks(self, spec: HarborSpec, name: str) -> list[TaskRef]:
+        try:
+            return list_harbor_tasks(spec, name)
+        except ValueError as exc:
+            field = "indices" if str(exc).startswith("`indices`") else "path"
+            raise ResolveError(f"{spec.field_path(name, field)}: {exc}") from None
+
+    def provider(self, spec: HarborSpec, name: str, *, limiters: LimiterFactory | None = None,
+                 rollout_timeout_s: float | None = None) -> EnvProvider:
+        return HarborProvider(spec, name=name, limiters=limiters, rollout_timeout_s=rollout_timeout_s)
+
+
+#: The kinds of environment raygrpo runs, by the specs' `kind`.
+KINDS: dict[str, EnvKind] = {"ors": ORSKind(), "harbor": HarborKind()}
+
+
+def kind_of(spec: Any) -> EnvKind:
+    """The `EnvKind` that handles `spec` (by its `kind` field)."""
+    try:
+        return KINDS[spec.kind]
+    except (AttributeError, KeyError):
+        raise ValueError(f"no environment kind handles {type(spec).__name__} (known: {', '.join(KINDS)})") from None

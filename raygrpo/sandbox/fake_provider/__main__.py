@@ -1,3 +1,0 @@
-from raygrpo.sandbox.fake_provider.service import main
-
-main()

@@ -1,0 +1,3 @@
+from raygrpo.testing.fake_provider.service import main
+
+main()
