@@ -62,8 +62,8 @@ docker-dev: install
 bench: install
 	$(PY) benchmarks/ors_throughput.py
 
-# The GPU check (scripts/gpu_check.py; README "GPU check"): raygrpo's learner path without Ray on one GPU, one JSON
-# object last. On the device machine after `scripts/gpu_wheels.sh install 2` (README "GPU check": two warm calls).
+# The GPU check (scripts/gpu_check.py; docs/gpu_check.md): raygrpo's learner path without Ray on one GPU, one JSON
+# object last. On the device machine after `scripts/gpu_wheels.sh install 2` (docs/gpu_check.md: two warm calls).
 gpu-check:
 	python3 scripts/gpu_check.py
 

@@ -8,8 +8,8 @@ second, the held-out eval reward before and after (with 95% intervals), the engi
 weight sync, and the peak GPU memory.
 
 It imports only what the device machine has (torch, transformers, accelerate, tokenizers) plus wheels carried in the
-git-ignored `.gpu-wheels/` folder and installed into `.gpu-wheels/site` (`scripts/gpu_wheels.sh`); see the README's
-"GPU check" section.
+git-ignored `.gpu-wheels/` folder and installed into `.gpu-wheels/site` (`scripts/gpu_wheels.sh`); see
+docs/gpu_check.md.
 
     python scripts/gpu_check.py                      # on the GPU: SmolLM2 (or --model), ~5 minutes at most
     python scripts/gpu_check.py --dry-run            # the same code on the CPU at tiny sizes (the test suite runs it)

@@ -4,7 +4,7 @@ Each task asks for `a + b` or `a - b` (operands 10 to 99, seeded; train and test
 `tasks.py`). The model
 must answer by calling `submit(answer)`: reward 1.0 when the integer is right, 0.0 when it is wrong, and the episode
 ends. Answering in plain text without the tool scores `rollout.unanswered_reward` (0.0). Sized so that
-SmolLM2-135M-Instruct, once warmed up on the format, gets some right (the README measures it: 0.156 of 32):
+SmolLM2-135M-Instruct, once warmed up on the format, gets some right (docs/models.md measures it: 0.156 of 32):
 learning to call the tool and to add more carefully both carry over to the 400 held-out test questions.
 
 Serve it:  python examples/smol_sums/env.py --port 8002        (binds 127.0.0.1)
