@@ -6,11 +6,12 @@ named Ray actor every env pool actor shares.
   which then owns it); `governor_name`: its actor name;
 - `RayGovernorClient`: a gate's `GovernorClient` (`raygrpo.governor.client`) of it, with bounded, retried calls.
 
-Naming: `raygrpo-ratelimit-<key>` (`governor_name`) in the fixed namespace `raygrpo`, created with
-`get_if_exists=True` by whoever asks first. Without an explicit namespace a named actor lives in its job's namespace, which is anonymous (one per
-driver) unless `ray.init(namespace=...)` names it: actors of one job (and actors they create) would find it, but a
-second `ray job submit` job would not. With the fixed namespace, concurrent jobs on one cluster that limit the same
-provider key share one governor, as they share the provider's quota. Whoever creates it sets its limits (the run
+Naming: `raygrpo-ratelimit-<key>` (`governor_name`; the name it had as the rate limiter) in the fixed namespace
+`raygrpo`, created with `get_if_exists=True` by whoever asks first. Without an explicit namespace a named actor lives
+in its job's namespace, which is anonymous (one per driver) unless `ray.init(namespace=...)` names it: actors of one
+job (and actors they create) would find it, but a second `ray job submit` job would not. With the fixed namespace,
+concurrent jobs on one cluster that limit the same provider key share one governor, as they share the provider's
+quota. Whoever creates it sets its limits (the run
 config's `providers.<key>`); `ensure_governor` warns when an existing one runs with other limits.
 
 Lifetime: tied to the job (not detached), so nothing outlives the run. A non-detached actor dies with its owner,

@@ -9,18 +9,19 @@ provider key:
     async with gate.start_slot(ticket):
         await env.start(...)                # the backend's create is called here, right after the slot opens
 
-The gate bounds the starts in flight in this actor (a semaphore) and asks the key's governor
-(`raygrpo.governor`) for a live ticket and a create slot, sleeping until the slot. It talks to the governor through a
-`GovernorClient` (`raygrpo.governor.client`) made by whoever builds the gate: env pool actors pass `RayGovernorClient`,
-whose governor is the named Ray actor that every actor on every node shares (`raygrpo.governor.actor`); without one,
-the gate asks this process's own `Governor` of the key (`local_governor`). A create the provider refuses anyway goes to `back_off`: the governor pauses and slows the schedule for
-everyone, and the refused start waits a jittered, growing delay before it queues again. Everything here is plain
-asyncio.
+The gate bounds the starts in flight in this actor (a semaphore) and asks the key's governor (`raygrpo.governor`)
+for a live ticket and a create slot, sleeping until the slot. It talks to the governor through a `GovernorClient`
+(`raygrpo.governor.client`) made by whoever builds the gate: env pool actors pass `RayGovernorClient`, whose governor
+is the named Ray actor that every actor on every node shares (`raygrpo.governor.actor`); without one, the gate asks
+this process's own `Governor` of the key (`local_governor`). A create the provider refuses anyway goes to
+`back_off`: the governor pauses and slows the schedule for everyone, and the refused start waits a jittered, growing
+delay before it queues again. Everything here is plain asyncio.
 
 The limits come from the run config's `providers.<key>` (`create_rate_per_s`, `max_live`, `rate_limit_backoff`); the
 bound on starts per actor from `envs.<name>.max_concurrent_starts`. Waiting for the governor is not start time: a
-start's own deadline (`envs.<name>.start_timeout_s`) counts from when the gate lets it in, and the wait itself is unbounded by default (the schedule always moves; a governor that stays
-unreachable fails the start after `unavailable_after_s`, and refusals fail it after `give_up_after_s`).
+start's own deadline (`envs.<name>.start_timeout_s`) counts from when the gate lets it in, and the wait itself is
+unbounded by default (the schedule always moves; a governor that stays unreachable fails the start after
+`unavailable_after_s`, and refusals fail it after `give_up_after_s`).
 """
 
 from __future__ import annotations

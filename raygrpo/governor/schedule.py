@@ -67,8 +67,8 @@ class CreateSchedule:
     Plain asyncio; the governor (`raygrpo.governor.Governor`) holds one, in the named Ray actor of its key or, in a
     process without Ray, in-process. A request is given its slot when it first arrives, but its answer is held back
     until the slot is at most `max_lead_s` ahead (callers re-ask after `max_hold_s`). So every slot a caller holds is
-    near, which is what lets a restarted schedule (its governor restarted and lost its state) start safely: it leaves its first
-    `max_lead_s + margin_s + 1` s empty, after any slot its previous incarnation can have handed out.
+    near, which is what lets a restarted schedule (its governor restarted and lost its state) start safely: it leaves
+    its first `max_lead_s + margin_s + 1` s empty, after any slot its previous incarnation can have handed out.
 
     Released slots (a caller cancelled, or gave up waiting) go to the next request if they are still at least
     `min_lead_s` ahead, so a cancelled start leaves no hole in a busy schedule; a request whose caller stopped
