@@ -132,8 +132,8 @@ class HarborSpec(EnvSpecBase):
             (`create_rate_per_s`, `max_live`, `rate_limit_backoff`) apply, shared with every suite that names the same
             provider, through one governor. None: the backend's name (`"local"`, `"docker"`, `"e2b"`, ... or the
             import path), so suites on one backend share it. A provider with no `providers:` entry has no limits
-            (as a suite without limits always had); an entry that no suite names fails at load, so a misspelt name
-            on either side is caught.
+            (no create rate, no live cap, the default back-off: what unset limits always meant); an entry that no
+            suite names fails at load, so a misspelt name on either side is caught there.
         warm_pool (`WarmPoolSpec`, *optional*):
             Keep sandboxes started ahead for the tasks that come next (`{size: N | auto, ttl_s: s}`, see
             `raygrpo.specs.warm.WarmPoolSpec`). None: every sandbox is started when its rollout asks.
