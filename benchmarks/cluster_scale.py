@@ -9,18 +9,18 @@ What runs:
   (`raygrpo.testing.fake_provider.audit.audit`), not from raygrpo's bookkeeping.
 - The cluster: `ray.cluster_utils.Cluster` on 127.0.0.1, a head (the driver, no env pool actors) and `--nodes` worker
   nodes, each carrying the custom resource `cluster_scale_host: 2 x --actors-per-node`; the env pool actors ask for
-  `cluster_scale_host: 1` each (`envs.fake.pool: {num_actors, max_concurrent, num_cpus: 0, resources}`), so Ray
-  spreads them `--actors-per-node` per node and a lost node's actors have room to come back on the others.
+  `cluster_scale_host: 1` each (`envs.fake.pool: {num_actors, max_concurrent_per_actor, num_cpus: 0, resources}`),
+  so Ray spreads them `--actors-per-node` per node and a lost node's actors have room to come back on the others.
 - The run: one Harbor environment on the fake provider's backend
-  (`raygrpo.testing.fake_provider.backend:FakeProviderEnvironment`, `environment_kwargs: {url, reward: 1.0}`) with
-  the spec's cluster-wide `create_rate_per_s` and `max_live` set to the provider's limits, driven programmatically
-  (`RolloutRuntime` + `Orchestrator`, as `raygrpo rollout` does). Each rollout is the real path (env pool actor,
-  agent loop, chat template and tool-call parser of the tiny model, Harbor adapter, provisioning gate and verifier)
-  with a scripted policy (`policy` below) whose first turn waits `--hold-s` seconds (a model thinking, at no CPU
-  cost) and then makes one `bash` call; the second turn ends the episode and Harbor's verifier scores it 1.0. A
-  sandbox is therefore held for about `--hold-s` plus the path's own time, so with hold = live cap / create rate
-  both limits bind. The run's lease ledger lives in the benchmark's own work folder (`RAYGRPO_LEASE_DIR`), so it
-  neither reaps nor waits on what other runs on the machine left.
+  (`raygrpo.testing.fake_provider.backend:FakeProviderEnvironment`, `environment_kwargs: {url, reward: 1.0}`) with its
+  provider's cluster-wide `create_rate_per_s` and `max_live` (`providers.fake`) set to the provider's limits, driven
+  programmatically (`RolloutRuntime` + `Orchestrator`, as `raygrpo rollout` does). Each rollout is the real path (env
+  pool actor, agent loop, chat template and tool-call parser of the tiny model, Harbor adapter, provisioning gate and
+  verifier) with a scripted policy (`policy` below) whose first turn waits `--hold-s` seconds (a model thinking, at no
+  CPU cost) and then makes one `bash` call; the second turn ends the episode and Harbor's verifier scores it 1.0. A
+  sandbox is therefore held for about `--hold-s` plus the path's own time, so with hold = live cap / create rate both
+  limits bind. The run's lease ledger lives in the benchmark's own work folder (`RAYGRPO_LEASE_DIR`), so it neither
+  reaps nor waits on what other runs on the machine left.
 - The loss: when half the rollouts have completed, the worker node hosting the most env pool actors is removed
   (`Cluster.remove_node(..., allow_graceful=False)`: its raylet and every worker on it are killed). Its rollouts
   must be retried on the other actors (`workers.max_retries`), nothing may be lost. `removed_node` in the JSON says
@@ -44,20 +44,19 @@ Printed: progress lines (logging, stderr) and ONE JSON object last (stdout), wit
   includes them);
 - raygrpo's CPU per rollout: user + system CPU seconds of the driver and every process of the Ray session (all
   descendants of this process: GCS, raylets, Ray's agents, the env pool actors and every other worker; the fake
-  provider's process excluded; this script's own sampling thread subtracted), sampled when the completed rollouts
-  cross each tenth of the run. `cpu_ms_per_rollout_first` is over rollouts 1..N/10 (10,000 rollouts: 1-1,000,
-  counted from the first dispatch, so the actors' start-up is excluded but their first rollouts are not),
-  `cpu_ms_per_rollout_last` over rollouts 9N/10+1..N (9,001-10,000), `cpu_growth` = last / first (target <= 1.3),
-  `cpu_ms_per_rollout_by_tenth` all ten, `cpu_ms_per_rollout_by_process_first` / `_last` the first and last tenths
-  per kind of process (`ray::EnvPool`, the governor `ray::RateLimiter`, `raylet`, `driver`, ...) and `cpu_s_by_process`
-  the whole session's; `governor`: the governor actor's own counts at the end (create slots granted, live tickets
-  granted, returned, expired and forgotten, refusals); `gates`: the surviving env pool actors' provisioning gates
-  (create slots missed because a start woke past the slot's margin, `late_wakes`; of those, the ones already past
-  their deadline when the wait began, `late_on_arrival`; the latest miss, `late_max_s`). A process that exits keeps
-  the CPU it had at its last sample (the sampler runs every second), so the removed node's processes count up to
-  their death. Note the windows are not symmetric in the work they hold: the first tenth also carries the starts of
-  the rollouts in flight when it closes, the last one finishes those its predecessor started and drains to zero
-  (fewer rollouts/s over Ray's fixed background CPU).
+  provider's process excluded; this script's own sampling thread subtracted), sampled when the completed rollouts cross
+  each tenth of the run. `cpu_ms_per_rollout_first` is over rollouts 1..N/10 (10,000 rollouts: 1-1,000, counted from the
+  first dispatch, so the actors' start-up is excluded but their first rollouts are not), `cpu_ms_per_rollout_last` over
+  rollouts 9N/10+1..N (9,001-10,000), `cpu_growth` = last / first (target <= 1.3), `cpu_ms_per_rollout_by_tenth` all
+  ten, `cpu_ms_per_rollout_by_process_first` / `_last` the first and last tenths per kind of process (`ray::EnvPool`,
+  the governor `ray::GovernorActor`, `raylet`, `driver`, ...) and `cpu_s_by_process` the whole session's; `governor`:
+  the governor actor's own counts at the end (create slots granted, live tickets granted, returned, expired and
+  forgotten, refusals); `gates`: the surviving env pool actors' provisioning gates (create slots missed because a start
+  woke past the slot's margin, `late_wakes`; of those, the ones already past their deadline when the wait began,
+  `late_on_arrival`; the latest miss, `late_max_s`). A process that exits keeps the CPU it had at its last sample (the
+  sampler runs every second), so the removed node's processes count up to their death. Note the windows are not
+  symmetric in the work they hold: the first tenth also carries the starts of the rollouts in flight when it closes, the
+  last one finishes those its predecessor started and drains to zero (fewer rollouts/s over Ray's fixed background CPU).
 
 Run: `python benchmarks/cluster_scale.py` (10,000 rollouts at 40 creates/s and 400 live, 10 s holds, 4 nodes: at
 least 250 s of creates; about 5.5 minutes on a 2-core machine, see benchmarks/README.md) or
@@ -105,8 +104,8 @@ TASKS = ROOT / "examples" / "harbor_local" / "tasks"
 BACKEND = "raygrpo.testing.fake_provider.backend:FakeProviderEnvironment"
 #: The custom resource that marks the simulated worker nodes (env pool actors ask for 1 each).
 NODE_RESOURCE = "cluster_scale_host"
-#: The Harbor spec's cluster-wide live-sandbox cap (the governor's setting; issue 17).
-LIVE_CAP_FIELD = "max_live"
+#: The fake provider's name in the run config: its `providers:` entry holds the limits the governor enforces.
+PROVIDER = "fake"
 #: Read by `policy` in the env pool actors: seconds its first turn waits.
 HOLD_ENV = "RAYGRPO_BENCH_HOLD_S"
 ENV_NAME = "fake"
@@ -153,13 +152,6 @@ class Marks:
     removed: dict[str, Any] = field(default_factory=dict)
 
 
-def live_cap_supported() -> bool:
-    """Whether the Harbor spec has the governor's live cap (`max_live`) yet."""
-    from raygrpo.specs.harbor import HarborSpec
-
-    return LIVE_CAP_FIELD in HarborSpec.model_fields
-
-
 def run_config(shape: Shape, url: str, per_actor: int) -> Any:
     from raygrpo.config import load_config
 
@@ -168,23 +160,20 @@ def run_config(shape: Shape, url: str, per_actor: int) -> Any:
         "path": str(TASKS),
         "import_path": BACKEND,
         "environment_kwargs": {"url": url, "reward": 1.0},
-        "create_rate_per_s": shape.create_rate,
+        "provider": PROVIDER,
         # Deadlines a few times what a rollout needs: the ledger derives each sandbox's lifetime at the provider
         # from them (start + rollout + verifier + stop + a margin), which bounds how long a lost node's sandboxes live.
         "start_timeout_s": 60,
         "exec_timeout_s": 30,
         "verifier_timeout_s": 30,
         "stop_timeout_s": 30,
-        "pool": {"num_actors": shape.nodes * shape.actors_per_node, "max_concurrent": per_actor, "num_cpus": 0,
-                 "resources": {NODE_RESOURCE: 1}},
+        "pool": {"num_actors": shape.nodes * shape.actors_per_node, "max_concurrent_per_actor": per_actor,
+                 "num_cpus": 0, "resources": {NODE_RESOURCE: 1}},
     }
-    if live_cap_supported():
-        env[LIVE_CAP_FIELD] = shape.live_cap
-    else:
-        logger.warning("the Harbor spec has no `%s` yet (the governor of issue 17): the provider's live cap of %d "
-                       "is not known to raygrpo, which meets it as 429s", LIVE_CAP_FIELD, shape.live_cap)
     return load_config(data={
         "envs": {ENV_NAME: env},
+        # The provider's own limits, so the governor keeps under them without a 429.
+        "providers": {PROVIDER: {"create_rate_per_s": shape.create_rate, "max_live": shape.live_cap}},
         "model": "tiny",
         "policy": {"kind": "scripted", "script": f"{HERE / 'cluster_scale.py'}:policy"},
         "sampling": {"max_tokens": 256},
@@ -238,10 +227,10 @@ def governor_state(cfg: Any) -> dict[str, Any]:
     """The governor's own counts (slots granted, live tickets, refusals), or {} when it does not answer."""
     import ray
 
-    from raygrpo.governor.actor import NAMESPACE, limiter_name
+    from raygrpo.governor.actor import NAMESPACE, governor_name
 
     try:
-        handle = ray.get_actor(limiter_name(cfg.envs[ENV_NAME].effective_rate_limit_key), namespace=NAMESPACE)
+        handle = ray.get_actor(governor_name(cfg.envs[ENV_NAME].provider_key), namespace=NAMESPACE)
         return ray.get(handle.ping.remote(), timeout=30)
     except Exception as exc:  # noqa: BLE001 - a figure left out, not a failed run
         logger.warning("the governor did not answer: %s", exc)
@@ -249,8 +238,8 @@ def governor_state(cfg: Any) -> dict[str, Any]:
 
 
 def governor_node(cluster: Any) -> str | None:
-    """Which node the provider key's governor actor (`ray::RateLimiter` / `ray::Governor`) runs on: `head`, a worker
-    node's id prefix, or None when it is not found."""
+    """Which node the provider's governor actor (`ray::GovernorActor`; `ray::RateLimiter` before) runs on: `head`, a
+    worker node's id prefix, or None when it is not found."""
     import psutil
 
     raylets = {cluster.head_node.all_processes["raylet"][0].process.pid: "head"}
@@ -438,7 +427,7 @@ def run(shape: Shape, work: Path) -> dict[str, Any]:
         "cpu_ms_per_rollout_by_process_last": cpu_by_kind_between(marks, 9, 10),
         "hold_s_median": holds[0],
         "hold_s_p95": holds[1],
-        "governor_live_cap_set": live_cap_supported(),
+        "governor_live_cap_set": cfg.providers[PROVIDER].max_live is not None,
         "governor": governor_stats,
         "gates": gates,
         "nodes": shape.nodes,

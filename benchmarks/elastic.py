@@ -69,7 +69,7 @@ def policy(ctx: Any) -> str:
 def arm_config(url: str, *, elastic: bool, peak: int, k: int, idle_timeout_s: float):
     from raygrpo.config import load_config
 
-    pool: dict[str, Any] = {"max_concurrent": k, "num_cpus": 0, "resources": {"sandbox_host": 1}}
+    pool: dict[str, Any] = {"max_concurrent_per_actor": k, "num_cpus": 0, "resources": {"sandbox_host": 1}}
     pool.update({"min_actors": 0, "max_actors": peak, "idle_timeout_s": idle_timeout_s} if elastic
                 else {"num_actors": peak})
     return load_config(data={

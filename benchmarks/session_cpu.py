@@ -122,5 +122,5 @@ def process_kind(proc: Any) -> str:
         if agent in cmdline:
             return agent.removesuffix(".py")
     if name.startswith("ray::"):
-        return name.split(".")[0]  # ray::EnvPool, ray::RateLimiter (its title names the method it runs), ray::IDLE
+        return name.split(".")[0]  # ray::EnvPool, ray::GovernorActor (its title names the method it runs), ray::IDLE
     return name or "other"

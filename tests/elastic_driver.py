@@ -27,7 +27,8 @@ from raygrpo.driver.runtime import init_ray
 OVERRIDES = [
     "policy.kind=scripted", "policy.script=slow.py:slow_right", "rollout.group_size=4", "workers.max_retries=3",
     "envs.local.exec_timeout_s=60",
-    'envs.local.pool={"num_actors": 2, "max_concurrent": 6, "num_cpus": 0, "resources": {"sandbox_host": 0.5}}',
+    'envs.local.pool={"num_actors": 2, "max_concurrent_per_actor": 6, "num_cpus": 0, '
+    '"resources": {"sandbox_host": 0.5}}',
 ]
 
 

@@ -101,7 +101,7 @@ def test_a_burst_adds_nodes_and_they_go_when_the_pool_drains(cluster, tmp_path):
         cfg = load_config(data={
             "envs": {"nap": {"kind": "ors", "url": server.url, "num_tasks": BURST, "pool": {
                 "min_actors": 0, "max_actors": MAX_ACTORS, "idle_timeout_s": 2.0, "num_cpus": 0,
-                "max_concurrent": K, "resources": {"sandbox_host": 0.5}}}},
+                "max_concurrent_per_actor": K, "resources": {"sandbox_host": 0.5}}}},
             "policy": {"kind": "scripted", "script": f"{script}:nap"},
             "rollout": {"group_size": 1},
             "workers": {"actor_num_cpus": 0, "actor_start_timeout_s": 120},

@@ -264,7 +264,7 @@ def test_harbor_rollout_on_docker_as_a_job(head, tmp_path):
     job, state = _run_and_delete_copy(head, workdir, _runtime_env(tmp_path), [
         "raygrpo", "rollout", "rollout.yaml", "--out", str(out), "--no-progress",
         "--set", "envs.local.environment_type=docker", "--set", "rollout.group_size=1",
-        "--set", 'envs.local.pool={"num_actors": 2, "max_concurrent": 4, "resources": {"docker_host": 1}}'],
+        "--set", 'envs.local.pool={"num_actors": 2, "max_concurrent_per_actor": 4, "resources": {"docker_host": 1}}'],
         timeout_s=480)
     assert state == "SUCCEEDED", head.logs(job)[-4000:]
     summary = json.loads((out / "summary.json").read_text())
@@ -315,7 +315,7 @@ def test_job_stop_mid_batch_leaves_nothing(head, tmp_path):
             "--set", "workers.num_env_actors=2", "--set", "workers.max_concurrent_per_actor=48",
             "--set", f'envs.nap={{"kind": "ors", "url": "{server.url}", "num_tasks": 2}}',
             "--set", 'envs.dock={"kind": "harbor", "path": "tasks", "environment_type": "docker", "num_tasks": 2, '
-                     '"exec_timeout_s": 600, "pool": {"num_actors": 1, "max_concurrent": 16, '
+                     '"exec_timeout_s": 600, "pool": {"num_actors": 1, "max_concurrent_per_actor": 16, '
                      '"resources": {"docker_host": 1}}}'])
 
         def containers() -> int:

@@ -36,7 +36,8 @@ HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_timeout_ms": 2000
 
 #: Placement as a cluster user writes it (cluster/README.md), sized for 2 cores: two steps, no warm-up.
 OVERRIDES = [
-    'envs.echo.pool={"num_actors": 2, "max_concurrent": 16, "num_cpus": 0.25, "resources": {"docker_host": 0.5}}',
+    'envs.echo.pool={"num_actors": 2, "max_concurrent_per_actor": 16, "num_cpus": 0.25, '
+    '"resources": {"docker_host": 0.5}}',
     'train.learner.resources={"learner_gpu": 0.5}',
     'policy.engine_resources={"learner_gpu": 0.5}',
     "train.warmup=null", "trainer.max_steps=2", "trainer.save_steps=100", "train.eval_every=0",

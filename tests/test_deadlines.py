@@ -2,7 +2,7 @@
 still fails.
 
 Harbor sandboxes on the null backend with an injected start latency, through the real agent loop and provider (no
-Ray): the provider's gate holds the cluster-wide create rate (here this process's limiter), the adapter owns the start
+Ray): the provider's gate holds the cluster-wide create rate (here this process's governor), the adapter owns the start
 deadline from the moment the gate lets a start in.
 """
 
@@ -22,6 +22,7 @@ from raygrpo.governor.gate import reset_gates
 from raygrpo.agent.rollout import run_rollout
 from raygrpo.sandbox import NULL_IMPORT_PATH
 from raygrpo.specs.harbor import HarborSpec
+from raygrpo.specs.provider import ProviderSpec
 from raygrpo.core.types import SamplingParams, Status
 from tests.harbor_utils import make_task
 
@@ -48,8 +49,8 @@ def _spec(tmp_path, **fields) -> HarborSpec:
                       environment_kwargs={"reward": 1.0}, **fields)
 
 
-async def _batch(spec: HarborSpec, renderer: ChatRenderer, n: int) -> list:
-    provider = HarborProvider(spec, name="null")
+async def _batch(spec: HarborSpec, renderer: ChatRenderer, n: int, limits: ProviderSpec | None = None) -> list:
+    provider = HarborProvider(spec, name="null", limits=limits)
     [task] = list_harbor_tasks(spec, "null")
     policy = ScriptedPolicy(renderer.tokenizer, lambda ctx: "Done.")
     try:
@@ -64,9 +65,9 @@ async def _batch(spec: HarborSpec, renderer: ChatRenderer, n: int) -> list:
 async def test_queueing_for_a_create_slot_never_fails_a_start(tmp_path, renderer):
     """12 starts at 4 creates/s: the last waits ~3 s for its slot, three times the 1 s start deadline; each start
     itself takes 0.3 s. None fails."""
-    spec = _spec(tmp_path, create_rate_per_s=4.0, start_timeout_s=1.0, faults={"start_latency_s": 0.3})
+    spec = _spec(tmp_path, start_timeout_s=1.0, faults={"start_latency_s": 0.3})
     began = time.monotonic()
-    trajs = await _batch(spec, renderer, 12)
+    trajs = await _batch(spec, renderer, 12, ProviderSpec(create_rate_per_s=4.0))
     wall = time.monotonic() - began
     assert [t.status for t in trajs] == [Status.OK] * 12, [t.error for t in trajs]
     assert all(t.reward == 1.0 for t in trajs)
@@ -75,8 +76,8 @@ async def test_queueing_for_a_create_slot_never_fails_a_start(tmp_path, renderer
 
 
 async def test_a_start_slower_than_its_deadline_fails_as_env_error(tmp_path, renderer):
-    spec = _spec(tmp_path, create_rate_per_s=4.0, start_timeout_s=0.5, faults={"start_latency_s": 1.5})
-    trajs = await _batch(spec, renderer, 2)
+    spec = _spec(tmp_path, start_timeout_s=0.5, faults={"start_latency_s": 1.5})
+    trajs = await _batch(spec, renderer, 2, ProviderSpec(create_rate_per_s=4.0))
     assert [t.status for t in trajs] == [Status.ENV_ERROR] * 2
     assert all(t.reward is None and "did not start within start_timeout_s=0.5" in t.error for t in trajs)
 

@@ -12,8 +12,8 @@ import time
 import httpx
 import pytest
 
-from raygrpo.governor import BackoffSettings, CreateRateLimiter, Governor, LiveCap, rate_limit_signal
-from raygrpo.governor.gate import ProvisioningError, ProvisioningGate, max_per_window, reset_gates
+from raygrpo.governor import BackoffSettings, CreateSchedule, Governor, LiveCap, max_per_window, rate_limit_signal
+from raygrpo.governor.gate import ProvisioningError, ProvisioningGate, reset_gates
 from raygrpo.testing.fake_provider.audit import audit
 from raygrpo.testing.fake_provider.backend import ProviderRateLimited
 from raygrpo.testing.fake_provider.service import FakeProviderProcess
@@ -153,24 +153,24 @@ async def test_live_refusal_lowers_the_cap_to_what_is_live_then_it_recovers():
 
 
 async def test_rate_refusal_pauses_and_slows_the_schedule_then_it_climbs_back():
-    limiter = CreateRateLimiter("p", 10.0, max_lead_s=0.05, recover_after_s=0.5, min_lead_s=0.0)
-    first = [await limiter.reserve(f"a{i}") for i in range(3)]
-    queued = [asyncio.create_task(limiter.reserve(f"q{i}")) for i in range(5)]
+    schedule = CreateSchedule("p", 10.0, max_lead_s=0.05, recover_after_s=0.5, min_lead_s=0.0)
+    first = [await schedule.reserve(f"a{i}") for i in range(3)]
+    queued = [asyncio.create_task(schedule.reserve(f"q{i}")) for i in range(5)]
     await asyncio.sleep(0.05)
     for _ in range(5):  # a refusal now and then may be a late arrival: a pause, the same rate
-        limiter.throttle(1.0, slower=True)
-    assert limiter.effective_rate_per_s == pytest.approx(10.0)
-    resume = limiter.throttle(1.0, slower=True)  # 6 within 2 s, 30% of its 20 slots: the provider allows less
-    assert limiter.effective_rate_per_s == pytest.approx(7.0)
-    limiter.throttle(1.0, slower=True)  # a third within the second says nothing new
-    assert limiter.effective_rate_per_s == pytest.approx(7.0)
+        schedule.throttle(1.0, slower=True)
+    assert schedule.effective_rate_per_s == pytest.approx(10.0)
+    resume = schedule.throttle(1.0, slower=True)  # 6 within 2 s, 30% of its 20 slots: the provider allows less
+    assert schedule.effective_rate_per_s == pytest.approx(7.0)
+    schedule.throttle(1.0, slower=True)  # a third within the second says nothing new
+    assert schedule.effective_rate_per_s == pytest.approx(7.0)
     slots = sorted(r.at for r in await asyncio.gather(*queued))
     assert slots[0] >= resume - 1e-6 and slots[0] >= max(r.at for r in first)
     gaps = [b - a for a, b in zip(slots, slots[1:])]
     assert min(gaps) == pytest.approx(1.05 / 7.0, rel=1e-6)
     await asyncio.sleep(0.6)
-    await limiter.reserve("later")
-    assert limiter.effective_rate_per_s == pytest.approx(8.0)
+    await schedule.reserve("later")
+    assert schedule.effective_rate_per_s == pytest.approx(8.0)
 
 
 async def test_refused_starts_lose_nothing_when_the_provider_lowers_its_limits(tmp_path):
@@ -180,7 +180,7 @@ async def test_refused_starts_lose_nothing_when_the_provider_lowers_its_limits(t
     with FakeProviderProcess(tmp_path / "calls.jsonl", Limits(create_rate_per_s=rate, max_live=live)) as provider:
         governor = Governor("fake", rate, live)
         backoff = BackoffSettings(initial_s=0.2, max_s=2.0, jitter=0.5, give_up_after_s=60)
-        gates = [ProvisioningGate(4, rate, "fake", limiter=governor, max_live=live, backoff=backoff)
+        gates = [ProvisioningGate(4, rate, "fake", governor=governor, max_live=live, backoff=backoff)
                  for _ in range(2)]
         done: list[str] = []
         async with httpx.AsyncClient(base_url=provider.url, timeout=10) as client:
@@ -225,7 +225,7 @@ async def test_refused_starts_lose_nothing_when_the_provider_lowers_its_limits(t
 
 async def test_a_start_refused_for_too_long_fails_naming_the_provider():
     governor = Governor("p", None, 1)
-    gate = ProvisioningGate(None, None, "p", limiter=governor, max_live=1,
+    gate = ProvisioningGate(None, None, "p", governor=governor, max_live=1,
                             backoff=BackoffSettings(initial_s=0.05, max_s=0.1, jitter=0.0, give_up_after_s=0.3))
     signal = rate_limit_signal(ProviderRateLimited("too many requests: live sandbox limit reached", None))
     since = time.time()
@@ -254,7 +254,7 @@ class _Counting:
 async def test_a_start_asks_for_its_ticket_and_its_slot_in_one_call_and_an_unused_slot_goes_back():
     reset_gates()
     governor = _Counting(Governor("p", 50.0, 4))
-    gate = ProvisioningGate(None, 50.0, "p", limiter=governor, max_live=4)
+    gate = ProvisioningGate(None, 50.0, "p", governor=governor, max_live=4)
     grants: list[float] = []
 
     async def start() -> None:
@@ -276,7 +276,7 @@ async def test_a_start_asks_for_its_ticket_and_its_slot_in_one_call_and_an_unuse
     # A ticket given back before its start ever took the slot asked for with it: the slot (0.5 s ahead at 2/s)
     # goes back too, for the next start to take.
     slow = _Counting(Governor("q", 2.0, 4))
-    gate = ProvisioningGate(None, 2.0, "q", limiter=slow, max_live=4)
+    gate = ProvisioningGate(None, 2.0, "q", governor=slow, max_live=4)
     first = await gate.acquire_live()
     async with gate.start_slot(first):
         pass

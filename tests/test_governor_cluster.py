@@ -54,7 +54,7 @@ def _run_cluster(workdir: str) -> dict:
 
     import ray
 
-    from raygrpo.governor.gate import max_per_window
+    from raygrpo.governor import max_per_window
     from raygrpo.testing.fake_provider.audit import audit
     from raygrpo.testing.fake_provider.service import FakeProviderProcess
     from raygrpo.testing.fake_provider.state import Limits
@@ -70,14 +70,14 @@ def _run_cluster(workdir: str) -> dict:
         async def run(self, url: str, begin_at: float) -> dict:
             import httpx
 
-            from raygrpo.governor.actor import RayRateLimiterClient
+            from raygrpo.governor.actor import RayGovernorClient
             from raygrpo.governor import BackoffSettings, rate_limit_signal
             from raygrpo.governor.gate import gate_for
             from raygrpo.testing.fake_provider.backend import ProviderRateLimited
 
             gate = gate_for(KEY, max_concurrent_starts=CONCURRENT, rate_per_s=RATE, max_live=LIVE,
                             backoff=BackoffSettings(initial_s=0.5, max_s=4.0, jitter=0.5, give_up_after_s=120),
-                            limiters=RayRateLimiterClient)
+                            governors=RayGovernorClient)
             done = failed = 0
             todo = asyncio.Queue()
             for i in range(PER_ACTOR):
@@ -125,9 +125,9 @@ def _run_cluster(workdir: str) -> dict:
     log = os.path.join(workdir, "provider.jsonl")
     with FakeProviderProcess(log, Limits(create_rate_per_s=RATE, max_live=LIVE)) as provider:
         with simulated_cluster(NODES, ACTORS):
-            from raygrpo.governor.actor import ensure_rate_limiter
+            from raygrpo.governor.actor import ensure_governor
 
-            ensure_rate_limiter(KEY, RATE, max_live=LIVE)  # the driver owns the governor, as a run's driver does
+            ensure_governor(KEY, RATE, max_live=LIVE)  # the driver owns the governor, as a run's driver does
             actors = [Lifecycles.options(resources={f"node{i % NODES}": 1}).remote() for i in range(ACTORS)]
             nodes = ray.get([a.where.remote() for a in actors], timeout=60)
             begin_at = time.time() + 1.0
@@ -138,9 +138,9 @@ def _run_cluster(workdir: str) -> dict:
 
             httpx.put(f"{provider.url}/limits", json={"create_rate_per_s": STORM_RATE, "max_live": STORM_LIVE})
             results = ray.get(pending, timeout=180)
-            from raygrpo.governor.actor import get_rate_limiter
+            from raygrpo.governor.actor import get_governor
 
-            handle = get_rate_limiter(KEY, RATE, max_live=LIVE)
+            handle = get_governor(KEY, RATE, max_live=LIVE)
             governor = ray.get(handle.ping.remote(), timeout=30)
             governor_node = ray.get(handle.node_id.remote(), timeout=30)
             driver_node = ray.get_runtime_context().get_node_id()

@@ -35,9 +35,9 @@ def test_a_429_storm_mid_run_loses_no_rollout(tmp_path):
         cfg = load_config(HARBOR, [
             f"envs.local.import_path={BACKEND}",
             "envs.local.environment_kwargs=" + json.dumps({"url": provider.url, "reward": 1.0}),
-            f"envs.local.create_rate_per_s={rate}", f"envs.local.max_live={live}",
-            "envs.local.probe_verifier=false",
-            'envs.local.rate_limit_backoff={"initial_s": 0.3, "max_s": 3.0}',
+            "envs.local.provider=fake", "envs.local.probe_verifier=false",
+            "providers.fake=" + json.dumps({"create_rate_per_s": rate, "max_live": live,
+                                            "rate_limit_backoff": {"initial_s": 0.3, "max_s": 3.0}}),
             "rollout.group_size=4", "workers.max_retries=1",
         ])
 

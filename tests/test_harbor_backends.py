@@ -22,6 +22,7 @@ from raygrpo.envs.harbor.docker import OVERLAY_NAME
 from raygrpo.envs.harbor.tasks import list_harbor_tasks
 from raygrpo.governor.gate import reset_gates
 from raygrpo.specs.harbor import HarborSpec
+from raygrpo.specs.provider import ProviderSpec
 from tests.harbor_utils import EXAMPLE_TASKS, RecordingMixin, make_task, recording_backend
 
 pytestmark = pytest.mark.timeout(60)
@@ -57,8 +58,8 @@ def task_ref(spec: HarborSpec, name: str = TASK):
     return next(t for t in list_harbor_tasks(spec, "suite") if Path(t.metadata["task_dir"]).name == name)
 
 
-async def episode(spec: HarborSpec, ref, command: str = "wc -w poem.txt"):
-    provider = HarborProvider(spec, name="suite")
+async def episode(spec: HarborSpec, ref, command: str = "wc -w poem.txt", limits: ProviderSpec | None = None):
+    provider = HarborProvider(spec, name="suite", limits=limits)
     adapter = provider.adapter()
     try:
         obs = await adapter.start(ref)
@@ -84,10 +85,9 @@ async def test_e2b_config_reaches_the_factory(loaded):
         environment_type="e2b",
         environment_kwargs={"sandbox_timeout_secs": 900, "override_cpus": 2},
         exec_timeout_s=12,
-        create_rate_per_s=5,
     )
     ref = task_ref(spec)
-    obs, result, reward, env, gate, adapter = await episode(spec, ref)
+    obs, result, reward, env, gate, adapter = await episode(spec, ref, limits=ProviderSpec(create_rate_per_s=5))
     assert loaded == [EnvironmentType.E2B]
     kw = env.init_kwargs
     task = Task(ref.metadata["task_dir"])

@@ -16,6 +16,7 @@ from raygrpo.envs.harbor.tasks import discover_task_dirs, list_harbor_tasks
 from raygrpo.envs.kinds import HarborKind
 from raygrpo.core.errors import ResolveError
 from raygrpo.specs.harbor import HarborSpec
+from raygrpo.specs.provider import ProviderSpec
 from tests.harbor_utils import EXAMPLE_DIR, EXAMPLE_TASKS, example_task_names, make_task
 
 pytestmark = pytest.mark.timeout(60)
@@ -103,8 +104,10 @@ def test_spec_pickles_and_is_plain_data():
     spec = load({"path": "tasks", "environment_kwargs": {"a": 1}}, base_dir=EXAMPLE_DIR)
     copy = pickle.loads(pickle.dumps(spec))
     assert copy == spec
-    provider = pickle.loads(pickle.dumps(HarborProvider(spec, name="local")))  # carries only its configuration
+    # A provider carries only its configuration: the spec, and its provider's limits.
+    provider = pickle.loads(pickle.dumps(HarborProvider(spec, name="local", limits=ProviderSpec(max_live=3))))
     assert provider.spec == spec and provider.name == "local" and provider.live_sandboxes == 0
+    assert provider.limits == ProviderSpec(max_live=3)
 
 
 # ── backend selection ─────────────────────────────────────────────────────────────────────────────────────────
@@ -114,14 +117,13 @@ def test_backend_defaults_and_image_reuse():
     local = load({"path": str(EXAMPLE_TASKS)})
     assert local.backend == "local"
     assert local.environment_import_path == "raygrpo.sandbox.local:LocalSandboxEnvironment"
-    assert local.stop_delete is True and local.effective_rate_limit_key == "local"
+    assert local.stop_delete is True and local.provider_key == "local"
     docker = load({"path": str(EXAMPLE_TASKS), "environment_type": "Docker"})
     assert docker.environment_type == "docker" and docker.environment_import_path is None
     assert docker.stop_delete is False  # keep the built image for the next rollout
-    e2b = load({"path": str(EXAMPLE_TASKS), "environment_type": "e2b", "create_rate_per_s": 5})
-    assert e2b.stop_delete is True and e2b.effective_rate_limit_key == "e2b"
-    assert load({"path": str(EXAMPLE_TASKS), "environment_type": "e2b", "rate_limit_key": "team"}) \
-        .effective_rate_limit_key == "team"
+    e2b = load({"path": str(EXAMPLE_TASKS), "environment_type": "e2b"})
+    assert e2b.stop_delete is True and e2b.provider_key == "e2b"
+    assert load({"path": str(EXAMPLE_TASKS), "environment_type": "e2b", "provider": "team"}).provider_key == "team"
 
 
 def test_import_path_file_resolves_against_base_dir(tmp_path):
@@ -132,7 +134,7 @@ def test_import_path_file_resolves_against_base_dir(tmp_path):
     )
     spec = load({"path": str(EXAMPLE_TASKS), "import_path": "backend.py:MyEnv"}, base_dir=tmp_path)
     assert spec.import_path == f"{tmp_path / 'backend.py'}:MyEnv"
-    assert spec.backend == spec.import_path == spec.effective_rate_limit_key
+    assert spec.backend == spec.import_path == spec.provider_key
     message = resolve_error({"path": str(EXAMPLE_TASKS), "import_path": "backend.py:NotAnEnv"}, base_dir=tmp_path)
     assert message.startswith("envs.local.import_path:") and "BaseEnvironment subclass" in message
     message = resolve_error({"path": str(EXAMPLE_TASKS), "import_path": "backend.py:Missing"}, base_dir=tmp_path)
@@ -173,7 +175,12 @@ def test_harness_selectors(tmp_path):
         ({"reward_reduce": "median"}, "reward_reduce"),
         ({"exec_timeout_s": 0}, "exec_timeout_s"),
         ({"max_concurrent_starts": 0}, "max_concurrent_starts"),
-        ({"create_rate_per_s": -1}, "create_rate_per_s"),
+        ({"provider": " "}, "`provider` names an entry of `providers:`"),
+        # A provider's limits moved to the run config's `providers:` section.
+        ({"create_rate_per_s": 5}, "`create_rate_per_s` moved to providers.<provider>.create_rate_per_s"),
+        ({"max_live": 10}, "`max_live` moved to providers.<provider>.max_live"),
+        ({"rate_limit_backoff": {"initial_s": 2}}, "`rate_limit_backoff` moved to providers.<provider>."),
+        ({"rate_limit_key": "team"}, "`rate_limit_key` is now envs.<name>.provider"),
     ],
 )
 def test_field_errors(data, expected):

@@ -30,7 +30,7 @@ from raygrpo.testing.fake_provider.state import Limits
 from raygrpo.leases.hooks import lease_policy
 from raygrpo.leases.reaper import LeaseWatch, reap_leases
 from raygrpo.leases.ledger import LEASE_DIR_ENV, LEASE_LABEL, LeaseLedger, safe_id
-from raygrpo.specs import HarborSpec
+from raygrpo.specs import HarborSpec, ProviderSpec
 from tests.harbor_utils import EXAMPLE_TASKS, make_task
 
 pytestmark = pytest.mark.timeout(60)
@@ -394,8 +394,8 @@ async def test_a_start_cancelled_while_waiting_for_its_create_slot_leaves_no_lea
 
     reset_gates()
     monkeypatch.setenv(LEASE_DIR_ENV, str(tmp_path / "leases"))
-    spec = _fake_spec(tmp_path, provider.url, create_rate_per_s=0.2)
-    provider_ = HarborProvider(spec, name="suite")
+    spec = _fake_spec(tmp_path, provider.url)
+    provider_ = HarborProvider(spec, name="suite", limits=ProviderSpec(create_rate_per_s=0.2))
     first, second = provider_.adapter(), provider_.adapter()
     task = list_harbor_tasks(spec, "suite")[0]
     try:

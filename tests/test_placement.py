@@ -90,7 +90,7 @@ def test_an_environment_with_a_pool_runs_on_its_own_actors(tmp_path):
     runs on its actors, none of `shared` does, and `own` never has more than 2 in flight per actor."""
     cfg = load_config(ECHO / "rollout.yaml", data=None, overrides=[
         "envs.own={\"kind\": \"ors\", \"environment\": \"%s:EchoEnvironment\", \"split\": \"train\", "
-        "\"pool\": {\"num_actors\": 1, \"max_concurrent\": 2, \"num_cpus\": 0.1}}" % (ECHO / "env.py"),
+        "\"pool\": {\"num_actors\": 1, \"max_concurrent_per_actor\": 2, \"num_cpus\": 0.1}}" % (ECHO / "env.py"),
         "workers.num_env_actors=1",
     ])
     summary = collect(cfg, tmp_path / "out", progress=False)

@@ -51,7 +51,7 @@ def _run_cluster() -> dict:
         with ors_server(NapEnvironment) as server:
             cfg = load_config(data={
                 "envs": {"nap": {"kind": "ors", "url": server.url, "num_tasks": 4,
-                                 "pool": {"num_actors": 2, "max_concurrent": 2, "num_cpus": 0,
+                                 "pool": {"num_actors": 2, "max_concurrent_per_actor": 2, "num_cpus": 0,
                                           "resources": {"pool_host": 1}}}},
                 "policy": {"kind": "scripted", "script": "tests/e2e_support.py:nap_one_and_a_half_seconds"},
             })

@@ -1,7 +1,7 @@
-"""Provisioning control: the create schedule, the gate's concurrency bound and cancellation, the limiter actor.
+"""Provisioning control: the create schedule, the gate's concurrency bound and cancellation, the governor actor.
 
-Everything but the last test runs without Ray, against the in-process `CreateRateLimiter`; the last one kills the
-named limiter actor mid-run (once restarted by Ray, once for good) and checks that starts go on within the rate.
+Everything but the last test runs without Ray, against the in-process `CreateSchedule`; the last one kills the
+named governor actor mid-run (once restarted by Ray, once for good) and checks that starts go on within the rate.
 The multi-node acceptance run is in `test_rate_limit_cluster.py`.
 """
 
@@ -16,17 +16,8 @@ import uuid
 import pytest
 
 from raygrpo.governor import Governor
-from raygrpo.governor.gate import (
-    CreateRateLimiter,
-    ProvisioningError,
-    ProvisioningGate,
-    Reservation,
-    gate_for,
-    gate_stats,
-    local_limiter,
-    max_per_window,
-    reset_gates,
-)
+from raygrpo.governor import CreateSchedule, Reservation, local_governor, max_per_window
+from raygrpo.governor.gate import ProvisioningError, ProvisioningGate, gate_for, gate_stats, reset_gates
 
 
 @pytest.fixture(autouse=True)
@@ -51,15 +42,15 @@ async def _run_starters(gates: list[ProvisioningGate], per_gate: int, seconds: f
     return sorted(creates)
 
 
-def _gates(n: int, rate: float, limiter: CreateRateLimiter, concurrent: int = 3) -> list[ProvisioningGate]:
-    return [ProvisioningGate(concurrent, rate, "p", limiter=limiter) for _ in range(n)]
+def _gates(n: int, rate: float, schedule: CreateSchedule, concurrent: int = 3) -> list[ProvisioningGate]:
+    return [ProvisioningGate(concurrent, rate, "p", governor=schedule) for _ in range(n)]
 
 
 @pytest.mark.timeout(30)
 async def test_schedule_reaches_the_rate_and_never_exceeds_it():
     rate = 20.0
-    limiter = CreateRateLimiter("p", rate)
-    gates = _gates(4, rate, limiter)
+    schedule = CreateSchedule("p", rate)
+    gates = _gates(4, rate, schedule)
     creates = await _run_starters(gates, per_gate=3, seconds=3.0)
     assert max_per_window(creates) <= rate
     assert len(creates) >= 50
@@ -74,8 +65,8 @@ async def test_schedule_reaches_the_rate_and_never_exceeds_it():
 async def test_late_wakes_give_their_slot_up_and_the_rate_still_holds():
     """A loop blocked now and then (as on a loaded machine) wakes starts late; none may push a window over."""
     rate = 20.0
-    limiter = CreateRateLimiter("p", rate)
-    gates = _gates(4, rate, limiter)
+    schedule = CreateSchedule("p", rate)
+    gates = _gates(4, rate, schedule)
     stop = asyncio.Event()
 
     async def hog() -> None:
@@ -120,44 +111,44 @@ async def test_concurrency_limit_holds():
 
 @pytest.mark.timeout(20)
 async def test_released_slot_goes_to_the_next_request():
-    limiter = CreateRateLimiter("p", 10.0, max_lead_s=100.0)
-    got = [await limiter.reserve(f"r{i}") for i in range(5)]
+    schedule = CreateSchedule("p", 10.0, max_lead_s=100.0)
+    got = [await schedule.reserve(f"r{i}") for i in range(5)]
     gaps = [b.at - a.at for a, b in zip(got, got[1:])]
-    assert all(abs(g - limiter.interval_s) < 1e-6 for g in gaps)
-    assert limiter.release("r2") and not limiter.release("r2")
-    again = await limiter.reserve("r5")
+    assert all(abs(g - schedule.interval_s) < 1e-6 for g in gaps)
+    assert schedule.release("r2") and not schedule.release("r2")
+    again = await schedule.reserve("r5")
     assert again.at == got[2].at  # no hole left behind
-    assert (await limiter.reserve("r6")).at == pytest.approx(got[4].at + limiter.interval_s)
-    assert (await limiter.reserve("r5")).at == again.at  # asking again answers the same slot
-    assert limiter.stats()["reused"] == 1
+    assert (await schedule.reserve("r6")).at == pytest.approx(got[4].at + schedule.interval_s)
+    assert (await schedule.reserve("r5")).at == again.at  # asking again answers the same slot
+    assert schedule.stats()["reused"] == 1
 
 
 @pytest.mark.timeout(20)
 async def test_a_missed_slot_queues_again_first_and_the_spacing_holds():
-    limiter = CreateRateLimiter("p", 2.0, max_lead_s=0.0, max_hold_s=0.02, min_lead_s=0.0)
-    near = await limiter.reserve("near")
+    schedule = CreateSchedule("p", 2.0, max_lead_s=0.0, max_hold_s=0.02, min_lead_s=0.0)
+    near = await schedule.reserve("near")
     assert near.ready
-    queued = {f"q{i}": await limiter.reserve(f"q{i}") for i in range(4)}
+    queued = {f"q{i}": await schedule.reserve(f"q{i}") for i in range(4)}
     assert not any(res.ready for res in queued.values())
     # "near"'s caller woke too late: its new request goes before the four queued ones, which each move one slot on.
-    again = await limiter.reserve("again", first=True)
+    again = await schedule.reserve("again", first=True)
     assert again.at == pytest.approx(queued["q0"].at)
-    moved = {rid: (await limiter.reserve(rid)).at for rid in queued}
+    moved = {rid: (await schedule.reserve(rid)).at for rid in queued}
     assert [moved[f"q{i}"] for i in range(4)] == pytest.approx([queued[f"q{i}"].at for i in range(1, 4)]
-                                                                + [queued["q3"].at + limiter.interval_s])
+                                                                + [queued["q3"].at + schedule.interval_s])
     slots = sorted([near.at, again.at, *moved.values()])
-    assert min(b - a for a, b in zip(slots, slots[1:])) >= limiter.interval_s - 1e-9
-    assert limiter.stats()["queued"] == 5
+    assert min(b - a for a, b in zip(slots, slots[1:])) >= schedule.interval_s - 1e-9
+    assert schedule.stats()["queued"] == 5
 
 
 @pytest.mark.timeout(20)
 async def test_answers_are_held_until_the_slot_is_near():
-    limiter = CreateRateLimiter("p", 10.0, max_lead_s=0.2, max_hold_s=0.1, min_lead_s=0.0)
+    schedule = CreateSchedule("p", 10.0, max_lead_s=0.2, max_hold_s=0.1, min_lead_s=0.0)
     pending = 0
 
     async def ask(rid: str) -> tuple[Reservation, float]:
         nonlocal pending
-        while not (res := await limiter.reserve(rid)).ready:
+        while not (res := await schedule.reserve(rid)).ready:
             pending += 1
         return res, time.time()
 
@@ -165,34 +156,34 @@ async def test_answers_are_held_until_the_slot_is_near():
     assert pending > 0
     assert all(res.at - answered <= 0.2 + 0.02 for res, answered in answers)
     slots = sorted(res.at for res, _ in answers)
-    assert slots[-1] - slots[0] == pytest.approx(7 * limiter.interval_s)
+    assert slots[-1] - slots[0] == pytest.approx(7 * schedule.interval_s)
 
 
 @pytest.mark.timeout(20)
-async def test_recovering_limiter_leaves_a_pause():
-    fresh = CreateRateLimiter("p", 5.0)
-    recovering = CreateRateLimiter("p", 5.0, max_lead_s=1.0, margin_s=0.05, recovering=True)
+async def test_recovering_schedule_leaves_a_pause():
+    fresh = CreateSchedule("p", 5.0)
+    recovering = CreateSchedule("p", 5.0, max_lead_s=1.0, margin_s=0.05, recovering=True)
     assert fresh.stats()["next_slot_in_s"] < 0.01
     assert recovering.stats()["next_slot_in_s"] >= 2.0
     with pytest.raises(ValueError):
-        CreateRateLimiter("p", 5.0, margin_s=0.0)
+        CreateSchedule("p", 5.0, margin_s=0.0)
 
 
 @pytest.mark.timeout(20)
 async def test_abandoned_request_is_released():
-    limiter = CreateRateLimiter("p", 2.0, max_lead_s=0.05, max_hold_s=0.05, min_lead_s=0.0, abandon_after_s=0.1)
-    first = await limiter.reserve("now")
+    schedule = CreateSchedule("p", 2.0, max_lead_s=0.05, max_hold_s=0.05, min_lead_s=0.0, abandon_after_s=0.1)
+    first = await schedule.reserve("now")
     assert first.ready
-    assert not (await limiter.reserve("gone")).ready  # its caller never asks again
+    assert not (await schedule.reserve("gone")).ready  # its caller never asks again
     await asyncio.sleep(0.7)
-    await limiter.reserve("later")
-    assert limiter.stats()["abandoned"] == 1
+    await schedule.reserve("later")
+    assert schedule.stats()["abandoned"] == 1
 
 
 @pytest.mark.timeout(20)
 async def test_cancelled_start_releases_its_slot():
-    limiter = CreateRateLimiter("p", 5.0)
-    gate = ProvisioningGate(None, 5.0, "p", limiter=limiter)
+    schedule = CreateSchedule("p", 5.0)
+    gate = ProvisioningGate(None, 5.0, "p", governor=schedule)
 
     async def start() -> float:
         async with gate.start_slot():
@@ -207,14 +198,14 @@ async def test_cancelled_start_releases_its_slot():
         await tasks[2]
     stats = gate.stats()
     assert (stats["cancelled"], stats["waiting"], stats["starting"], stats["granted"]) == (1, 0, 0, 4)
-    assert limiter.stats()["released"] == 1 and limiter.stats()["reused"] == 1
-    assert max(times) - min(times) < 3.5 * limiter.interval_s  # the late start took the cancelled one's slot
+    assert schedule.stats()["released"] == 1 and schedule.stats()["reused"] == 1
+    assert max(times) - min(times) < 3.5 * schedule.interval_s  # the late start took the cancelled one's slot
 
 
 @pytest.mark.timeout(20)
 async def test_wait_beyond_max_wait_fails_and_frees_the_slot():
-    limiter = CreateRateLimiter("p", 1.0, max_hold_s=0.1)
-    gate = ProvisioningGate(None, 1.0, "p", limiter=limiter, max_wait_s=0.3)
+    schedule = CreateSchedule("p", 1.0, max_hold_s=0.1)
+    gate = ProvisioningGate(None, 1.0, "p", governor=schedule, max_wait_s=0.3)
 
     async def start() -> None:
         async with gate.start_slot():
@@ -223,7 +214,11 @@ async def test_wait_beyond_max_wait_fails_and_frees_the_slot():
     results = await asyncio.wait_for(asyncio.gather(*(start() for _ in range(4)), return_exceptions=True), 10)
     errors = [r for r in results if isinstance(r, ProvisioningError)]
     assert len(errors) >= 2 and "max_wait_s" in str(errors[0])
-    assert limiter.stats()["queued"] == 0 and gate.stats()["waiting"] == 0
+    # It names what a config sets: the provider's rate and the starts queued.
+    assert "providers.p.create_rate_per_s" in str(errors[0]) and "max_concurrent_starts" in str(errors[0])
+    stats = gate.stats()  # the longest wait is its own figure, not the bound's name
+    assert "max_wait_s" not in stats and stats["longest_wait_s"] > 0
+    assert schedule.stats()["queued"] == 0 and stats["waiting"] == 0
 
 
 @pytest.mark.timeout(20)
@@ -244,7 +239,7 @@ async def test_late_answer_queues_again():
             pass
 
     fake = LateOnce()
-    gate = ProvisioningGate(1, 5.0, "p", limiter=fake)
+    gate = ProvisioningGate(1, 5.0, "p", governor=fake)
     async with gate.start_slot():
         pass
     assert fake.calls == 2 and gate.stats()["late_wakes"] == 1
@@ -265,22 +260,22 @@ async def test_gate_for_shares_one_gate_per_key(caplog):
     with pytest.raises(ValueError):
         ProvisioningGate(2, 5.0, None)
     with pytest.raises(ValueError, match="governor"):
-        ProvisioningGate(2, 5.0, "p")  # a rate needs a limiter to reserve from
-    limited = gate_for("local-rate", 2, 5.0)  # no factory given: this process's own limiter of the key
-    assert isinstance(limited._limiter, Governor) and limited._limiter is local_limiter("local-rate", 5.0)
+        ProvisioningGate(2, 5.0, "p")  # a rate needs a governor to reserve from
+    limited = gate_for("local-rate", 2, 5.0)  # no factory given: this process's own governor of the key
+    assert isinstance(limited._governor, Governor) and limited._governor is local_governor("local-rate", 5.0)
 
 
 @pytest.mark.ray
 @pytest.mark.timeout(90)
-async def test_ray_limiter_death_is_survived(ray_local):
-    """Kill the named limiter once with a Ray restart and once for good; starts go on and never exceed the rate."""
+async def test_ray_governor_death_is_survived(ray_local):
+    """Kill the named governor once with a Ray restart and once for good; starts go on and never exceed the rate."""
     import ray
 
-    from raygrpo.governor.actor import NAMESPACE, RayRateLimiterClient, ensure_rate_limiter, limiter_name
+    from raygrpo.governor.actor import NAMESPACE, RayGovernorClient, ensure_governor, governor_name
 
     key, rate = f"test-{uuid.uuid4().hex[:8]}", 10.0
-    assert ensure_rate_limiter(key, rate)["rate_per_s"] == rate
-    gate = gate_for(key, 2, rate, limiters=RayRateLimiterClient)
+    assert ensure_governor(key, rate)["rate_per_s"] == rate
+    gate = gate_for(key, 2, rate, governors=RayGovernorClient)
     creates: list[float] = []
     end = time.time() + 10.0
 
@@ -294,13 +289,13 @@ async def test_ray_limiter_death_is_survived(ray_local):
     for no_restart in (False, True):
         await asyncio.sleep(1.0)
         kills.append(time.time())
-        ray.kill(ray.get_actor(limiter_name(key), namespace=NAMESPACE), no_restart=no_restart)
+        ray.kill(ray.get_actor(governor_name(key), namespace=NAMESPACE), no_restart=no_restart)
         await asyncio.sleep(2.5)
     await asyncio.wait_for(running, 60)
-    assert isinstance(gate._limiter, RayRateLimiterClient)
+    assert isinstance(gate._governor, RayGovernorClient)
     assert max_per_window(creates) <= rate
-    assert any(t > kills[1] + 1.0 for t in creates), "no create after the limiter was killed for good"
-    assert ray.get(ray.get_actor(limiter_name(key), namespace=NAMESPACE).ping.remote(), timeout=30)["granted"] > 0
+    assert any(t > kills[1] + 1.0 for t in creates), "no create after the governor was killed for good"
+    assert ray.get(ray.get_actor(governor_name(key), namespace=NAMESPACE).ping.remote(), timeout=30)["granted"] > 0
 
 
 @pytest.mark.ray
@@ -310,11 +305,11 @@ async def test_the_named_governor_serves_a_rollouts_start_before_a_warm_one_and_
     """Two gates (two actors) on the named governor of a key with `max_live: 1`: one holds the ticket for a warm
     sandbox and queues a second warm start; the other's rollout start, queued later, is told to go first, and the
     first gate, asking, is told to stop its warm sandbox."""
-    from raygrpo.governor.actor import RayRateLimiterClient, ensure_rate_limiter
+    from raygrpo.governor.actor import RayGovernorClient, ensure_governor
 
     key = f"test-{uuid.uuid4().hex[:8]}"
-    ensure_rate_limiter(key, None, max_live=1)
-    pool, other = (ProvisioningGate(key=key, max_live=1, limiter=RayRateLimiterClient(key, None, max_live=1))
+    ensure_governor(key, None, max_live=1)
+    pool, other = (ProvisioningGate(key=key, max_live=1, governor=RayGovernorClient(key, None, max_live=1))
                    for _ in range(2))
     held = await pool.acquire_live(warm=True)
     assert not await pool.ask_evict()  # nobody waits

@@ -2,7 +2,7 @@
 
 Four async actors, placed on three `ray.cluster_utils.Cluster` nodes (kept on 127.0.0.1) by a custom resource per
 node, each run several starts at once through their own `ProvisioningGate` of one provider key; the gates share
-the named limiter actor (created by whichever actor asks first). Every "create" is timestamped inside the slot,
+the named governor actor (created by whichever actor asks first). Every "create" is timestamped inside the slot,
 in the actor process, where the backend's create would be called. Over at least 10 s and 50 creates, no sliding
 1 s window may hold more than 5 creates, and the creates must reach 90% of the rate.
 
@@ -39,7 +39,7 @@ def _run_cluster() -> dict:
 
     import ray
 
-    from raygrpo.governor.gate import max_per_window
+    from raygrpo.governor import max_per_window
     from tests.sim_cluster import simulated_cluster
 
     @ray.remote(num_cpus=0)
@@ -50,10 +50,10 @@ def _run_cluster() -> dict:
             return ray.get_runtime_context().get_node_id()
 
         async def run(self, key: str, rate: float, starts: int, begin_at: float, end_at: float) -> dict:
-            from raygrpo.governor.actor import RayRateLimiterClient
+            from raygrpo.governor.actor import RayGovernorClient
             from raygrpo.governor.gate import gate_for
 
-            gate = gate_for(key, max_concurrent_starts=starts, rate_per_s=rate, limiters=RayRateLimiterClient)
+            gate = gate_for(key, max_concurrent_starts=starts, rate_per_s=rate, governors=RayGovernorClient)
             creates: list[float] = []
 
             async def starter(i: int) -> None:

@@ -22,6 +22,7 @@ from raygrpo.agent.rollout import run_rollout
 from raygrpo.sandbox.local import LocalSandboxEnvironment
 from raygrpo.sandbox.owners import sandbox_processes
 from raygrpo.core.types import Status
+from raygrpo.specs.provider import ProviderSpec
 from tests.harbor_utils import bash_script, make_task
 from tests.test_harbor_adapter import nothing_left, renderer, root, spec_for  # noqa: F401 - fixtures
 
@@ -135,7 +136,8 @@ async def test_a_rollout_waiting_for_a_live_ticket_held_by_an_idle_warm_sandbox_
     a rollout of another task waiting for a ticket has the pool stop it instead, and the pool starts no other
     warm sandbox into the freed ticket meanwhile."""
     make_task(tmp_path / "suite", "u", test_sh='echo 1 > /logs/verifier/reward.txt')
-    provider = HarborProvider(suite(tmp_path, root, warm_pool={"size": 1, "ttl_s": 60}, max_live=1), name="suite")
+    provider = HarborProvider(suite(tmp_path, root, warm_pool={"size": 1, "ttl_s": 60}), name="suite",
+                              limits=ProviderSpec(max_live=1))
     told, other = list_harbor_tasks(provider.spec, "suite")
     try:
         provider.expect([told])
@@ -161,7 +163,8 @@ async def test_a_warm_start_queued_for_a_live_ticket_gives_up_for_a_rollouts_own
     for it. A rollout of another task: the queued warm start gives up (it would take the freed ticket first), the
     ready one is stopped, and only that one."""
     make_task(tmp_path / "suite", "u", test_sh='echo 1 > /logs/verifier/reward.txt')
-    provider = HarborProvider(suite(tmp_path, root, warm_pool={"size": 2, "ttl_s": 60}, max_live=1), name="suite")
+    provider = HarborProvider(suite(tmp_path, root, warm_pool={"size": 2, "ttl_s": 60}), name="suite",
+                              limits=ProviderSpec(max_live=1))
     told, other = list_harbor_tasks(provider.spec, "suite")
     try:
         provider.expect([told, told])
@@ -181,10 +184,11 @@ async def test_a_rollout_of_another_suite_waiting_for_the_live_ticket_of_a_warm_
     task that does not come; a rollout of suite B, which has no pool and so no part in A's own give-way, waits for a
     ticket. The governor tells A's pool to stop its sandbox (not its TTL of 60 s)."""
     make_task(tmp_path / "b", "b", test_sh='echo 1 > /logs/verifier/reward.txt')
-    pooled = HarborProvider(suite(tmp_path, root, warm_pool={"size": 1, "ttl_s": 60}, max_live=1), name="a")
-    other = HarborProvider(spec_for(tmp_path / "b", root, import_path=f"{__name__}:DelayedStart", max_live=1),
-                           name="b")
-    assert pooled.spec.effective_rate_limit_key == other.spec.effective_rate_limit_key
+    one = ProviderSpec(max_live=1)  # the provider's one `providers:` entry, for both suites
+    pooled = HarborProvider(suite(tmp_path, root, warm_pool={"size": 1, "ttl_s": 60}), name="a", limits=one)
+    other = HarborProvider(spec_for(tmp_path / "b", root, import_path=f"{__name__}:DelayedStart"), name="b",
+                           limits=one)
+    assert pooled.spec.provider_key == other.spec.provider_key
     try:
         pooled.expect(list_harbor_tasks(pooled.spec, "a"))
         await until(lambda: pooled.warm.stats()["ready"] == 1)

@@ -3,7 +3,7 @@
 Everything loop-bound (the openreward client, the policy's HTTP client) is created inside the actor, on its loop,
 on first use; only the `WorkerSettings` are pickled to it. Being an async actor, it runs up to `max_concurrency`
 calls at once on one loop; the worker's semaphore bounds the rollouts. It wires the worker to the cluster: sandbox
-starts draw from the cluster-wide create-rate limiters (`raygrpo.governor.actor`), and a reaper thread stops
+starts ask their providers' cluster-wide governors (`raygrpo.governor.actor`), and a reaper thread stops
 sandboxes on this node whose owner died. Where its environments lease remote sandboxes (`raygrpo.leases.ledger`), the
 actor's process is their owner: its heartbeat starts with the worker's providers and its record goes at shutdown,
 once every sandbox is stopped. On a cluster it maps the config's paths into its node's copy of the job's
@@ -20,7 +20,7 @@ from typing import Any
 import ray
 
 from raygrpo.actors.heap import freeze_heap
-from raygrpo.governor.actor import RayRateLimiterClient
+from raygrpo.governor.actor import RayGovernorClient
 from raygrpo.core.environ import apply_process_env
 from raygrpo.leases.ledger import disown_all
 from raygrpo.sandbox.orphans import OrphanReaper
@@ -57,7 +57,7 @@ class EnvPool:
             self._lock = asyncio.Lock()
         async with self._lock:
             if self._worker is None:
-                self._worker = await asyncio.to_thread(RolloutWorker.build, self.settings, limiters=RayRateLimiterClient)
+                self._worker = await asyncio.to_thread(RolloutWorker.build, self.settings, governors=RayGovernorClient)
                 freeze_heap()
                 # Sandbox dirs are node-local: each actor looks after the sandboxes of its own node.
                 self._reaper = OrphanReaper(interval_s=10.0)

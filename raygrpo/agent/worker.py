@@ -24,7 +24,8 @@ from raygrpo.policy.acting import ActingPolicy, acting_policy
 from raygrpo.policy.base import PolicyClient, SamplingParams
 from raygrpo.policy.factory import build_policy_client
 from raygrpo.policy.tiny import resolve_model_path
-from raygrpo.governor.gate import LimiterFactory, gate_stats
+from raygrpo.governor.client import GovernorClientFactory
+from raygrpo.governor.gate import gate_stats
 from raygrpo.agent.rollout import run_rollout
 from raygrpo.core.types import TaskRef, Trajectory
 
@@ -43,6 +44,7 @@ class WorkerSettings:
         sampling: Sampling settings.
         rollout: Limits of each rollout.
         max_concurrent: Rollouts (hence live environments) at once in this actor (K).
+        providers: The limits of the sandbox providers its environments name (the run config's `providers:`).
         engines: Transformers engine actor handles (for `policy.kind: transformers`).
         worker_index: This actor's index; actors are spread round-robin over the engines.
         workdir: The driver's working_dir on a cluster: the actor maps config paths under it into its own node's copy
@@ -59,6 +61,7 @@ class WorkerSettings:
     engines: list[Any] = field(default_factory=list)
     worker_index: int = 0
     workdir: str | None = None
+    providers: dict[str, Any] = field(default_factory=dict)
 
 
 class RolloutWorker:
@@ -99,7 +102,7 @@ class RolloutWorker:
         self.closed = False
 
     @classmethod
-    def build(cls, settings: WorkerSettings, *, limiters: LimiterFactory | None = None) -> RolloutWorker:
+    def build(cls, settings: WorkerSettings, *, governors: GovernorClientFactory | None = None) -> RolloutWorker:
         """A worker for `settings`: loads the tokenizer, builds the policy client and one provider per environment.
 
         Blocking (the tokenizer loads from disk): actors call it in a thread. Providers make nothing loop-bound
@@ -108,7 +111,7 @@ class RolloutWorker:
 
         Args:
             settings: What the driver says this worker runs.
-            limiters: Makes the clients of the cluster-wide create-rate limiters (see `raygrpo.governor.gate`).
+            governors: Makes the clients of the providers' cluster-wide governors (see `raygrpo.governor.client`).
         """
         tokenizer = None
         if not settings.policy.acts:
@@ -117,7 +120,7 @@ class RolloutWorker:
             tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(settings.model))
         policy = build_policy_client(settings.policy, tokenizer, engines=settings.engines,
                                      worker_index=settings.worker_index, model_name=settings.model)
-        providers = {name: kind_of(spec).provider(spec, name, limiters=limiters,
+        providers = {name: kind_of(spec).provider(spec, name, providers=settings.providers, governors=governors,
                                                   rollout_timeout_s=settings.rollout.rollout_timeout_s)
                      for name, spec in settings.envs.items()}
         return cls(

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from raygrpo.specs.base import refuse_moved_fields
+from raygrpo.specs.moved_fields import refuse_moved_fields
 
 #: Rollout settings that moved to the environment specs, which own those deadlines now.
 MOVED_FIELDS: dict[str, str] = {

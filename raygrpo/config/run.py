@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 from raygrpo.config.policy import PolicyConfig, SamplingConfig
 from raygrpo.config.rollout import RolloutConfig
 from raygrpo.config.train import TrainConfig, check_trainer_mapping
-from raygrpo.specs import EnvSpec
+from raygrpo.specs import EnvSpec, ProviderSpec
 
 
 class WorkersConfig(BaseModel):
@@ -84,6 +84,11 @@ class RunConfig(BaseModel):
     Args:
         envs: Environments by name: ORS environments (`kind: ors`, the default) and Harbor task suites
             (`kind: harbor`). A name appears in every trajectory's task reference.
+        providers: The limits of the sandbox providers the Harbor suites name (`envs.<name>.provider`, by default the
+            suite's backend: `local`, `docker`, `e2b`, ... or the import path), by provider: `{create_rate_per_s,
+            max_live, rate_limit_backoff}` (`raygrpo.specs.provider.ProviderSpec`), enforced cluster-wide by one
+            governor per provider. Suites naming one provider share its one entry. A provider without an entry has
+            no limits; an entry that no environment (of `envs` or `eval_envs`) names is an error.
         model: Path to a Hugging Face model folder whose tokenizer (and, for the transformers engine, weights) the run
             uses, or `"tiny"` for a tiny random model built locally on first use.
         policy: Which policy writes the assistant turns (default: the transformers engine running `model`).
@@ -106,6 +111,7 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     envs: dict[str, EnvSpec]
+    providers: dict[str, ProviderSpec] = Field(default_factory=dict)
     model: str = "tiny"
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
@@ -127,6 +133,14 @@ class RunConfig(BaseModel):
             raise ValueError("at least one environment is needed")
         return envs
 
+    @field_validator("providers")
+    @classmethod
+    def _provider_names(cls, providers: dict[str, ProviderSpec]) -> dict[str, ProviderSpec]:
+        blank = [name for name in providers if not name.strip()]
+        if blank:
+            raise ValueError("a provider needs a name (the key envs.<name>.provider gives, or a backend's name)")
+        return providers
+
     @field_validator("trainer")
     @classmethod
     def _trainer_fields(cls, trainer: dict[str, Any]) -> dict[str, Any]:
@@ -140,6 +154,11 @@ class RunConfig(BaseModel):
         unknown = sorted(set(self.train.mixture or {}) - set(self.envs))
         if unknown:
             raise ValueError(f"train.mixture: {unknown} are not environments in envs ({sorted(self.envs)})")
+        named = {spec.provider_key for spec in [*self.envs.values(), *self.eval_envs.values()]} - {None}
+        unused = sorted(set(self.providers) - named)
+        if unused:
+            raise ValueError(f"providers: {unused} are named by no environment (theirs: {sorted(named)}); set "
+                             "envs.<name>.provider to the entry, or name the entry after the suite's backend")
         if self.train.eval_every and not self.eval_envs:
             raise ValueError("train.eval_every is set but eval_envs is empty: nothing to evaluate")
         if self.train.behaviour_ratio and self.policy.kind != "transformers":

@@ -13,7 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from raygrpo.core.imports import ImportSpecError, is_file_spec, resolve_file, split_spec
-from raygrpo.specs.base import base_dir_of, refuse_moved_fields
+from raygrpo.specs.base import base_dir_of
+from raygrpo.specs.moved_fields import refuse_moved_fields
 
 #: `GRPOConfig` fields raygrpo sets itself, and the run-config field (or option) that owns each.
 OWNED_TRAINER_FIELDS: dict[str, str] = {

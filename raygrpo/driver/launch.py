@@ -17,7 +17,7 @@ import ray
 
 from raygrpo.actors.ors_server import start_embedded_server
 from raygrpo.actors.policy_engine import start_engines, stop_engines
-from raygrpo.governor.actor import ensure_rate_limiter, forget_holders
+from raygrpo.governor.actor import ensure_governor, forget_holders
 from raygrpo.actors.vllm_server import start_vllm_server, stop_vllm_server
 from raygrpo.config import RunConfig
 from raygrpo.envs.kinds import kind_of
@@ -31,7 +31,7 @@ from raygrpo.leases.reaper import LeaseWatch, reap_stale_leases
 from raygrpo.leases.ledger import LEASE_DIR_ENV, lease_dir
 from raygrpo.sandbox.orphans import OrphanReaper
 from raygrpo.sandbox.owners import ROOT_ENV, RUN_ENV, sandbox_root
-from raygrpo.specs import ORSSpec
+from raygrpo.specs import ORSSpec, ProviderSpec
 from raygrpo.core.types import TaskRef
 from raygrpo.agent.worker import WorkerSettings
 
@@ -112,11 +112,7 @@ class RolloutRuntime:
         for name, tasks in self.tasks_by_env.items():
             if tasks is None:
                 self.tasks_by_env[name] = kind_of(self.envs[name]).list_tasks(self.envs[name], name)
-        for spec in self.envs.values():
-            rate, cap = getattr(spec, "create_rate_per_s", None), getattr(spec, "max_live", None)
-            if rate or cap:
-                # Created here, by the driver, so the governor outlives any one env pool actor.
-                ensure_rate_limiter(spec.effective_rate_limit_key, rate, max_live=cap)
+        self.start_governors()
         groups = self._pool_groups()
         demands = {g.field: actor_resources(g.num_cpus, memory=g.memory, resources=g.resources) for g in groups}
         if cfg.policy.kind == "transformers":
@@ -145,7 +141,8 @@ class RolloutRuntime:
         job_env = dict((ray.get_runtime_context().runtime_env or {}).get("env_vars") or {})
         env_vars = {**job_env, ROOT_ENV: self.sandbox_root, RUN_ENV: self.run_id, LEASE_DIR_ENV: self.lease_dir}
         template = WorkerSettings(name="", envs={}, policy=self.policy, model=cfg.model, sampling=cfg.sampling,
-                                  rollout=cfg.rollout, max_concurrent=1, engines=self.engines, workdir=info.workdir)
+                                  rollout=cfg.rollout, max_concurrent=1, engines=self.engines, workdir=info.workdir,
+                                  providers=self.provider_limits())
         base = 0
         for group in groups:
             self.spawners.append(ActorSpawner(group, template, env_vars, index_base=base))
@@ -154,6 +151,24 @@ class RolloutRuntime:
             self.pools = PoolSet.from_spawners(self.spawners)
             logger.info("starting %d env pool actor(s)", sum(g.min_actors for g in groups))
             self.pools.start()
+
+    def provider_limits(self) -> dict[str, ProviderSpec]:
+        """The `providers:` entries of the environments served here, by provider, as their env kinds name them: one
+        entry for every suite on a provider."""
+        limits: dict[str, ProviderSpec] = {}
+        for spec in self.envs.values():
+            found = kind_of(spec).limits(spec, self.cfg.providers)
+            if found is not None:
+                limits[found[0]] = found[1]
+        return limits
+
+    def start_governors(self) -> None:
+        """Create the governor of each provider with a create rate or a live cap, once per provider, with the limits
+        of its `providers:` entry: here, by the driver, so it outlives any one env pool actor (which would otherwise
+        create it on its first start)."""
+        for key, limits in self.provider_limits().items():
+            if limits.governed:
+                ensure_governor(key, limits.create_rate_per_s, max_live=limits.max_live)
 
     @property
     def actors(self) -> list[tuple[str, Any]]:
@@ -190,7 +205,7 @@ class RolloutRuntime:
                 low, high = _bounds(pool.num_actors, pool.min_actors, pool.max_actors, workers.num_env_actors)
                 groups.append(PoolGroup(
                     f"envs.{name}.pool", f"{self.actor_prefix}-{name}", {name: spec},
-                    pool.max_concurrent or workers.max_concurrent_per_actor,
+                    pool.max_concurrent_per_actor or workers.max_concurrent_per_actor,
                     workers.actor_num_cpus if pool.num_cpus is None else pool.num_cpus,
                     int(pool.memory) if pool.memory else None, pool.resources, min_actors=low, max_actors=high,
                     idle_timeout_s=pool.idle_timeout_s or workers.idle_timeout_s,

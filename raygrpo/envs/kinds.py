@@ -1,19 +1,25 @@
 """Spec kind -> how raygrpo resolves, lists and runs that kind of environment (as Harbor's `EnvironmentFactory`
 maps an environment type to a backend class).
 
-Each kind answers three questions about its specs:
+Each kind answers these questions about its specs:
 
 - `resolve(spec, name)`, on the driver before Ray starts: does what the spec names exist and load (task folders,
   harness and backend classes, environment classes, a server that answers)? It fails with a `ResolveError` naming the
   config field, and returns the spec's tasks when it could list them already (None when they can only be listed
   later: an `environment` is served on Ray first);
 - `list_tasks(spec, name)`, on the driver: the tasks the spec selects;
-- `provider(spec, name, limiters=..., rollout_timeout_s=...)`, inside an env pool actor: the `EnvProvider` that makes
-  its adapters (told the run's rollout deadline, which bounds a leased sandbox's lifetime).
+- `limits(spec, providers)`, on the driver and in the actors: the sandbox provider the spec's sandboxes count against
+  and its entry of the run config's `providers:` (None: no limits), which the driver hands to the provider's governor;
+- `warm_depth(spec)`, on the driver: the most sandboxes an actor keeps warm for the spec (0: none), which sizes the
+  orchestrator's hints of what comes next;
+- `provider(spec, name, providers=..., governors=..., rollout_timeout_s=...)`, inside an env pool actor: the
+  `EnvProvider` that makes its adapters (told its provider's limits, how to reach their governor, and the run's
+  rollout deadline, which bounds a leased sandbox's lifetime).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from raygrpo.envs.base import EnvProvider
@@ -24,8 +30,8 @@ from raygrpo.envs.ors.adapter import ORSProvider
 from raygrpo.envs.ors.listing import list_ors_tasks
 from raygrpo.envs.ors.server import environment_class
 from raygrpo.core.errors import ResolveError
-from raygrpo.governor.gate import LimiterFactory
-from raygrpo.specs import HarborSpec, ORSSpec
+from raygrpo.governor.client import GovernorClientFactory
+from raygrpo.specs import HarborSpec, ORSSpec, ProviderSpec
 from raygrpo.core.types import TaskRef
 
 
@@ -36,7 +42,12 @@ class EnvKind(Protocol):
 
     def list_tasks(self, spec: Any, name: str) -> list[TaskRef]: ...
 
-    def provider(self, spec: Any, name: str, *, limiters: LimiterFactory | None = None,
+    def limits(self, spec: Any, providers: Mapping[str, ProviderSpec]) -> tuple[str, ProviderSpec] | None: ...
+
+    def warm_depth(self, spec: Any) -> int: ...
+
+    def provider(self, spec: Any, name: str, *, providers: Mapping[str, ProviderSpec] | None = None,
+                 governors: GovernorClientFactory | None = None,
                  rollout_timeout_s: float | None = None) -> EnvProvider: ...
 
 
@@ -53,7 +64,16 @@ class ORSKind:
     def list_tasks(self, spec: ORSSpec, name: str) -> list[TaskRef]:
         return list_ors_tasks(spec, name)
 
-    def provider(self, spec: ORSSpec, name: str, *, limiters: LimiterFactory | None = None,
+    def limits(self, spec: ORSSpec, providers: Mapping[str, ProviderSpec]) -> tuple[str, ProviderSpec] | None:
+        """None: an ORS environment starts no sandboxes of its own (its server is its own provider)."""
+        return None
+
+    def warm_depth(self, spec: ORSSpec) -> int:
+        """0: sessions open on demand, nothing is kept warm."""
+        return 0
+
+    def provider(self, spec: ORSSpec, name: str, *, providers: Mapping[str, ProviderSpec] | None = None,
+                 governors: GovernorClientFactory | None = None,
                  rollout_timeout_s: float | None = None) -> EnvProvider:
         return ORSProvider(spec, name=name)
 
@@ -80,9 +100,24 @@ class HarborKind:
             field = "indices" if str(exc).startswith("`indices`") else "path"
             raise ResolveError(f"{spec.field_path(name, field)}: {exc}") from None
 
-    def provider(self, spec: HarborSpec, name: str, *, limiters: LimiterFactory | None = None,
+    def limits(self, spec: HarborSpec, providers: Mapping[str, ProviderSpec]) -> tuple[str, ProviderSpec] | None:
+        """The suite's provider (`provider_key`) and its `providers:` entry; None when it has none (no limits)."""
+        entry = providers.get(spec.provider_key)
+        return None if entry is None else (spec.provider_key, entry)
+
+    def warm_depth(self, spec: HarborSpec) -> int:
+        """The most sandboxes its warm pool holds per actor: `size`, or `max_size` for `auto`; 0 without one."""
+        warm = spec.warm_pool
+        if warm is None:
+            return 0
+        return warm.max_size if warm.size == "auto" else warm.size
+
+    def provider(self, spec: HarborSpec, name: str, *, providers: Mapping[str, ProviderSpec] | None = None,
+                 governors: GovernorClientFactory | None = None,
                  rollout_timeout_s: float | None = None) -> EnvProvider:
-        return HarborProvider(spec, name=name, limiters=limiters, rollout_timeout_s=rollout_timeout_s)
+        found = self.limits(spec, providers or {})
+        return HarborProvider(spec, name=name, limits=found[1] if found else None, governors=governors,
+                              rollout_timeout_s=rollout_timeout_s)
 
 
 #: The kinds of environment raygrpo runs, by the specs' `kind`.

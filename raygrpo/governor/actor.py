@@ -1,23 +1,30 @@
 """The cluster-wide governor of a provider key (create rate, live cap, rate-limit answers: `raygrpo.governor`): a
 named Ray actor every env pool actor shares.
 
-Naming: `raygrpo-ratelimit-<key>` in the fixed namespace `raygrpo`, created with `get_if_exists=True` by whoever
-asks first. Without an explicit namespace a named actor lives in its job's namespace, which is anonymous (one per
-driver) unless `ray.init(namespace=...)` names it: actors of one job (and actors they create) would find it, but a
-second `ray job submit` job would not. With the fixed namespace, concurrent jobs on one cluster that limit the same
-provider key share one limiter, as they share the provider's quota. Whoever creates it sets its rate; `ensure_rate_limiter` warns when an existing one runs at another rate.
+- `GovernorActor`: the `Governor` as a Ray actor;
+- `get_governor` / `ensure_governor`: its handle, created if it does not exist (`ensure_governor`: by the driver,
+  which then owns it); `governor_name`: its actor name;
+- `RayGovernorClient`: a gate's `GovernorClient` (`raygrpo.governor.client`) of it, with bounded, retried calls.
+
+Naming: `raygrpo-ratelimit-<key>` (`governor_name`; the name it had as the rate limiter) in the fixed namespace
+`raygrpo`, created with `get_if_exists=True` by whoever asks first. Without an explicit namespace a named actor lives
+in its job's namespace, which is anonymous (one per driver) unless `ray.init(namespace=...)` names it: actors of one
+job (and actors they create) would find it, but a second `ray job submit` job would not. With the fixed namespace,
+concurrent jobs on one cluster that limit the same provider key share one governor, as they share the provider's
+quota. Whoever creates it sets its limits (the run
+config's `providers.<key>`); `ensure_governor` warns when an existing one runs with other limits.
 
 Lifetime: tied to the job (not detached), so nothing outlives the run. A non-detached actor dies with its owner,
-the process that created it: call `ensure_rate_limiter` in the driver before the env pool actors start so the
-driver owns it and it runs on the driver's node (else the first env pool actor to start a sandbox creates it, and
-the limiter dies with that actor).
-A limiter shared with another job dies when that job ends; this job's callers then create their own.
-If the limiter dies anyway, callers re-resolve the name (creating a new one) and go on; if its process crashes
-while its owner lives, Ray restarts it (`max_restarts`). Either way the new limiter knows nothing of the slots the
+the process that created it: the driver calls `ensure_governor` before the env pool actors start so it owns it and it
+runs on the driver's node (else the first env pool actor to start a sandbox creates it, and the governor dies with
+that actor).
+A governor shared with another job dies when that job ends; this job's callers then create their own.
+If the governor dies anyway, callers re-resolve the name (creating a new one) and go on; if its process crashes
+while its owner lives, Ray restarts it (`max_restarts`). Either way the new governor knows nothing of the slots the
 old one handed out, so it leaves a pause of `max_lead_s + margin_s + 1` s (about 2 s) before its first slot, after
-every slot the old one can have handed out (see `CreateRateLimiter`).
+every slot the old one can have handed out (see `CreateSchedule`).
 
-Waits are bounded: each call to the limiter has a timeout, and a limiter that stays unreachable for
+Waits are bounded: each call to the governor has a timeout, and a governor that stays unreachable for
 `unavailable_after_s` fails the start with a `ProvisioningError` naming it (the calls are retried with tenacity).
 """
 
@@ -34,8 +41,12 @@ from ray.exceptions import RayActorError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from tenacity import AsyncRetrying, RetryCallState, RetryError, retry_if_exception_type, stop_after_delay, wait_fixed
 
-from raygrpo.governor import Governor
-from raygrpo.governor.gate import ProvisioningError, Reservation
+from raygrpo.governor.client import ProvisioningError
+from raygrpo.governor.governor import Governor
+from raygrpo.governor.schedule import Reservation
+
+__all__ = ["NAMESPACE", "GovernorActor", "RayGovernorClient", "ensure_governor", "forget_holders", "get_governor",
+           "governor_name"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,21 +54,22 @@ NAMESPACE = "raygrpo"
 MAX_RESTARTS = 10
 
 
-def limiter_name(key: str) -> str:
-    """The actor name of `key`'s limiter (characters outside `[A-Za-z0-9_.-]` become `_`)."""
+def governor_name(key: str) -> str:
+    """The actor name of `key`'s governor (characters outside `[A-Za-z0-9_.-]` become `_`)."""
     return "raygrpo-ratelimit-" + re.sub(r"[^A-Za-z0-9_.-]", "_", key)
 
 
-class RateLimiter(Governor):
-    """`Governor` as a Ray actor; a restart by Ray counts as recovering (its state is lost: the schedule pauses,
-    live tickets come back as their holders renew them).
+@ray.remote(num_cpus=0, max_restarts=MAX_RESTARTS, max_concurrency=10_000)
+class GovernorActor(Governor):
+    """`Governor` as a Ray actor (its processes are named `ray::GovernorActor`); a restart by Ray counts as
+    recovering (its state is lost: the schedule pauses, live tickets come back as their holders renew them).
 
     Args:
         key: Provider key.
         rate_per_s: Most creates in any 1 s window, cluster-wide; None for none.
         max_live: Most sandboxes alive at once, cluster-wide; None for no cap.
         recovering: A caller re-creates it after the previous one died.
-        **kwargs: `CreateRateLimiter` settings.
+        **kwargs: `CreateSchedule` settings.
     """
 
     def __init__(self, key: str, rate_per_s: float | None, max_live: int | None = None, recovering: bool = False,
@@ -78,26 +90,23 @@ class RateLimiter(Governor):
         return ray.get_runtime_context().get_node_id()
 
 
-RateLimiterActor = ray.remote(num_cpus=0, max_restarts=MAX_RESTARTS, max_concurrency=10_000)(RateLimiter)
-
-
 #: Every handle this process got, per key, kept for its life: the first one of an actor this process created is its
 #: owner's, and dropping it (even for another handle of the same actor) would let Ray collect the actor.
 _handles: dict[str, list[Any]] = {}
 
 
-def get_rate_limiter(key: str, rate_per_s: float | None, *, max_live: int | None = None, recovering: bool = False,
-                     node_id: str | None = None, **kwargs: Any):
+def get_governor(key: str, rate_per_s: float | None, *, max_live: int | None = None, recovering: bool = False,
+                 node_id: str | None = None, **kwargs: Any):
     """The handle of `key`'s governor, created if it does not exist (blocking: a GCS round trip or two).
 
     The creator's `rate_per_s`, `max_live` and settings hold; later callers get the existing actor whatever they pass.
     `node_id`: the node a new governor must run on (Ray's soft node affinity placed it elsewhere in 11 of 12 tries on a
     simulated cluster, so it is a hard one: pass a live node, such as the caller's own).
     """
-    options: dict[str, Any] = {"name": limiter_name(key), "namespace": NAMESPACE, "get_if_exists": True}
+    options: dict[str, Any] = {"name": governor_name(key), "namespace": NAMESPACE, "get_if_exists": True}
     if node_id is not None:
         options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id, soft=False)
-    handle = RateLimiterActor.options(**options).remote(key, rate_per_s, max_live, recovering=recovering, **kwargs)
+    handle = GovernorActor.options(**options).remote(key, rate_per_s, max_live, recovering=recovering, **kwargs)
     _handles.setdefault(key, []).append(handle)
     return handle
 
@@ -106,12 +115,12 @@ def forget_holders(key: str, holders: list[str]) -> None:
     """Tell `key`'s governor (fire-and-forget) that these live-ticket holders are dead: the gates of actors whose
     sandboxes someone else reaped (`raygrpo.leases.reaper.LeaseWatch`)."""
     handles = _handles.get(key)
-    handle = handles[0] if handles else ray.get_actor(limiter_name(key), namespace=NAMESPACE)
+    handle = handles[0] if handles else ray.get_actor(governor_name(key), namespace=NAMESPACE)
     handle.forget_holders.remote(holders)
 
 
-def ensure_rate_limiter(key: str, rate_per_s: float | None, timeout_s: float = 60.0, *, max_live: int | None = None,
-                        **kwargs: Any) -> dict[str, Any]:
+def ensure_governor(key: str, rate_per_s: float | None, timeout_s: float = 60.0, *, max_live: int | None = None,
+                    **kwargs: Any) -> dict[str, Any]:
     """Create `key`'s governor from this process (the driver, so that it owns it) on this process's node, and wait
     until it answers. On the driver's node it is lost only with the driver; elsewhere, losing a worker node would
     also lose the governor, and with it a few seconds of creates (the new one's pause) and its live-cap state.
@@ -119,7 +128,7 @@ def ensure_rate_limiter(key: str, rate_per_s: float | None, timeout_s: float = 6
     Returns its stats; logs a warning if an existing governor has other limits.
     """
     here = ray.get_runtime_context().get_node_id()
-    stats = ray.get(get_rate_limiter(key, rate_per_s, max_live=max_live, node_id=here, **kwargs).ping.remote(),
+    stats = ray.get(get_governor(key, rate_per_s, max_live=max_live, node_id=here, **kwargs).ping.remote(),
                     timeout=timeout_s)
     if (stats["rate_per_s"], stats["max_live"]) != (rate_per_s, max_live):
         logger.warning("governor %r already runs at %s creates/s and %s live, not %s and %s", key,
@@ -127,8 +136,9 @@ def ensure_rate_limiter(key: str, rate_per_s: float | None, timeout_s: float = 6
     return stats
 
 
-class RayRateLimiterClient:
-    """A gate's way to the named limiter of `key`: resolves it lazily, re-resolves it when it dies, bounds waits.
+class RayGovernorClient:
+    """A gate's `GovernorClient` of the named governor of `key`: resolves it lazily, re-resolves it when it dies,
+    bounds waits.
 
     Args:
         key: Provider key.
@@ -136,11 +146,11 @@ class RayRateLimiterClient:
         max_live: Live cap used if this client creates the governor.
         call_timeout_s: Longest one call may take (the governor answers within its holds: `admit` within the live
             cap's and the schedule's, 30 + 10 s by default).
-        unavailable_after_s: How long the limiter may stay dead or unreachable before `reserve` raises.
-        retry_delay_s: Pause before re-resolving a limiter that failed.
+        unavailable_after_s: How long the governor may stay dead or unreachable before a call raises.
+        retry_delay_s: Pause before re-resolving a governor that failed.
         release_batch_s: Live tickets given back within this long go to the governor in one call (each call costs
             both sides about a millisecond of CPU; a sandbox's ticket is held this much longer).
-        **limiter_kwargs: `CreateRateLimiter` settings, used if this client creates the limiter.
+        **schedule_kwargs: `CreateSchedule` settings, used if this client creates the governor.
     """
 
     def __init__(
@@ -153,7 +163,7 @@ class RayRateLimiterClient:
         unavailable_after_s: float = 60.0,
         retry_delay_s: float = 0.5,
         release_batch_s: float = 0.05,
-        **limiter_kwargs: Any,
+        **schedule_kwargs: Any,
     ) -> None:
         self.key = key
         self.rate_per_s = rate_per_s
@@ -161,7 +171,7 @@ class RayRateLimiterClient:
         self._call_timeout = call_timeout_s
         self._unavailable_after = unavailable_after_s
         self._retry_delay = retry_delay_s
-        self._kwargs = limiter_kwargs
+        self._kwargs = schedule_kwargs
         self._handle = None
         self._lookup: asyncio.Lock | None = None
         self._recovering = False
@@ -177,7 +187,7 @@ class RayRateLimiterClient:
                     # Off the loop: the lookup blocks on the GCS, and a blocked loop delays other starts' wake-ups.
                     self._handle = await asyncio.wait_for(
                         asyncio.to_thread(
-                            get_rate_limiter, self.key, self.rate_per_s, max_live=self.max_live,
+                            get_governor, self.key, self.rate_per_s, max_live=self.max_live,
                             recovering=self._recovering, **self._kwargs
                         ),
                         self._call_timeout,
@@ -221,15 +231,15 @@ class RayRateLimiterClient:
         except RetryError as exc:
             cause = exc.last_attempt.exception()
             raise ProvisioningError(
-                f"governor {limiter_name(self.key)!r} (namespace {NAMESPACE!r}) unavailable for "
+                f"governor {governor_name(self.key)!r} (namespace {NAMESPACE!r}) unavailable for "
                 f"{self._unavailable_after:g} s: {type(cause).__name__}: {cause}"
             ) from cause
         raise AssertionError("unreachable: tenacity either returns or raises")
 
     def _forget(self, state: RetryCallState) -> None:
-        """After a failed call: resolve the limiter again next time (a new one recovers: see `CreateRateLimiter`)."""
+        """After a failed call: resolve the governor again next time (a new one recovers: see `CreateSchedule`)."""
         error = state.outcome.exception() if state.outcome is not None else None
-        logger.warning("rate limiter %r failed (%s); resolving it again", self.key, type(error).__name__)
+        logger.warning("governor %r failed (%s); resolving it again", self.key, type(error).__name__)
         self._handle = None
         self._recovering = True
 

@@ -9,17 +9,19 @@ provider key:
     async with gate.start_slot(ticket):
         await env.start(...)                # the backend's create is called here, right after the slot opens
 
-The gate bounds the starts in flight in this actor (a semaphore) and asks the key's governor
-(`raygrpo.governor`) for a live ticket and a create slot, sleeping until the slot. The governor client is passed in
-by whoever builds the gate: env pool actors pass a factory of clients of the named Ray actor that every actor on
-every node shares (`raygrpo.governor.actor`); without one, the gate uses this process's `local_governor` of the
-key. A create the provider refuses anyway goes to `back_off`: the governor pauses and slows the schedule for
-everyone, and the refused start waits a jittered, growing delay before it queues again. Everything here is plain
-asyncio.
+The gate bounds the starts in flight in this actor (a semaphore) and asks the key's governor (`raygrpo.governor`)
+for a live ticket and a create slot, sleeping until the slot. It talks to the governor through a `GovernorClient`
+(`raygrpo.governor.client`) made by whoever builds the gate: env pool actors pass `RayGovernorClient`, whose governor
+is the named Ray actor that every actor on every node shares (`raygrpo.governor.actor`); without one, the gate asks
+this process's own `Governor` of the key (`local_governor`). A create the provider refuses anyway goes to
+`back_off`: the governor pauses and slows the schedule for everyone, and the refused start waits a jittered, growing
+delay before it queues again. Everything here is plain asyncio.
 
-Waiting for the governor is not start time: a start's own deadline (`HarborSpec.start_timeout_s`) counts from when
-the gate lets it in, and the wait itself is unbounded by default (the schedule always moves; a governor that stays
-unreachable fails the start after `unavailable_after_s`, and refusals fail it after `give_up_after_s`).
+The limits come from the run config's `providers.<key>` (`create_rate_per_s`, `max_live`, `rate_limit_backoff`); the
+bound on starts per actor from `envs.<name>.max_concurrent_starts`. Waiting for the governor is not start time: a
+start's own deadline (`envs.<name>.start_timeout_s`) counts from when the gate lets it in, and the wait itself is
+unbounded by default (the schedule always moves; a governor that stays unreachable fails the start after
+`unavailable_after_s`, and refusals fail it after `give_up_after_s`).
 """
 
 from __future__ import annotations
@@ -30,53 +32,17 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from collections.abc import AsyncIterator
+from typing import Any
 
+from raygrpo.governor.client import GovernorClient, GovernorClientFactory, ProvisioningError
+from raygrpo.governor.gate_counts import GateCounts
 from raygrpo.governor.governor import BackoffSettings, RateLimitSignal, local_governor, reset_local_governors
-from raygrpo.governor.schedule import (  # noqa: F401 - re-exported: the schedule's long-standing home
-    DEFAULT_MARGIN_S,
-    LATE_FRACTION,
-    CreateRateLimiter,
-    Reservation,
-    max_per_window,
-)
+from raygrpo.governor.schedule import DEFAULT_MARGIN_S, Reservation
+
+__all__ = ["ProvisioningError", "ProvisioningGate", "gate_for", "gate_stats", "reset_gates"]
 
 logger = logging.getLogger(__name__)
-
-
-class ProvisioningError(RuntimeError):
-    """A start could not get its create slot: the limiter is gone for too long, or the wait exceeded its bound."""
-
-
-class RateLimiterClient(Protocol):
-    """What a gate needs from its governor (`raygrpo.governor.Governor`, or a client of the named actor): create
-    slots (`reserve`, awaited, may answer "still queued"; `release`), live tickets (`acquire_live`, may answer "not
-    yet", `warm` for a warm pool's start, which waits behind rollouts' own; `release_live`; `renew_live`), both at
-    once (`admit`: a live ticket, then a create slot, in one round trip), whether to stop an idle warm sandbox for a
-    rollout's start (`ask_evict`), and the provider's refusals (`refused`). Only `reserve`, `acquire_live`, `admit`
-    and `ask_evict` are awaited; the rest may be fire-and-forget."""
-
-    async def reserve(self, request_id: str, first: bool = False) -> Reservation: ...
-
-    def release(self, request_id: str) -> Any: ...
-
-    async def acquire_live(self, ticket: str, holder: str, warm: bool = False) -> bool: ...
-
-    async def admit(self, ticket: str, holder: str, request_id: str,
-                    warm: bool = False) -> tuple[bool, Reservation | None]: ...
-
-    async def ask_evict(self, holder: str) -> bool: ...
-
-    def release_live(self, ticket: str) -> Any: ...
-
-    def renew_live(self, holder: str, tickets: list[str]) -> Any: ...
-
-    def refused(self, reason: str, pause_s: float) -> Any: ...
-
-
-#: Makes the governor client of a provider key: `factory(key, rate_per_s, max_live=..., margin_s=...)`.
-LimiterFactory = Callable[..., RateLimiterClient]
 
 
 class ProvisioningGate:
@@ -95,13 +61,13 @@ class ProvisioningGate:
         max_concurrent_starts: Starts in flight at once in this actor; None for no bound.
         rate_per_s: Most creates in any 1 s window for `key`, summed over every actor; None for no rate limit.
         key: Provider key naming the shared governor (e.g. "e2b"); required with a rate or a live cap.
-        limiter: The governor to ask (required with a rate or a live cap): a client of the cluster-wide one, or this
-            process's `local_governor(key, ...)` (a bare `CreateRateLimiter` serves a rate alone).
+        governor: The governor to ask (required with a rate or a live cap): a `RayGovernorClient` of the cluster-wide
+            one, or this process's `local_governor(key, ...)` (a bare `CreateSchedule` serves a rate alone).
         max_live: Most sandboxes alive (or being created) for `key` at once, summed over every actor; None for no cap.
         backoff: How a start the provider refused waits before it queues again.
         max_wait_s: Longest a start may wait for its create slot (from asking the governor to the slot) before it
-            fails with `ProvisioningError`; None (the default) for no bound: the wait is not start time, and each
-            call to the governor is bounded on its own.
+            fails with `ProvisioningError`; None (the default, and what every run uses: no config field sets it) for
+            no bound: the wait is not start time, and each call to the governor is bounded on its own.
         margin_s: Schedule margin this gate expects of its governor (see `raygrpo.governor.schedule`).
         history: Grant timestamps kept for `grant_times()`.
         renew_every_s: How often the live tickets this gate holds are renewed with the governor.
@@ -113,7 +79,7 @@ class ProvisioningGate:
         rate_per_s: float | None = None,
         key: str | None = None,
         *,
-        limiter: RateLimiterClient | None = None,
+        governor: GovernorClient | None = None,
         max_live: int | None = None,
         backoff: BackoffSettings | None = None,
         max_wait_s: float | None = None,
@@ -130,7 +96,7 @@ class ProvisioningGate:
         governed = rate_per_s is not None or max_live is not None
         if governed and not key:
             raise ValueError("a rate limit or a live cap needs a provider key")
-        if governed and limiter is None:
+        if governed and governor is None:
             raise ValueError("a rate limit or a live cap needs a governor to ask")
         if not margin_s > 0:
             raise ValueError(f"margin_s must be > 0, got {margin_s}")
@@ -139,7 +105,7 @@ class ProvisioningGate:
         self.rate_per_s = rate_per_s
         self.max_live = max_live
         self.backoff = backoff or BackoffSettings()
-        self._limiter = limiter
+        self._governor = governor
         self._max_wait = max_wait_s
         self._margin = margin_s
         self._renew_every = renew_every_s
@@ -151,18 +117,7 @@ class ProvisioningGate:
         #: Create slots asked for with a live ticket (`admit`), by ticket, until that ticket's first `start_slot`.
         self._admitted: dict[str, tuple[str, Reservation]] = {}
         self._renewer: asyncio.Task[None] | None = None
-        self._waiting = 0
-        self._starting = 0
-        self._granted = 0
-        self._wait_total = 0.0
-        self._wait_max = 0.0
-        self._late = 0
-        self._late_on_arrival = 0
-        self._late_total_s = 0.0
-        self._late_max_s = 0.0
-        self._cancelled = 0
-        self._refused = 0
-        self._backoff_total = 0.0
+        self.counts = GateCounts()
         self._rate_warned = False
 
     # ── live tickets ──────────────────────────────────────────────────────────────────────────────────────────
@@ -172,27 +127,27 @@ class ProvisioningGate:
         `warm`: for a warm pool's start, which the governor serves after every rollout's own."""
         if self.max_live is None:
             return None
-        limiter = self._limiter
-        assert limiter is not None
+        governor = self._governor
+        assert governor is not None
         ticket = uuid.uuid4().hex
         # With a rate too, the create slot is asked for in the same call, unless this actor's starts are queued on
         # its own bound (a slot asked for now could pass before the start gets in).
         rid = uuid.uuid4().hex if self.rate_per_s is not None and not (self._sem and self._sem.locked()) else None
         try:
             if rid is None:
-                while not await limiter.acquire_live(ticket, self.holder, warm):
+                while not await governor.acquire_live(ticket, self.holder, warm):
                     pass
             else:
                 while True:
-                    granted, res = await limiter.admit(ticket, self.holder, rid, warm)
+                    granted, res = await governor.admit(ticket, self.holder, rid, warm)
                     if granted:
                         break
                 if res is not None:
                     self._admitted[ticket] = (rid, res)
         except BaseException:
-            limiter.release_live(ticket)
+            governor.release_live(ticket)
             if rid is not None:
-                limiter.release(rid)
+                governor.release(rid)
             raise
         self._tickets.add(ticket)
         if self._renewer is None or self._renewer.done():
@@ -204,11 +159,11 @@ class ProvisioningGate:
         if ticket is None or ticket not in self._tickets:
             return
         self._tickets.discard(ticket)
-        assert self._limiter is not None
+        assert self._governor is not None
         unused = self._admitted.pop(ticket, None)
         if unused is not None:  # the start never took the slot asked for with the ticket
-            self._limiter.release(unused[0])
-        self._limiter.release_live(ticket)
+            self._governor.release(unused[0])
+        self._governor.release_live(ticket)
 
     async def ask_evict(self) -> bool:
         """Whether this gate's holder should stop one of its idle warm sandboxes: a rollout's own start somewhere
@@ -216,9 +171,9 @@ class ProvisioningGate:
         (asked again next time)."""
         if self.max_live is None:
             return False
-        assert self._limiter is not None
+        assert self._governor is not None
         try:
-            return bool(await self._limiter.ask_evict(self.holder))
+            return bool(await self._governor.ask_evict(self.holder))
         except ProvisioningError as exc:
             logger.warning("%s: could not ask the governor about idle warm sandboxes: %s", self.key, exc)
             return False
@@ -228,7 +183,7 @@ class ProvisioningGate:
             await asyncio.sleep(self._renew_every)
             if self._tickets:
                 with contextlib.suppress(Exception):  # a governor that is gone takes them back from the next renewal
-                    self._limiter.renew_live(self.holder, list(self._tickets))  # type: ignore[union-attr]
+                    self._governor.renew_live(self.holder, list(self._tickets))  # type: ignore[union-attr]
 
     # ── create slots ──────────────────────────────────────────────────────────────────────────────────────────
 
@@ -243,7 +198,7 @@ class ProvisioningGate:
             ticket = next(iter(self._admitted))
         admitted_slot = self._admitted.pop(ticket, None) if ticket is not None else None
         asked = time.time()
-        self._waiting += 1
+        self.counts.waiting += 1
         admitted = False
         try:
             async with self._sem if self._sem is not None else contextlib.nullcontext():
@@ -251,31 +206,29 @@ class ProvisioningGate:
                     slot, admitted_slot = admitted_slot, None
                     await self._await_create_slot(slot)
                 now = time.time()
-                self._waiting -= 1
+                self.counts.waiting -= 1
                 admitted = True
                 self._grants.append(now)
-                self._granted += 1
-                self._wait_total += now - asked
-                self._wait_max = max(self._wait_max, now - asked)
-                self._starting += 1
+                self.counts.admitted(now - asked)
+                self.counts.starting += 1
                 try:
                     yield
                 finally:
-                    self._starting -= 1
+                    self.counts.starting -= 1
         except asyncio.CancelledError:
             if not admitted:
-                self._cancelled += 1
+                self.counts.cancelled += 1
             raise
         finally:
             if not admitted:
-                self._waiting -= 1
+                self.counts.waiting -= 1
             if admitted_slot is not None:  # cancelled before its turn: the slot goes back
-                assert self._limiter is not None
-                self._limiter.release(admitted_slot[0])
+                assert self._governor is not None
+                self._governor.release(admitted_slot[0])
 
     async def _await_create_slot(self, admitted: tuple[str, Reservation] | None = None) -> None:
-        limiter = self._limiter
-        assert limiter is not None
+        governor = self._governor
+        assert governor is not None
         give_up = None if self._max_wait is None else time.time() + self._max_wait
         missed = False
         while True:
@@ -283,38 +236,37 @@ class ProvisioningGate:
             admitted = None
             try:
                 if res is None or not (res.ready or res.cancelled):
-                    res = await self._reserve(limiter, rid, give_up, first=missed)
+                    res = await self._reserve(governor, rid, give_up, first=missed)
                 if res.cancelled:  # released behind our back (e.g. taken for abandoned): queue again
                     continue
                 slept_from = time.time()
                 while (left := res.at - time.time()) > 0:
                     await asyncio.sleep(left)
             except BaseException:
-                limiter.release(rid)
+                governor.release(rid)
                 raise
             now = time.time()
             if now <= res.deadline:
                 return
-            self._late += 1
-            self._late_on_arrival += slept_from > res.deadline
-            self._late_total_s += now - res.at
-            self._late_max_s = max(self._late_max_s, now - res.at)
+            self.counts.missed(now - res.at, on_arrival=slept_from > res.deadline)
             missed = True
             logger.debug("create slot of %r missed by %.3f s; queueing again, first", self.key, now - res.at)
 
-    async def _reserve(self, limiter: RateLimiterClient, rid: str, give_up: float | None,
+    async def _reserve(self, governor: GovernorClient, rid: str, give_up: float | None,
                        first: bool = False) -> Reservation:
         while True:
             if give_up is not None and time.time() > give_up:
                 raise ProvisioningError(
-                    f"no create slot for {self.key!r} within max_wait_s={self._max_wait} s "
-                    f"(rate {self.rate_per_s}/s); lower the starts queued or raise max_wait_s"
+                    f"no create slot for {self.key!r} within this gate's max_wait_s={self._max_wait} s at "
+                    f"{self.rate_per_s} creates/s (providers.{self.key}.create_rate_per_s): queue fewer starts "
+                    "(envs.<name>.max_concurrent_starts, fewer env pool actors or rollouts per actor) or build the "
+                    "gate with a longer max_wait_s (None: no bound)"
                 )
-            res = await limiter.reserve(rid, first)
+            res = await governor.reserve(rid, first)
             if res.rate_per_s != self.rate_per_s and not self._rate_warned:
                 self._rate_warned = True
                 logger.warning(
-                    "rate limiter %r runs at %s/s (set by whoever created it), not the %s/s asked here",
+                    "governor %r runs at %s creates/s (set by whoever created it), not the %s/s asked here",
                     self.key, res.rate_per_s, self.rate_per_s,
                 )
             if res.ready or res.cancelled:
@@ -330,7 +282,7 @@ class ProvisioningGate:
             ProvisioningError: The start has been refused for `backoff.give_up_after_s`.
         """
         delay = self.backoff.delay(attempt, signal.retry_after_s)
-        self._refused += 1
+        self.counts.refused += 1
         if time.time() + delay - refused_since > self.backoff.give_up_after_s:
             raise ProvisioningError(
                 f"the provider of {self.key!r} refused this sandbox's create {attempt} time(s) over "
@@ -338,13 +290,13 @@ class ProvisioningGate:
                 f"{signal.message}")
         logger.info("provider %r refused a create (%s, attempt %d): backing off %.2f s", self.key, signal.reason,
                     attempt, delay)
-        if self._limiter is not None:
+        if self._governor is not None:
             # Everyone pauses until the provider said it would take creates again; this start waits longer.
             pause = signal.retry_after_s if signal.retry_after_s is not None else self.backoff.initial_s
             with contextlib.suppress(Exception):  # the pause is advice; this start backs off either way
-                self._limiter.refused(signal.reason, pause)
+                self._governor.refused(signal.reason, pause)
         await asyncio.sleep(delay)
-        self._backoff_total += delay
+        self.counts.backoff_s += delay
         return delay
 
     def grant_times(self) -> list[float]:
@@ -352,36 +304,14 @@ class ProvisioningGate:
         return list(self._grants)
 
     def stats(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "max_concurrent_starts": self.max_concurrent_starts,
-            "rate_per_s": self.rate_per_s,
-            "waiting": self._waiting,
-            "starting": self._starting,
-            "granted": self._granted,
-            "mean_wait_s": self._wait_total / self._granted if self._granted else 0.0,
-            "max_wait_s": self._wait_max,
-            "late_wakes": self._late,
-            # Of those, the slot's deadline had passed before the wait for it began (the answer or the start's own
-            # steps since `admit` came too late), and how late the misses were.
-            "late_on_arrival": self._late_on_arrival,
-            "late_mean_s": self._late_total_s / self._late if self._late else 0.0,
-            "late_max_s": self._late_max_s,
-            "cancelled": self._cancelled,
-            "max_live": self.max_live,
-            "live_tickets": len(self._tickets),
-            "refused": self._refused,
-            "backoff_s": self._backoff_total,
-        }
+        """Its settings, its live tickets held and its counts (`GateCounts.as_stats`: `longest_wait_s` is the longest
+        wait so far, not the `max_wait_s` bound)."""
+        return {"key": self.key, "max_concurrent_starts": self.max_concurrent_starts, "rate_per_s": self.rate_per_s,
+                "max_live": self.max_live, "live_tickets": len(self._tickets), **self.counts.as_stats()}
 
 
 #: Gates by event loop, then provider key: one gate per (actor, key); gates hold loop-bound primitives.
 _gates: dict[asyncio.AbstractEventLoop, dict[str | None, ProvisioningGate]] = {}
-
-
-def local_limiter(key: str, rate_per_s: float | None = None, **kwargs: Any) -> RateLimiterClient:
-    """This process's governor of `key` (`raygrpo.governor.local_governor`), as a gate's governor client."""
-    return local_governor(key, rate_per_s, **kwargs)
 
 
 def gate_for(
@@ -391,13 +321,14 @@ def gate_for(
     *,
     max_live: int | None = None,
     backoff: BackoffSettings | None = None,
-    limiters: LimiterFactory | None = None,
+    governors: GovernorClientFactory | None = None,
     **kwargs: Any,
 ) -> ProvisioningGate:
     """This actor's gate for provider `key`, made on first use; call it on the actor's event loop.
 
-    Several suites on one provider share the gate, hence its limits: the first call's settings hold, and a later
-    call asking for different ones is logged as a warning.
+    Several suites on one provider share the gate. Its cluster-wide limits come from the one `providers.<key>` entry,
+    so they agree; its per-actor bound is the first suite's `max_concurrent_starts`, and a later call asking for
+    other settings is logged as a warning.
 
     Args:
         key: Provider key.
@@ -405,8 +336,8 @@ def gate_for(
         rate_per_s: Creates per second for `key`, cluster-wide; None for no rate limit.
         max_live: Sandboxes alive at once for `key`, cluster-wide; None for no cap.
         backoff: How a start the provider refused waits before it queues again.
-        limiters: Makes the governor client of `key` when a rate or a cap is set (the env pool actor passes the
-            cluster-wide governor's); None uses this process's `local_governor`.
+        governors: Makes the governor client of `key` when a rate or a cap is set (the env pool actor passes
+            `RayGovernorClient`); None uses this process's `local_governor`.
         **kwargs: Further `ProvisioningGate` settings.
     """
     loop = asyncio.get_running_loop()
@@ -415,11 +346,11 @@ def gate_for(
     gates = _gates.setdefault(loop, {})
     gate = gates.get(key)
     if gate is None:
-        limiter = None
+        governor = None
         if rate_per_s is not None or max_live is not None:
             margin = kwargs.get("margin_s", DEFAULT_MARGIN_S)
-            limiter = (limiters or local_limiter)(key, rate_per_s, max_live=max_live, margin_s=margin)
-        gate = gates[key] = ProvisioningGate(max_concurrent_starts, rate_per_s, key, limiter=limiter,
+            governor = (governors or local_governor)(key, rate_per_s, max_live=max_live, margin_s=margin)
+        gate = gates[key] = ProvisioningGate(max_concurrent_starts, rate_per_s, key, governor=governor,
                                              max_live=max_live, backoff=backoff, **kwargs)
     elif (gate.max_concurrent_starts, gate.rate_per_s, gate.max_live) != (max_concurrent_starts, rate_per_s, max_live):
         logger.warning(

@@ -3,10 +3,10 @@ answers.
 
 Providers limit a sandbox account two ways (e2b Pro: 5 creates/s and 100 live; Daytona: 600 creates/min) and
 answer anything beyond with HTTP 429. Every env pool actor on every node that creates sandboxes on one provider key
-goes through one `Governor` (the named Ray actor of `raygrpo.governor.actor`, or this process's own without
-Ray):
+goes through one `Governor` (the named Ray actor `GovernorActor` of `raygrpo.governor.actor`, or this process's own
+without Ray, `local_governor`); its limits are the run config's `providers.<key>`:
 
-- **create rate**: `CreateRateLimiter` (`schedule.py`), the schedule of create slots;
+- **create rate**: `CreateSchedule` (`schedule.py`), the schedule of create slots;
 - **live cap**: `LiveCap`, tickets held from before a sandbox's create is sent until after it is stopped, so the
   sandboxes alive (or being created) never exceed `max_live`, summed over the cluster;
 - **rate-limit answers**: a create the provider refused anyway (its limits are lower than configured, or another
@@ -24,7 +24,7 @@ from typing import Any
 
 from raygrpo.governor.live_cap import LiveCap
 from raygrpo.governor.refusals import BackoffSettings, RateLimitSignal, rate_limit_signal
-from raygrpo.governor.schedule import CreateRateLimiter, Reservation
+from raygrpo.governor.schedule import CreateSchedule, Reservation
 
 __all__ = ["BackoffSettings", "Governor", "RateLimitSignal", "local_governor", "rate_limit_signal",
            "reset_local_governors"]
@@ -32,14 +32,15 @@ __all__ = ["BackoffSettings", "Governor", "RateLimitSignal", "local_governor", "
 
 class Governor:
     """The limits of one provider key, cluster-wide: a create schedule, a live cap, or both (see the module
-    docstring). The body of the named Ray actor of the key; without Ray, this process's own (`local_governor`).
+    docstring). The body of the named Ray actor of the key (`GovernorActor`); without Ray, this process's own
+    (`local_governor`), which a gate asks directly (it is a `GovernorClient`).
 
     Args:
         key: Provider key.
         rate_per_s: Most creates in any 1 s window; None for no rate limit.
         max_live: Most sandboxes alive (or being created) at once; None for no cap.
-        recovering: This governor replaces one that died (the schedule leaves a pause, see `CreateRateLimiter`).
-        **schedule_kwargs: `CreateRateLimiter` settings.
+        recovering: This governor replaces one that died (the schedule leaves a pause, see `CreateSchedule`).
+        **schedule_kwargs: `CreateSchedule` settings.
     """
 
     def __init__(self, key: str, rate_per_s: float | None = None, max_live: int | None = None, *,
@@ -47,13 +48,13 @@ class Governor:
         self.key = key
         self.rate_per_s = rate_per_s
         self.max_live = max_live
-        self.schedule = (CreateRateLimiter(key, rate_per_s, recovering=recovering, **schedule_kwargs)
+        self.schedule = (CreateSchedule(key, rate_per_s, recovering=recovering, **schedule_kwargs)
                          if rate_per_s else None)
         self.live = LiveCap(key, max_live) if max_live else None
         self._refusals = {"rate": 0, "live": 0}
 
     async def reserve(self, request_id: str, first: bool = False) -> Reservation:
-        """A create slot (see `CreateRateLimiter.reserve`; `first`: before every queued request); ready at once
+        """A create slot (see `CreateSchedule.reserve`; `first`: before every queued request); ready at once
         when there is no rate limit."""
         if self.schedule is None:
             now = time.time()

@@ -38,7 +38,7 @@ LATE_FRACTION = 0.8
 
 @dataclass(frozen=True)
 class Reservation:
-    """A limiter's answer to `reserve`.
+    """A create schedule's answer to `reserve` (through the governor).
 
     `ready`: the caller may create in `[at, deadline]` (wall-clock seconds). Not ready: the request is still queued
     with its slot kept; call `reserve` again with the same id. `cancelled`: the request was released meanwhile.
@@ -61,14 +61,14 @@ class _Queued:
     event: asyncio.Event | None = field(default=None, repr=False)
 
 
-class CreateRateLimiter:
+class CreateSchedule:
     """The create schedule of one provider key: slots handed out in request order, at most `rate_per_s` a second.
 
     Plain asyncio; the governor (`raygrpo.governor.Governor`) holds one, in the named Ray actor of its key or, in a
     process without Ray, in-process. A request is given its slot when it first arrives, but its answer is held back
     until the slot is at most `max_lead_s` ahead (callers re-ask after `max_hold_s`). So every slot a caller holds is
-    near, which is what lets a restarted limiter (which has lost its state) start safely: it leaves its first
-    `max_lead_s + margin_s + 1` s empty, after any slot its previous incarnation can have handed out.
+    near, which is what lets a restarted schedule (its governor restarted and lost its state) start safely: it leaves
+    its first `max_lead_s + margin_s + 1` s empty, after any slot its previous incarnation can have handed out.
 
     Released slots (a caller cancelled, or gave up waiting) go to the next request if they are still at least
     `min_lead_s` ahead, so a cancelled start leaves no hole in a busy schedule; a request whose caller stopped
@@ -90,7 +90,7 @@ class CreateRateLimiter:
         max_hold_s: Longest a `reserve` call is held before it answers "still queued".
         min_lead_s: Nearest a new slot may be (time for the answer to reach the caller).
         abandon_after_s: A queued request nobody asked about for this long is released.
-        recovering: This limiter replaces one that died: leave the first `max_lead_s + margin_s + 1` s empty.
+        recovering: This schedule replaces one that died: leave the first `max_lead_s + margin_s + 1` s empty.
         decrease: Factor applied to the rate in effect on a rate-limit answer.
         min_rate_fraction: The rate in effect never drops below this fraction of `rate_per_s`.
         recover_after_s: Quiet time (no rate-limit answer) before each step back up.
@@ -132,7 +132,7 @@ class CreateRateLimiter:
         now = time.time()
         self._next_at = now + (max_lead_s + margin_s + 1.0 if recovering else 0.0)
         if recovering:
-            logger.warning("rate limiter %r restarted: no creates before %.2f s from now", key, self._next_at - now)
+            logger.warning("create schedule %r restarted: no creates before %.2f s from now", key, self._next_at - now)
         self._not_before = 0.0
         self._last_handed = 0.0
         self._last_throttle = 0.0
@@ -187,7 +187,7 @@ class CreateRateLimiter:
         if now - max(self._last_throttle, self._last_step) >= self._recover_after:
             self._last_step = now
             self.effective_rate_per_s = min(self.rate_per_s, self.effective_rate_per_s + self.rate_per_s / 10)
-            logger.info("rate limiter %r: back up to %.2f creates/s", self.key, self.effective_rate_per_s)
+            logger.info("create schedule %r: back up to %.2f creates/s", self.key, self.effective_rate_per_s)
 
     def throttle(self, pause_s: float, slower: bool = True) -> float:
         """The provider refused a create for its rate (`slower`) or another limit: no slot for `pause_s` seconds,
@@ -206,7 +206,7 @@ class CreateRateLimiter:
         if slower and len(self._refusals) >= enough and now - self._last_throttle >= 1.0:
             self.effective_rate_per_s = max(self._min_rate, self.effective_rate_per_s * self._decrease)
             self._last_throttle = now
-            logger.warning("rate limiter %r: the provider refused creates; down to %.2f creates/s", self.key,
+            logger.warning("create schedule %r: the provider refused creates; down to %.2f creates/s", self.key,
                            self.effective_rate_per_s)
         self._replan(now)
         return self._not_before

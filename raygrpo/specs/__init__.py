@@ -1,7 +1,8 @@
 """Environment specs: the `envs:` entries of a run config (pure data, validated when the config loads).
 
 `ORSSpec` (an OpenReward Standard environment) and `HarborSpec` (a Harbor task suite); `EnvSpec` is the union a run
-config holds, told apart by `kind` (`ors` by default).
+config holds, told apart by `kind` (`ors` by default). `ProviderSpec` is a `providers:` entry: the limits of the
+sandbox provider that Harbor suites name (`envs.<name>.provider`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pydantic import Discriminator, Tag
 
 from raygrpo.specs.harbor import HarborSpec
 from raygrpo.specs.ors import ORSSpec
+from raygrpo.specs.provider import ProviderSpec
 
 
 def _env_kind(value: Any) -> str | None:
@@ -26,4 +28,4 @@ EnvSpec = Annotated[
     Discriminator(_env_kind, custom_error_type="env_kind", custom_error_message="kind must be 'ors' or 'harbor'"),
 ]
 
-__all__ = ["EnvSpec", "HarborSpec", "ORSSpec"]
+__all__ = ["EnvSpec", "HarborSpec", "ORSSpec", "ProviderSpec"]

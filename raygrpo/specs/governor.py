@@ -1,4 +1,5 @@
-"""The back-off settings of a Harbor suite's provider governor (`envs.<name>.rate_limit_backoff`). Pure data."""
+"""The back-off settings of a provider's governor (`providers.<name>.rate_limit_backoff`, see
+`raygrpo.specs.provider`). Pure data."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ class BackoffSpec(BaseModel):
     """How a sandbox start the provider refused ("too many requests", HTTP 429) waits before it asks again.
 
     A refusal is not a failure of the rollout: the start waits, then queues again for a create slot from the
-    provider key's governor, which has meanwhile paused and slowed its schedule for every actor. So retries go out at
+    provider's governor, which has meanwhile paused and slowed its schedule for every actor. So retries go out at
     the schedule's pace, never in a burst, and count against no rollout's retries.
 
     Args:

@@ -16,7 +16,6 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from raygrpo.core.imports import ImportSpecError, is_file_spec, resolve_file, split_spec
 from raygrpo.specs.base import EnvSpecBase, base_dir_of
 from raygrpo.specs.faults import FaultConfig
-from raygrpo.specs.governor import BackoffSpec
 from raygrpo.specs.selection import check_indices
 from raygrpo.specs.warm import HedgeSpec, WarmPoolSpec
 
@@ -44,7 +43,11 @@ class HarborSpec(EnvSpecBase):
 
     Deadlines have one owner each, the sandbox: `start_timeout_s` (the start), `exec_timeout_s` (each command),
     `verifier_timeout_s` (scoring), `stop_timeout_s` (the stop). Time spent waiting for a start slot
-    (`max_concurrent_starts`, `create_rate_per_s`, `max_live`, a provider's refusals) counts against none of them.
+    (`max_concurrent_starts`, the provider's `create_rate_per_s` and `max_live`, its refusals) counts against none of
+    them.
+
+    The provider's cluster-wide limits are not set here but in the run config's `providers:` section, once for every
+    suite that names the provider (`provider`; see `raygrpo.specs.provider.ProviderSpec`).
 
     Args:
         kind (`Literal["harbor"]`, *optional*, defaults to `"harbor"`):
@@ -74,8 +77,8 @@ class HarborSpec(EnvSpecBase):
             `override_cpus`. Do not put secrets here: backends read their credentials from environment variables.
         start_timeout_s (`float`, *optional*, defaults to `300.0`):
             Deadline for creating and starting the sandbox plus the task's healthcheck, counted from when the start
-            gets its slot (waiting for `max_concurrent_starts` or `create_rate_per_s` does not count). A start that
-            misses it fails as `env_error` (retried).
+            gets its slot (waiting for `max_concurrent_starts` or the provider's `create_rate_per_s` does not count).
+            A start that misses it fails as `env_error` (retried).
         exec_timeout_s (`float`, *optional*, defaults to `30.0`):
             Deadline of one tool command in the sandbox; past it the command is stopped and the model is told (the
             episode goes on).
@@ -122,20 +125,15 @@ class HarborSpec(EnvSpecBase):
             Fault and latency injection around the backend (start latency, start failures, exec hangs, sandbox
             death), for benchmarks and reliability tests.
         max_concurrent_starts (`int`, *optional*):
-            Most sandbox starts in flight at once per env pool actor. None: no per-actor limit.
-        create_rate_per_s (`float`, *optional*):
-            Cluster-wide limit of sandbox creates per second, shared by every env pool actor on every node (e.g. 5
-            for e2b Pro). None: no rate limit.
-        max_live (`int`, *optional*):
-            Cluster-wide limit of sandboxes alive at once (counted from before the create is sent until the stop
-            returns), shared like `create_rate_per_s` (e.g. 100 for e2b Pro). None: no cap.
-        rate_limit_backoff (`BackoffSpec`, *optional*):
-            How a start the provider refused with "too many requests" waits before it queues again (see
-            `raygrpo.specs.governor.BackoffSpec`). Refusals also pause and slow the governor's schedule for every
-            actor until the provider stops refusing.
-        rate_limit_key (`str`, *optional*):
-            Name of the shared governor (create rate and live cap). None: the backend name (`"e2b"`, `"docker"`,
-            `"local"` or the import path), so every suite on the same backend shares one.
+            Most sandbox starts in flight at once per env pool actor. None: no per-actor limit. (Suites on one
+            provider share an actor's gate of that provider: the first suite's bound holds there.)
+        provider (`str`, *optional*):
+            The provider its sandboxes count against: the entry of the run config's `providers:` section whose limits
+            (`create_rate_per_s`, `max_live`, `rate_limit_backoff`) apply, shared with every suite that names the same
+            provider, through one governor. None: the backend's name (`"local"`, `"docker"`, `"e2b"`, ... or the
+            import path), so suites on one backend share it. A provider with no `providers:` entry has no limits
+            (no create rate, no live cap, the default back-off: what unset limits always meant); an entry that no
+            suite names fails at load, so a misspelt name on either side is caught there.
         warm_pool (`WarmPoolSpec`, *optional*):
             Keep sandboxes started ahead for the tasks that come next (`{size: N | auto, ttl_s: s}`, see
             `raygrpo.specs.warm.WarmPoolSpec`). None: every sandbox is started when its rollout asks.
@@ -166,10 +164,7 @@ class HarborSpec(EnvSpecBase):
     keep_logs_kib: int = Field(default=256, ge=1)
     faults: FaultConfig | None = None
     max_concurrent_starts: int | None = Field(default=None, ge=1)
-    create_rate_per_s: float | None = Field(default=None, gt=0)
-    max_live: int | None = Field(default=None, ge=1)
-    rate_limit_backoff: BackoffSpec = Field(default_factory=BackoffSpec)
-    rate_limit_key: str | None = None
+    provider: str | None = None
     warm_pool: WarmPoolSpec | None = None
     hedge: HedgeSpec | None = None
 
@@ -181,6 +176,13 @@ class HarborSpec(EnvSpecBase):
         if not value.strip():
             raise ValueError("`path` must name a folder of Harbor task dirs")
         return resolve_file(value.strip(), base_dir_of(info))
+
+    @field_validator("provider")
+    @classmethod
+    def _named_provider(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("`provider` names an entry of `providers:`; leave it unset for the backend's name")
+        return value.strip() if value is not None else None
 
     @field_validator("indices")
     @classmethod
@@ -261,9 +263,10 @@ class HarborSpec(EnvSpecBase):
         return self.environment_type in REUPLOAD_BACKENDS
 
     @property
-    def effective_rate_limit_key(self) -> str:
-        """Name of the cluster-wide create-rate limit this suite draws from."""
-        return self.rate_limit_key or self.backend
+    def provider_key(self) -> str:
+        """The provider its sandboxes count against (`provider`, else the backend's name): the key of its
+        `providers:` entry, its governor and its leases."""
+        return self.provider or self.backend
 
     def describe(self) -> str:
         """One line for logs and progress displays."""

@@ -9,7 +9,7 @@ own that ask Ray for what it names: docker-backed Harbor suites the docker hosts
       swe:
         kind: harbor
         environment_type: docker
-        pool: {num_actors: 4, max_concurrent: 16, num_cpus: 1, memory: 2GiB, resources: {docker_host: 0.5}}
+        pool: {num_actors: 4, max_concurrent_per_actor: 16, num_cpus: 1, memory: 2GiB, resources: {docker_host: 0.5}}
 
 A pool is fixed (`num_actors`) or elastic (`min_actors` / `max_actors`): the orchestrator then starts actors as
 rollouts queue up (K per actor) and drains those idle for `idle_timeout_s`, so an autoscaler can release their nodes
@@ -18,7 +18,16 @@ rollouts queue up (K per actor) and drains those idle for `idle_timeout_s`, so a
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ByteSize, ConfigDict, Field, field_validator, model_validator
+
+from raygrpo.specs.moved_fields import refuse_moved_fields
+
+#: Pool fields that were renamed (a config that sets one fails at load, naming the new one).
+MOVED_FIELDS: dict[str, str] = {
+    "max_concurrent": "is now `max_concurrent_per_actor` (one name with workers.max_concurrent_per_actor)",
+}
 
 
 class PoolSpec(BaseModel):
@@ -34,8 +43,9 @@ class PoolSpec(BaseModel):
             Elastic pool: most actors at once (default: the larger of `min_actors` and `workers.num_env_actors`).
         idle_timeout_s (`float`, *optional*):
             Elastic pool: an actor with nothing to run for this long is drained (default: `workers.idle_timeout_s`).
-        max_concurrent (`int`, *optional*):
-            Rollouts, hence live environments, per actor at once (default: `workers.max_concurrent_per_actor`).
+        max_concurrent_per_actor (`int`, *optional*):
+            Rollouts, hence live environments, per actor at once (K; default: `workers.max_concurrent_per_actor`,
+            the same quantity for the run's default actors).
         num_cpus (`float`, *optional*):
             CPUs Ray reserves per actor (default: `workers.actor_num_cpus`).
         memory (`ByteSize`, *optional*):
@@ -51,10 +61,15 @@ class PoolSpec(BaseModel):
     min_actors: int | None = Field(None, ge=0)
     max_actors: int | None = Field(None, ge=1)
     idle_timeout_s: float | None = Field(None, gt=0)
-    max_concurrent: int | None = Field(None, ge=1)
+    max_concurrent_per_actor: int | None = Field(None, ge=1)
     num_cpus: float | None = Field(None, ge=0)
     memory: ByteSize | None = None
     resources: dict[str, float] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_moved_fields(cls, data: Any) -> Any:
+        return refuse_moved_fields(data, MOVED_FIELDS)
 
     @field_validator("resources")
     @classmethod

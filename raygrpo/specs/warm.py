@@ -15,8 +15,8 @@ class WarmPoolSpec(BaseModel):
     training schedule say it gets next: the orchestrator tells it which tasks, before it dispatches them. A rollout of
     such a task adopts one once it passed a check (the task's healthcheck command, or `true`); one that fails the
     check is stopped and another used, or a new one started. Warm sandboxes hold live tickets like any other, so
-    they count against `max_live`, and their starts go through the same gate (`max_concurrent_starts`,
-    `create_rate_per_s`).
+    they count against the provider's `max_live`, and their starts go through the same gate
+    (`max_concurrent_starts`, the provider's `create_rate_per_s`).
 
     Args:
         size (`int` or `"auto"`, *optional*, defaults to `"auto"`):
@@ -50,7 +50,7 @@ class HedgeSpec(BaseModel):
 
     A start is hedged once it has run, from when the gate let its create in, longer than the `percentile` of the
     suite's recent starts on this actor, kept between `floor_s` and `cap_s`. The second start goes through the gate
-    like any other (it counts against `max_live`, waits for a slot and the create rate).
+    like any other (it counts against the provider's `max_live`, waits for a slot and the create rate).
 
     Args:
         percentile (`float`, *optional*, defaults to `0.9`):

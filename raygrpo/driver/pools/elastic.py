@@ -25,6 +25,7 @@ from typing import Any
 
 from raygrpo.driver.pools.group import ActorSpawner
 from raygrpo.driver.pools.slot import PoolSlot, SlotState
+from raygrpo.envs.kinds import kind_of
 
 logger = logging.getLogger(__name__)
 
@@ -90,9 +91,9 @@ class ElasticPool:
         g = spawner.group
         pool = cls(g.field, g.envs, g.k, g.min_actors, g.max_actors, idle_timeout_s=g.idle_timeout_s,
                    start_timeout_s=g.start_timeout_s, spawner=spawner, bundle=g.bundle)
-        warm = {n: spec.warm_pool for n, spec in g.envs.items() if getattr(spec, "warm_pool", None) is not None}
-        pool.warm_envs = frozenset(warm)
-        pool.warm_depth = max((w.max_size if w.size == "auto" else w.size for w in warm.values()), default=0)
+        depths = {n: kind_of(spec).warm_depth(spec) for n, spec in g.envs.items()}
+        pool.warm_envs = frozenset(n for n, depth in depths.items() if depth > 0)
+        pool.warm_depth = max(depths.values(), default=0)
         return pool
 
     # ------------------------------------------------------------------ views

@@ -124,7 +124,7 @@ class HarborLeases:
         lifetime = self.lifetime_s(task)
         reach = self.policy.hook.lease_reach(dict(self.spec.environment_kwargs)) if self.policy.hook else {}
         return await asyncio.to_thread(
-            self.ledger.intent, self.lease_id(session_id), provider_key=self.spec.effective_rate_limit_key,
+            self.ledger.intent, self.lease_id(session_id), provider_key=self.spec.provider_key,
             backend=self.spec.backend, reach=reach, deadline=now + self.derived_lifetime_s(task),
             # The create goes out within the start's deadline; the lifetime counts from it.
             expires=None if lifetime is None else now + self.spec.start_timeout_s + lifetime, live_holder=live_holder)

@@ -39,10 +39,12 @@ from raygrpo.envs.live import LiveAdapters
 from raygrpo.core.errors import TaskError
 from raygrpo.governor import BackoffSettings
 from raygrpo.core.imports import is_file_spec, split_spec
-from raygrpo.governor.gate import LimiterFactory, ProvisioningGate, gate_for
+from raygrpo.governor.client import GovernorClientFactory
+from raygrpo.governor.gate import ProvisioningGate, gate_for
 from raygrpo.envs.harbor.faults import wrap_environment
 from raygrpo.sandbox.toolbox import ToolboxError, ensure_toolbox
 from raygrpo.specs.harbor import HarborSpec
+from raygrpo.specs.provider import ProviderSpec
 from raygrpo.core.types import TaskRef
 
 if TYPE_CHECKING:
@@ -65,21 +67,23 @@ class HarborProvider:
     Args:
         spec: The suite's spec (validated: absolute paths).
         name: The environment's name in the run config, for error messages and sandbox labels.
-        limiters: Makes the client of the cluster-wide create-rate limiter of a provider key (the env pool actor
-            passes the named Ray actor's); None limits the rate within this process only.
+        limits: Its provider's limits (the run config's `providers.<spec.provider_key>`); None: no limits.
+        governors: Makes the client of the provider's cluster-wide governor (the env pool actor passes
+            `RayGovernorClient`); None enforces the limits within this process only.
         rollout_timeout_s: The run's `rollout.rollout_timeout_s`, part of the lifetime a leased sandbox gets at its
             provider (`raygrpo.envs.harbor.leases`); None assumes the default.
     """
 
-    def __init__(self, spec: HarborSpec, *, name: str | None = None, limiters: LimiterFactory | None = None,
-                 rollout_timeout_s: float | None = None) -> None:
+    def __init__(self, spec: HarborSpec, *, name: str | None = None, limits: ProviderSpec | None = None,
+                 governors: GovernorClientFactory | None = None, rollout_timeout_s: float | None = None) -> None:
         # Harbor's modules take a moment to import: pay for it when the actor starts, not in the first rollout.
         import harbor.environments.factory  # noqa: F401
         import harbor.verifier.factory  # noqa: F401
 
         self.spec = spec
         self.name = name
-        self.limiters = limiters
+        self.limits = limits or ProviderSpec()
+        self.governors = governors
         self.rollout_timeout_s = rollout_timeout_s
         self.harness_cls = load_harness(spec.harness)
         self._environment_import_path = _harbor_import_path(spec.environment_import_path)
@@ -106,11 +110,11 @@ class HarborProvider:
 
     def __getstate__(self) -> dict[str, Any]:
         # Sandboxes, gates and adapters are loop-bound: a pickled provider carries only its configuration.
-        return {"spec": self.spec, "name": self.name, "limiters": self.limiters,
+        return {"spec": self.spec, "name": self.name, "limits": self.limits, "governors": self.governors,
                 "rollout_timeout_s": self.rollout_timeout_s}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["spec"], name=state["name"], limiters=state["limiters"],
+        self.__init__(state["spec"], name=state["name"], limits=state["limits"], governors=state["governors"],
                       rollout_timeout_s=state.get("rollout_timeout_s"))
 
     # ── EnvProvider ──────────────────────────────────────────────────────────────────────────────────────────────
@@ -160,17 +164,18 @@ class HarborProvider:
 
     @property
     def gate(self) -> ProvisioningGate:
-        """This actor's provisioning gate of the suite's rate-limit key (`raygrpo.governor.gate.gate_for`): start
-        concurrency per actor, the cluster-wide create rate and live cap, and the back-off of refused creates. Made
-        on first use on the running loop; suites on the same key share it (gates hold no resources to release)."""
-        backoff = self.spec.rate_limit_backoff
+        """This actor's provisioning gate of the suite's provider (`raygrpo.governor.gate.gate_for`): start
+        concurrency per actor, the provider's cluster-wide create rate and live cap, and the back-off of refused
+        creates. Made on first use on the running loop; suites on the same provider share it (gates hold no resources
+        to release)."""
+        backoff = self.limits.rate_limit_backoff
         return gate_for(
-            self.spec.effective_rate_limit_key,
+            self.spec.provider_key,
             max_concurrent_starts=self.spec.max_concurrent_starts,
-            rate_per_s=self.spec.create_rate_per_s,
-            max_live=self.spec.max_live,
+            rate_per_s=self.limits.create_rate_per_s,
+            max_live=self.limits.max_live,
             backoff=BackoffSettings(backoff.initial_s, backoff.max_s, backoff.jitter, backoff.give_up_after_s),
-            limiters=self.limiters,
+            governors=self.governors,
         )
 
     def task(self, task_dir: str) -> Task:
