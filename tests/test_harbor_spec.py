@@ -3,6 +3,7 @@ load-time field errors, and resolve-time errors that name the field or the task 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import re
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from raygrpo.envs.harbor.context import SuiteContext
 from raygrpo.envs.harbor.provider import HarborProvider
 from raygrpo.envs.harbor.tasks import discover_task_dirs, list_harbor_tasks
 from raygrpo.envs.kinds import HarborKind
@@ -105,6 +107,22 @@ def test_spec_pickles_and_is_plain_data():
     assert copy == spec
     provider = pickle.loads(pickle.dumps(HarborProvider(spec, name="local")))  # carries only its configuration
     assert provider.spec == spec and provider.name == "local" and provider.live_sandboxes == 0
+
+
+def test_the_suites_parts_share_a_frozen_context_and_never_hold_the_provider():
+    """`HarborProvider` only assembles: its starts, warm pool and episodes get the suite's `SuiteContext` (and each
+    other, where they work together), never the provider."""
+    spec = load({"path": str(EXAMPLE_TASKS), "warm_pool": {"size": 1}, "hedge": {"floor_s": 1.0}})
+    provider = HarborProvider(spec, name="local")
+    context = provider.context
+    assert isinstance(context, SuiteContext) and context.spec == spec and context.label == provider.label
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        context.spec = spec  # type: ignore[misc]
+    adapter = provider.adapter()
+    for part in (provider.starts, provider.warm, adapter):
+        assert part.context is context
+        assert all(value is not provider for value in vars(part).values()), type(part).__name__
+    assert adapter.starts is provider.starts and adapter.warm is provider.warm and provider.warm.starts is provider.starts
 
 
 # ── backend selection ─────────────────────────────────────────────────────────────────────────────────────────
