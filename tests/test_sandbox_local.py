@@ -15,7 +15,7 @@ import pytest
 from harbor.verifier.verifier import Verifier
 
 from raygrpo.sandbox import process as _process
-from raygrpo.sandbox import owners as registry as _registry
+from raygrpo.sandbox import owners as _registry
 from raygrpo.sandbox.dockerfile import DockerfileError, parse_dockerfile
 from raygrpo.sandbox.local import (
     LocalSandboxEnvironment,

@@ -86,6 +86,7 @@ from raygrpo.sandbox.errors import (
     SandboxStartError,
 )
 from raygrpo.sandbox.layout import BWRAP, EXPOSED_DIRS, LINK_DIRS, STANDARD_WRITABLE  # noqa: F401 (re-exported)
+from raygrpo.sandbox.os_probe import DEFAULT_ROOT, ID_ENV, ROOT_ENV
 from raygrpo.sandbox.process import NSENTER
 from raygrpo.sandbox.transfer import HostFileTransfer
 
@@ -145,7 +146,7 @@ class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment
     ):
         # Set before BaseEnvironment.__init__, which calls _validate_definition.
         self._plan: _df.DockerfilePlan | None = None
-        self._root = Path(sandbox_root or os.environ.get(_reg.ROOT_ENV) or _reg.DEFAULT_ROOT)
+        self._root = Path(sandbox_root or os.environ.get(ROOT_ENV) or DEFAULT_ROOT)
         self._owner_id = owner_id
         self._keep_dir = keep_dir
         self._extra_writable = list(writable_dirs or [])
@@ -358,7 +359,7 @@ class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment
 
     def _mark_env(self) -> dict[str, str]:
         """The environment variables that mark a process as this sandbox's (`raygrpo.sandbox.owners`)."""
-        return {_reg.ID_ENV: self.sandbox_id, _reg.ROOT_ENV: str(self._root)}
+        return {ID_ENV: self.sandbox_id, ROOT_ENV: str(self._root)}
 
     def _init_log(self) -> str:
         return _proc.log_tail(self._reg.dir / "init.log") if self._reg else ""
