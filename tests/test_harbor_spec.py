@@ -125,6 +125,16 @@ def test_the_suites_parts_share_a_frozen_context_and_never_hold_the_provider():
     assert adapter.starts is provider.starts and adapter.warm is provider.warm and provider.warm.starts is provider.starts
 
 
+def test_the_local_backends_old_start_timeout_kwarg_fails_naming_init_timeout():
+    """The local sandbox's own bound (its init coming up) is `init_timeout_s`; the old name fails at load, not in
+    every rollout, and names the new one and the environment's `start_timeout_s`."""
+    message = error_of({"path": str(EXAMPLE_TASKS), "environment_kwargs": {"start_timeout_s": 5}})
+    assert "`start_timeout_s` in environment_kwargs is now `init_timeout_s`" in message
+    assert load({"path": str(EXAMPLE_TASKS), "environment_kwargs": {"init_timeout_s": 5}}).start_timeout_s == 300.0
+    # Another backend's kwargs are its own business.
+    assert load({"path": str(EXAMPLE_TASKS), "environment_type": "e2b", "environment_kwargs": {"start_timeout_s": 5}})
+
+
 # ── backend selection ─────────────────────────────────────────────────────────────────────────────────────────
 
 
