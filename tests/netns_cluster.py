@@ -57,7 +57,7 @@ from typing import Any, Self
 
 import pytest
 
-from raygrpo.sandbox.owners import proc_start_ticks
+from raygrpo.sandbox.os_probe import proc_start_ticks
 
 logger = logging.getLogger(__name__)
 

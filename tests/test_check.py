@@ -18,7 +18,8 @@ from raygrpo.driver.check import CHECK_KIND, read_broken_tasks
 from raygrpo.cli import main
 from raygrpo.config import load_config
 from raygrpo.core.errors import ResolveError
-from raygrpo.sandbox.owners import live_sandboxes, process_env_marks, sandbox_mounts
+from raygrpo.sandbox.os_probe import process_env_marks, sandbox_mounts
+from raygrpo.sandbox.owners import live_sandboxes
 from raygrpo.train.run import resolve_train
 from tests.harbor_utils import EXAMPLE_DIR, make_task
 from tests.ors_utils import wait_until

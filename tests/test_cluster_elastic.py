@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from raygrpo.sandbox.owners import process_env_marks, sandbox_mounts
+from raygrpo.sandbox.os_probe import process_env_marks, sandbox_mounts
 from tests.netns_cluster import NetnsCluster, NodeSpec, netns_ready  # noqa: F401 - a fixture
 from tests.ors_utils import wait_until
 

@@ -27,7 +27,7 @@ import yaml
 
 from raygrpo.docker.engine import find
 from raygrpo.docker.owners import SANDBOX_LABEL
-from raygrpo.sandbox.owners import process_env_marks
+from raygrpo.sandbox.os_probe import process_env_marks
 from tests.docker_utils import docker_ready  # noqa: F401 - a fixture
 from tests.e2e_support import NapEnvironment
 from tests.ors_utils import ors_server, wait_until

@@ -18,7 +18,7 @@ import ray
 
 from raygrpo.driver.collect import collect
 from raygrpo.config import load_config
-from raygrpo.sandbox.owners import process_env_marks, sandbox_mounts
+from raygrpo.sandbox.os_probe import process_env_marks, sandbox_mounts
 from tests.ors_utils import wait_until
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_local")]

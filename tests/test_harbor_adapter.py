@@ -28,7 +28,8 @@ from raygrpo.policy.base import SamplingParams
 from raygrpo.policy.scripted import ScriptedPolicy
 from raygrpo.governor.gate import reset_gates
 from raygrpo.agent.rollout import run_rollout
-from raygrpo.sandbox.owners import live_sandboxes, sandbox_mounts, sandbox_processes
+from raygrpo.sandbox.os_probe import sandbox_mounts, sandbox_processes
+from raygrpo.sandbox.owners import live_sandboxes
 from raygrpo.specs.harbor import HarborSpec
 from raygrpo.core.types import Status
 from tests.harbor_utils import EXAMPLE_DIR, EXAMPLE_TASKS, bash_script, example_task_names, make_task, tool_texts

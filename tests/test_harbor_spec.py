@@ -3,6 +3,7 @@ load-time field errors, and resolve-time errors that name the field or the task 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import re
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from raygrpo.envs.harbor.context import SuiteContext
 from raygrpo.envs.harbor.provider import HarborProvider
 from raygrpo.envs.harbor.tasks import discover_task_dirs, list_harbor_tasks
 from raygrpo.envs.kinds import HarborKind
@@ -108,6 +110,32 @@ def test_spec_pickles_and_is_plain_data():
     provider = pickle.loads(pickle.dumps(HarborProvider(spec, name="local", limits=ProviderSpec(max_live=3))))
     assert provider.spec == spec and provider.name == "local" and provider.live_sandboxes == 0
     assert provider.limits == ProviderSpec(max_live=3)
+
+
+def test_the_suites_parts_share_a_frozen_context_and_never_hold_the_provider():
+    """`HarborProvider` only assembles: its starts, warm pool and episodes get the suite's `SuiteContext` (and each
+    other, where they work together), never the provider."""
+    spec = load({"path": str(EXAMPLE_TASKS), "warm_pool": {"size": 1}, "hedge": {"floor_s": 1.0}})
+    provider = HarborProvider(spec, name="local")
+    context = provider.context
+    assert isinstance(context, SuiteContext) and context.spec == spec and context.label == provider.label
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        context.spec = spec  # type: ignore[misc]
+    adapter = provider.adapter()
+    for part in (provider.starts, provider.warm, adapter):
+        assert part.context is context
+        assert all(value is not provider for value in vars(part).values()), type(part).__name__
+    assert adapter.starts is provider.starts and adapter.warm is provider.warm and provider.warm.starts is provider.starts
+
+
+def test_the_local_backends_old_start_timeout_kwarg_fails_naming_init_timeout():
+    """The local sandbox's own bound (its init coming up) is `init_timeout_s`; the old name fails at load, not in
+    every rollout, and names the new one and the environment's `start_timeout_s`."""
+    message = error_of({"path": str(EXAMPLE_TASKS), "environment_kwargs": {"start_timeout_s": 5}})
+    assert "`start_timeout_s` in environment_kwargs is now `init_timeout_s`" in message
+    assert load({"path": str(EXAMPLE_TASKS), "environment_kwargs": {"init_timeout_s": 5}}).start_timeout_s == 300.0
+    # Another backend's kwargs are its own business.
+    assert load({"path": str(EXAMPLE_TASKS), "environment_type": "e2b", "environment_kwargs": {"start_timeout_s": 5}})
 
 
 # ── backend selection ─────────────────────────────────────────────────────────────────────────────────────────

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from raygrpo.sandbox.owners import proc_start_ticks
+from raygrpo.sandbox.os_probe import proc_start_ticks
 from tests.netns_cluster import (
     NetnsCluster,
     NetnsError,

@@ -25,7 +25,8 @@ from raygrpo.policy.scripted import ScriptedPolicy
 from raygrpo.governor.gate import reset_gates
 from raygrpo.driver.resolve import resolve_run
 from raygrpo.agent.rollout import run_rollout
-from raygrpo.sandbox.owners import live_sandboxes, sandbox_mounts, sandbox_processes
+from raygrpo.sandbox.os_probe import sandbox_mounts, sandbox_processes
+from raygrpo.sandbox.owners import live_sandboxes
 from raygrpo.specs.harbor import HarborSpec
 from raygrpo.core.types import SOLUTION_STEP, Status
 from tests.harbor_utils import EXAMPLE_DIR, make_task

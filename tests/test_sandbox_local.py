@@ -15,8 +15,9 @@ import pytest
 from harbor.verifier.verifier import Verifier
 
 from raygrpo.sandbox import process as _process
-from raygrpo.sandbox import owners as registry as _registry
+from raygrpo.sandbox import owners as _registry
 from raygrpo.sandbox.dockerfile import DockerfileError, parse_dockerfile
+from raygrpo.sandbox.errors import SandboxStartError
 from raygrpo.sandbox.local import (
     LocalSandboxEnvironment,
     SandboxExecTimeoutError,
@@ -187,6 +188,26 @@ def test_dockerfile_errors_name_path_and_line(tmp_path: Path):
     task = make_task(tmp_path, "t2", dockerfile="FROM x\nRUN true\nCOPY nope /app\n")
     with pytest.raises(DockerfileError, match=r"Dockerfile:3"):
         make_env(task, tmp_path / "trials", tmp_path / "sandboxes")
+
+
+def test_the_old_start_timeout_kwarg_is_refused_naming_init_timeout(tmp_path: Path):
+    """Passed the way a config's `environment_kwargs` reach it (Harbor's factory), the local sandbox's old
+    `start_timeout_s` fails before any sandbox exists, naming `init_timeout_s`."""
+    task = make_task(tmp_path, "t")
+    with pytest.raises(TypeError, match=r"`start_timeout_s` in environment_kwargs is now `init_timeout_s`"):
+        make_env(task, tmp_path / "trials", tmp_path / "sandboxes", kwargs={"start_timeout_s": 5})
+    assert not (tmp_path / "sandboxes").exists() or not any((tmp_path / "sandboxes").iterdir())
+
+
+@pytest.mark.timeout(60)
+async def test_init_timeout_bounds_the_init_coming_up(tmp_path: Path, sroot: Path):
+    """`init_timeout_s` (an `environment_kwargs` entry) is how long the sandbox's init may take to come up."""
+    env, _, _ = make_env(make_task(tmp_path), tmp_path / "trials", sroot, kwargs={"init_timeout_s": 0.001})
+    try:
+        with pytest.raises(SandboxStartError, match=r"did not come up within init_timeout_s=0\.001"):
+            await env.start(force_build=False)
+    finally:
+        await env.stop(delete=True)
 
 
 def test_dockerfile_multistage_and_skips(tmp_path: Path):

@@ -21,7 +21,7 @@ from raygrpo.core.errors import TaskError
 from raygrpo.governor.gate import reset_gates
 from raygrpo.docker import guard as docker_guard
 from raygrpo.sandbox.network import SLIRP4NETNS, host_addresses
-from raygrpo.sandbox.owners import sandbox_processes
+from raygrpo.sandbox.os_probe import sandbox_processes
 from raygrpo.specs.harbor import HarborSpec
 from tests.docker_utils import docker_ready  # noqa: F401 - a fixture
 from tests.harbor_utils import make_task

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from raygrpo.sandbox.orphans import reap_orphans
-from raygrpo.sandbox.owners import HEARTBEAT_INTERVAL_S, live_sandboxes, sandbox_mounts, sandbox_processes
+from raygrpo.sandbox.os_probe import sandbox_mounts, sandbox_processes
+from raygrpo.sandbox.owners import HEARTBEAT_INTERVAL_S, live_sandboxes
 from tests.sandbox_utils import (
     assert_no_leaks,
     make_env,

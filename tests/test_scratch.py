@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from raygrpo.core import scratch
-from raygrpo.sandbox.owners import pid_alive
+from raygrpo.sandbox.os_probe import pid_alive
 from tests.sandbox_utils import wait_until
 
 pytestmark = pytest.mark.timeout(120)

@@ -17,7 +17,7 @@ import ray
 
 from raygrpo.driver.collect import collect
 from raygrpo.config import load_config
-from raygrpo.sandbox.owners import process_env_marks
+from raygrpo.sandbox.os_probe import process_env_marks
 from tests.ors_utils import wait_until
 from tests.test_e2e_harbor import HARBOR, SUPPORT, no_os_leaks, os_leaks, sandbox_base  # noqa: F401 - fixture
 

@@ -20,7 +20,7 @@ from raygrpo.policy.base import SamplingParams
 from raygrpo.policy.scripted import ScriptedPolicy
 from raygrpo.agent.rollout import run_rollout
 from raygrpo.sandbox.local import LocalSandboxEnvironment
-from raygrpo.sandbox.owners import sandbox_processes
+from raygrpo.sandbox.os_probe import sandbox_processes
 from raygrpo.core.types import Status
 from raygrpo.specs.provider import ProviderSpec
 from tests.harbor_utils import bash_script, make_task

@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from raygrpo.sandbox.os_probe import pid_alive
 from raygrpo.sandbox.owners import (
     HOSTNAME,
     RUN_ENV,
@@ -49,7 +50,6 @@ from raygrpo.sandbox.owners import (
     keep_beating,
     owner_alive,
     owner_record,
-    pid_alive,
     read_json,
     stop_beating,
 )

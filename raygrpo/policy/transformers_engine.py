@@ -20,43 +20,33 @@ How it works:
   Computed in float32 whatever the model's dtype.
 - Generation stops at the eos (`<|im_end|>` for the tiny model, plus any eos ids of the model's generation config),
   which is included in the output, or after the request's `max_tokens` (finish reason `"length"`).
+
+This module is the scheduling side (queue, batcher, requests held for newer weights, the worker thread); the model
+side, one batch at a time, is `raygrpo.policy.causal_lm.CausalLMRunner`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
-import threading
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from raygrpo.policy.base import GenerationContext, PolicyError, SamplingParams
-from raygrpo.policy.tiny import resolve_model_path
 from raygrpo.core.types import Turn
+from raygrpo.policy.base import GenerationContext, PolicyError, SamplingParams
+from raygrpo.policy.causal_lm import DTYPES, CausalLMRunner, Prompt
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16"}
-
 
 @dataclass
-class _Request:
-    prompt_ids: list[int]
-    sampling: SamplingParams
-    future: asyncio.Future
+class _Request(Prompt):
+    """A queued `generate` call: its prompt, and the future its turn is set on."""
+
+    future: asyncio.Future[Turn]
     enqueued: float = field(default_factory=time.monotonic)
-
-
-@dataclass
-class _Result:
-    output_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str
-    policy_version: int
 
 
 class TransformersEngine:
@@ -84,50 +74,29 @@ class TransformersEngine:
         num_threads: int | None = 1,
     ):
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
 
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
         if num_threads:
             torch.set_num_threads(num_threads)
-        self.model_path = resolve_model_path(model_path)
-        self.device = torch.device(device)
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=getattr(torch, _DTYPES[dtype]))
-        self.model.to(self.device).eval()
-        stop = set()
-        if self.tokenizer.eos_token_id is not None:
-            stop.add(int(self.tokenizer.eos_token_id))
-        gen_eos = getattr(self.model.generation_config, "eos_token_id", None)
-        stop.update([gen_eos] if isinstance(gen_eos, int) else (gen_eos or []))
-        if not stop:
-            raise ValueError(f"model at {self.model_path} has no eos token: generation could never stop by itself")
-        self.stop_token_ids: frozenset[int] = frozenset(stop)
-        pad = self.tokenizer.pad_token_id
-        self.pad_token_id: int = int(pad if pad is not None else min(stop))
-        # transformers 5.24 renamed the forward's `past_key_values` to `cache`; accept either.
-        forward_params = inspect.signature(self.model.forward).parameters
-        self._cache_kw = "cache" if "cache" in forward_params else "past_key_values"
-        self._last_logits_only = {"logits_to_keep": 1} if "logits_to_keep" in forward_params else {}
-        self._generator = torch.Generator(self.device).manual_seed(seed)
-        self._policy_version = 0
+        #: The model, its tokenizer and its sampling; used from the worker thread only, once it is loaded.
+        self.runner = CausalLMRunner(model_path, device, seed, dtype)
+        self.model_path = self.runner.model_path
+        self.device = self.runner.device
+        self.tokenizer = self.runner.tokenizer
+        self.model = self.runner.model
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raygrpo-engine")
-        self._stats_lock = threading.Lock()
-        self._batch_sizes: Counter[int] = Counter()
-        self._tokens_generated = 0
-        self._busy_s = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: list[_Request] = []
         self._held: list[tuple[int, asyncio.Future]] = []  # generate() calls waiting for newer weights
         self._wakeup: asyncio.Event | None = None
         self._batcher: asyncio.Task | None = None
         self._closed = False
-        self._executor.submit(self._warmup).result()
+        self._executor.submit(self.runner.warmup).result()
         logger.info(
             "TransformersEngine: %s on %s (%s, %d parameters), max batch %d",
             self.model_path,
@@ -142,7 +111,7 @@ class TransformersEngine:
     @property
     def policy_version(self) -> int:
         """Version of the weights the engine generates with (0 for the weights loaded from `model_path`)."""
-        return self._policy_version
+        return self.runner.policy_version
 
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, context: GenerationContext | None = None
@@ -152,23 +121,17 @@ class TransformersEngine:
             raise PolicyError("the transformers engine is closed")
         if not prompt_ids:
             raise ValueError("prompt_ids is empty")
-        if self._policy_version < sampling.min_version:
+        if self.policy_version < sampling.min_version:
             await self._hold_until(sampling.min_version)
         if sampling.max_tokens <= 0:
-            return Turn(output_ids=[], logprobs=[], finish_reason="length", policy_version=self._policy_version)
+            return Turn(output_ids=[], logprobs=[], finish_reason="length", policy_version=self.policy_version)
         loop = asyncio.get_running_loop()
         self._ensure_batcher(loop)
         request = _Request([int(t) for t in prompt_ids], sampling, loop.create_future())
         self._pending.append(request)
         assert self._wakeup is not None
         self._wakeup.set()
-        result: _Result = await request.future
-        return Turn(
-            output_ids=result.output_ids,
-            logprobs=result.logprobs,
-            finish_reason=result.finish_reason,
-            policy_version=result.policy_version,
-        )
+        return await request.future
 
     async def set_weights(self, state_dict: dict[str, Any], version: int) -> None:
         """Load a learner's weights (a full `state_dict`, tensors on any device) and call them `version`.
@@ -177,7 +140,7 @@ class TransformersEngine:
         report the old version.
         """
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self._load_weights, state_dict, int(version))
+        await loop.run_in_executor(self._executor, self.runner.load_weights, state_dict, int(version))
         self._release_held()
 
     async def logprobs_of(self, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0) -> list[float]:
@@ -188,22 +151,12 @@ class TransformersEngine:
         """
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
-            self._executor, self._logprobs_of, list(prompt_ids), list(completion_ids), temperature
+            self._executor, self.runner.logprobs_of, list(prompt_ids), list(completion_ids), temperature
         )
 
     def stats(self) -> dict[str, Any]:
         """Counters since start: batches run, histogram of batch sizes, tokens generated, seconds spent generating."""
-        with self._stats_lock:
-            batches = sum(self._batch_sizes.values())
-            return {
-                "batches": batches,
-                "batch_sizes": dict(sorted(self._batch_sizes.items())),
-                "requests": sum(k * v for k, v in self._batch_sizes.items()),
-                "tokens_generated": self._tokens_generated,
-                "busy_s": self._busy_s,
-                "tokens_per_s": self._tokens_generated / self._busy_s if self._busy_s > 0 else 0.0,
-                "policy_version": self._policy_version,
-            }
+        return {**self.runner.stats(), "policy_version": self.policy_version}
 
     def close(self) -> None:
         """Stop the batcher and the worker thread; queued requests fail with `PolicyError`."""
@@ -233,7 +186,7 @@ class TransformersEngine:
                 continue
             if self._closed:
                 held.set_exception(PolicyError("the transformers engine was closed"))
-            elif self._policy_version >= version:
+            elif self.policy_version >= version:
                 held.set_result(None)
             else:
                 still.append((version, held))
@@ -267,7 +220,7 @@ class TransformersEngine:
             if not batch:
                 continue
             try:
-                results = await loop.run_in_executor(self._executor, self._run_batch, batch)
+                results = await loop.run_in_executor(self._executor, self.runner.run_batch, batch)
             except Exception as exc:  # noqa: BLE001 - every caller of the batch must hear about it
                 logger.exception("generation batch of %d failed", len(batch))
                 for request in batch:
@@ -279,156 +232,3 @@ class TransformersEngine:
                         request.future.set_result(result)
             if self._pending:
                 self._wakeup.set()
-
-    # ------------------------------------------------------------------ torch work (worker thread)
-
-    def _run_batch(self, batch: list[_Request], record: bool = True) -> list[_Result]:
-        import torch
-
-        start = time.perf_counter()
-        version = self._policy_version
-        n = len(batch)
-        dev = self.device
-        width = max(len(r.prompt_ids) for r in batch)
-        input_ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
-        attention = torch.zeros((n, width), dtype=torch.long)
-        for i, request in enumerate(batch):
-            ids = request.prompt_ids
-            input_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-            attention[i, width - len(ids) :] = 1
-        input_ids, attention = input_ids.to(dev), attention.to(dev)
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-
-        temperatures = torch.tensor([max(r.sampling.temperature, 0.0) for r in batch], dtype=torch.float32, device=dev)
-        top_ps = torch.tensor([r.sampling.top_p for r in batch], dtype=torch.float32, device=dev)
-        generators = [
-            torch.Generator(dev).manual_seed(int(r.sampling.seed)) if r.sampling.seed is not None else self._generator
-            for r in batch
-        ]
-        outputs: list[list[int]] = [[] for _ in batch]
-        logprobs: list[list[float]] = [[] for _ in batch]
-        finish: list[str | None] = [None] * n
-        rows = list(range(n))  # batch rows still generating -> request index
-        generated = 0
-
-        with torch.inference_mode():
-            cache = self._new_cache()
-            out = self.model(
-                input_ids=input_ids,
-                attention_mask=attention,
-                position_ids=positions,
-                use_cache=True,
-                **{self._cache_kw: cache},
-                **self._last_logits_only,
-            )
-            logits = out.logits[:, -1, :].float()
-            while True:
-                idx = torch.tensor(rows, device=dev)
-                tokens, token_logprobs = self._sample(
-                    logits, temperatures[idx], top_ps[idx], [generators[i] for i in rows]
-                )
-                keep: list[int] = []
-                for j, (i, token, token_logprob) in enumerate(zip(rows, tokens.tolist(), token_logprobs.tolist())):
-                    outputs[i].append(token)
-                    logprobs[i].append(token_logprob)
-                    generated += 1
-                    if token in self.stop_token_ids:
-                        finish[i] = "stop"
-                    elif len(outputs[i]) >= batch[i].sampling.max_tokens:
-                        finish[i] = "length"
-                    else:
-                        keep.append(j)
-                if not keep:
-                    break
-                if len(keep) < len(rows):
-                    keep_t = torch.tensor(keep, device=dev)
-                    cache.batch_select_indices(keep_t)
-                    attention, positions, tokens = attention[keep_t], positions[keep_t], tokens[keep_t]
-                    rows = [rows[j] for j in keep]
-                attention = torch.cat([attention, attention.new_ones((len(rows), 1))], dim=1)
-                positions = positions[:, -1:] + 1
-                out = self.model(
-                    input_ids=tokens[:, None],
-                    attention_mask=attention,
-                    position_ids=positions,
-                    use_cache=True,
-                    **{self._cache_kw: cache},
-                )
-                logits = out.logits[:, -1, :].float()
-
-        elapsed = time.perf_counter() - start
-        if not record:
-            return []
-        with self._stats_lock:
-            self._batch_sizes[n] += 1
-            self._tokens_generated += generated
-            self._busy_s += elapsed
-        logger.debug("batch of %d: %d tokens in %.3fs", n, generated, elapsed)
-        return [
-            _Result(outputs[i], logprobs[i], finish[i] or "length", version) for i in range(n)
-        ]
-
-    def _sample(self, logits, temperatures, top_ps, generators):
-        """Pick one token per row; return (tokens, their log-probs under logits / temperature)."""
-        import torch
-
-        greedy = temperatures <= 0
-        scale = torch.where(greedy, torch.ones_like(temperatures), temperatures)
-        logp = torch.log_softmax(logits / scale[:, None], dim=-1)
-        tokens = logp.argmax(dim=-1)
-        if not bool(greedy.all()):
-            probs = logp.exp()
-            if bool((top_ps < 1.0).any()):
-                sorted_probs, order = probs.sort(dim=-1, descending=True)
-                # Drop a token when the mass strictly before it already reaches top_p (the top token always stays).
-                drop = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= top_ps[:, None]
-                probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
-            sampled = (~greedy).nonzero().flatten().tolist()
-            shared = [row for row in sampled if generators[row] is self._generator]
-            if shared:  # one draw for all rows on the engine's generator
-                shared_t = torch.tensor(shared, device=logits.device)
-                tokens[shared_t] = torch.multinomial(probs[shared_t], 1, generator=self._generator).squeeze(-1)
-            for row in sampled:  # rows with their own seed draw from their own generator
-                if generators[row] is not self._generator:
-                    tokens[row] = torch.multinomial(probs[row], 1, generator=generators[row])[0]
-        token_logp = logp.gather(-1, tokens[:, None]).squeeze(-1)
-        return tokens, token_logp
-
-    def _new_cache(self):
-        from transformers import DynamicCache
-
-        return DynamicCache(config=self.model.config)
-
-    def _warmup(self) -> None:
-        """One short batch at start-up, so the first real request does not pay for lazy initialisation."""
-        # Greedy, so the engine's sampling generator is not advanced.
-        request = _Request([self.pad_token_id] * 4, SamplingParams(max_tokens=2, temperature=0.0), None)  # type: ignore[arg-type]
-        self._run_batch([request], record=False)
-
-    def _load_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        import torch
-
-        tensors = {k: (v if isinstance(v, torch.Tensor) else torch.as_tensor(v)) for k, v in state_dict.items()}
-        missing, unexpected = self.model.load_state_dict(tensors, strict=False)
-        # Tied weights (lm_head = embed_tokens) may legitimately be absent from a learner's state dict.
-        tied = set(getattr(self.model, "_tied_weights_keys", None) or [])
-        missing = [k for k in missing if k not in tied]
-        if missing or unexpected:
-            raise ValueError(f"state_dict does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
-        self._policy_version = version
-        logger.info("loaded weights version %d (%d tensors)", version, len(tensors))
-
-    def _logprobs_of(self, prompt_ids: list[int], completion_ids: list[int], temperature: float) -> list[float]:
-        import torch
-
-        if not prompt_ids:
-            raise ValueError("prompt_ids is empty")
-        if not completion_ids:
-            return []
-        ids = torch.tensor([prompt_ids + completion_ids], dtype=torch.long, device=self.device)
-        with torch.inference_mode():
-            logits = self.model(input_ids=ids).logits[0].float()
-        scale = temperature if temperature > 0 else 1.0
-        logp = torch.log_softmax(logits[len(prompt_ids) - 1 : -1] / scale, dim=-1)
-        target = torch.tensor(completion_ids, dtype=torch.long, device=self.device)
-        return logp.gather(-1, target[:, None]).squeeze(-1).tolist()

@@ -7,8 +7,9 @@
 - `raygrpo.testing.null:NullEnvironment`: a backend that does nothing, for scale tests.
 - `raygrpo.envs.harbor.faults`: `FaultConfig`, `FaultInjectingEnvironment`, `wrap_environment` (latency, start failures
   before/after creation, exec hangs, sandbox death), around any backend.
-- `raygrpo.sandbox.owners`: owner labels and heartbeats of local sandboxes; `reap_orphans`, `OrphanReaper`,
-  `live_sandboxes`, and the OS-level leak checks `sandbox_processes` and `sandbox_mounts`.
+- `raygrpo.sandbox.owners`: owner labels and heartbeats of local sandboxes, and `live_sandboxes`;
+  `raygrpo.sandbox.orphans`: `reap_orphans`, `OrphanReaper`; `raygrpo.sandbox.os_probe`: the OS-level leak checks
+  `sandbox_processes` and `sandbox_mounts`.
 - `raygrpo.leases.ledger`: the lease ledger of remote sandboxes (`LeaseLedger`, `Lease`), their backends' reap hooks
   (`raygrpo.leases.hooks`), and reaping stale owners' leases (`reap_leases`, what `raygrpo reap` runs).
 
@@ -42,8 +43,8 @@ _EXPORTS = {
     "reap_orphans": "raygrpo.sandbox.orphans",
     "OrphanReaper": "raygrpo.sandbox.orphans",
     "live_sandboxes": "raygrpo.sandbox.owners",
-    "sandbox_processes": "raygrpo.sandbox.owners",
-    "sandbox_mounts": "raygrpo.sandbox.owners",
+    "sandbox_processes": "raygrpo.sandbox.os_probe",
+    "sandbox_mounts": "raygrpo.sandbox.os_probe",
     "sandbox_root": "raygrpo.sandbox.owners",
     "Lease": "raygrpo.leases.ledger",
     "LeaseLedger": "raygrpo.leases.ledger",

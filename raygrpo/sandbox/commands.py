@@ -13,7 +13,7 @@ from harbor.environments.base import ExecResult
 
 from raygrpo.sandbox import layout as _lay
 from raygrpo.sandbox import process as _proc
-from raygrpo.sandbox import owners as _reg
+from raygrpo.sandbox.os_probe import ID_ENV, ROOT_ENV
 from raygrpo.sandbox.dockerfile import DEFAULT_PATH
 from raygrpo.sandbox.errors import SandboxExecTimeoutError, SandboxNotRunningError
 
@@ -57,8 +57,8 @@ class SandboxCommands:
         if self._toolbox is not None:
             out["PATH"] = f"{self._toolbox / 'bin'}:{out['PATH']}"
         out.update(self._merge_env(env) or {})
-        out[_reg.ID_ENV] = self.sandbox_id
-        out[_reg.ROOT_ENV] = str(self._root)
+        out[ID_ENV] = self.sandbox_id
+        out[ROOT_ENV] = str(self._root)
         return out
 
     async def exec(

@@ -7,7 +7,8 @@ filesystem, read-only. So it applies only the parts of a Dockerfile that describ
 - `ENV` (both `ENV K=V ...` and the legacy `ENV K V`): the environment of every exec;
 - `ARG` defaults: usable in later `$VAR` substitutions, as in a build;
 - `COPY` / `ADD` of files and directories from the build context (the task's `environment/` folder), heredoc
-  sources included; a relative destination is relative to `WORKDIR`; `--chown` is ignored, `--chmod` is applied.
+  sources included; a relative destination is relative to `WORKDIR`; `--chown` is ignored, `--chmod` is applied
+  (`raygrpo.sandbox.dockerfile_copy`).
 
 - `RUN`: the commands that make files and folders run at every sandbox start; the ones that install software are
   skipped (the host and the verifier toolbox provide instead); see `raygrpo.sandbox.run_steps`.
@@ -22,69 +23,22 @@ A Dockerfile that cannot be parsed raises `DockerfileError`, whose message names
 
 from __future__ import annotations
 
-import glob
-import json
 import logging
 import os
-import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from raygrpo.sandbox.dockerfile_syntax import (
-    HEREDOC_RE,
-    NAME_RE,
-    DockerfileError,
-    Instruction,
-    LexError,
-    lex,
-    lex_heredoc,
-    lex_one,
-    read_instructions,
-)
+from raygrpo.sandbox.dockerfile_copy import CopyStep, parse_copy, sandbox_path
+from raygrpo.sandbox.dockerfile_syntax import NAME_RE, DockerfileError, LexError, lex, lex_one, read_instructions
 from raygrpo.sandbox.run_steps import RunStep, plan_run
 
-__all__ = ["CopyStep", "DockerfileError", "DockerfilePlan", "SkippedStep", "load_plan", "parse_dockerfile",
-           "report_skipped"]
+__all__ = ["DockerfileError", "DockerfilePlan", "SkippedStep", "load_plan", "parse_dockerfile", "report_skipped"]
 
 logger = logging.getLogger(__name__)
 
 #: The PATH a stock Linux image (e.g. `python:3.12-slim`) starts with; `$PATH` in `ENV` expands against it.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-_ARCHIVE_SUFFIXES = (
-    ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".tar.zst", ".gz", ".bz2", ".xz",
-)
-
-
-@dataclass(frozen=True)
-class CopyStep:
-    """One `COPY`/`ADD` to apply when a sandbox starts.
-
-    Args:
-        line: line of the instruction in the Dockerfile.
-        dest: absolute destination inside the sandbox (already resolved against `WORKDIR`).
-        dest_is_dir: the destination names a directory (it ends with `/`, or there are several sources).
-        sources: host paths inside the build context (files or directories), globs already expanded.
-        inline: heredoc sources as `(file name, content)`.
-        chmod: mode from `--chmod`, applied to everything copied.
-    """
-
-    line: int
-    dest: PurePosixPath
-    dest_is_dir: bool
-    sources: tuple[Path, ...] = ()
-    inline: tuple[tuple[str, str], ...] = ()
-    chmod: int | None = None
-
-    @property
-    def writable_dir(self) -> PurePosixPath:
-        """The sandbox directory this step writes into (it must be writable in the sandbox)."""
-        if self.dest_is_dir or len(self.sources) + len(self.inline) > 1:
-            return self.dest
-        if len(self.sources) == 1 and self.sources[0].is_dir():
-            return self.dest
-        return self.dest.parent
 
 
 @dataclass(frozen=True)
@@ -128,34 +82,8 @@ class DockerfilePlan:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# --------------------------------------------------------------------------------------------------------------
 # Parsing
 # --------------------------------------------------------------------------------------------------------------
-
-
-def _split_flags(words: list[str]) -> tuple[dict[str, str], list[str]]:
-    flags: dict[str, str] = {}
-    rest = list(words)
-    while rest and rest[0].startswith("--"):
-        flag = rest.pop(0)[2:]
-        key, _, value = flag.partition("=")
-        flags[key] = value
-    return flags, rest
-
-
-def _abs(path: str, workdir: str | None) -> PurePosixPath:
-    p = PurePosixPath(path)
-    if not p.is_absolute():
-        p = PurePosixPath(workdir or "/") / p
-    # Normalise `.` and `..` without touching the host filesystem.
-    parts: list[str] = []
-    for part in p.parts[1:]:
-        if part == "..":
-            if parts:
-                parts.pop()
-        elif part != ".":
-            parts.append(part)
-    return PurePosixPath("/", *parts)
 
 
 def parse_dockerfile(path: Path | str, context_dir: Path | str | None = None) -> DockerfilePlan:
@@ -228,12 +156,13 @@ def parse_dockerfile(path: Path | str, context_dir: Path | str | None = None) ->
                 value = lex_one(ins.args, subst, escape).strip()
                 if not value:
                     raise LexError("WORKDIR needs a path")
-                workdir = str(_abs(value, workdir))
+                workdir = str(sandbox_path(value, workdir))
             elif ins.keyword == "USER":
                 user = lex_one(ins.args, subst, escape).strip() or None
                 skipped.append(SkippedStep(ins.line, "USER", "execs run as root unless a user is requested"))
             elif ins.keyword in ("COPY", "ADD"):
-                step = _parse_copy(path, ins, subst, escape, workdir, context, context_real, skipped)
+                step, reasons = parse_copy(ins, subst, escape, workdir, context, context_real)
+                skipped.extend(SkippedStep(ins.line, ins.keyword, reason) for reason in reasons)
                 if step is not None:
                     copies.append(step)
             elif ins.keyword == "RUN":
@@ -260,91 +189,6 @@ def parse_dockerfile(path: Path | str, context_dir: Path | str | None = None) ->
         user=user,
         skipped=tuple(skipped),
         runs=tuple(runs),
-    )
-
-
-def _parse_copy(
-    path: Path,
-    ins: Instruction,
-    subst: dict[str, str],
-    escape: str,
-    workdir: str | None,
-    context: Path,
-    context_real: str,
-    skipped: list[SkippedStep],
-) -> CopyStep | None:
-    m = re.match(r"^((?:--\S+\s+)*)(.*)$", ins.args, re.S)
-    assert m is not None
-    flags, _ = _split_flags(lex(m.group(1), subst, split=True, escape=escape))
-    body = m.group(2).strip()
-    if body.startswith("["):
-        try:
-            array = json.loads(body)
-        except json.JSONDecodeError as e:
-            raise LexError(f"bad JSON array in {ins.keyword}: {e.msg}") from None
-        if not isinstance(array, list) or not all(isinstance(a, str) for a in array):
-            raise LexError(f"{ins.keyword} JSON form must be an array of strings")
-        rest = [lex_one(a, subst, escape) for a in array]
-    else:
-        rest = lex(body, subst, split=True, escape=escape)
-    if len(rest) < 2:
-        raise LexError(f"{ins.keyword} needs at least one source and a destination")
-    *srcs, dest = rest
-    if "from" in flags:
-        skipped.append(SkippedStep(ins.line, ins.keyword, f"--from={flags['from']}: files of another image/stage"))
-        return None
-    unknown = set(flags) - {"chown", "chmod", "link", "checksum", "keep-git-dir", "exclude", "parents"}
-    if unknown:
-        raise LexError(f"unsupported {ins.keyword} flag(s): {', '.join('--' + f for f in sorted(unknown))}")
-    chmod = None
-    if flags.get("chmod"):
-        try:
-            chmod = int(flags["chmod"], 8)
-        except ValueError:
-            raise LexError(f"--chmod={flags['chmod']} is not an octal mode") from None
-
-    heredocs = {name: (body, expand) for name, body, expand in ins.heredocs}
-    sources: list[Path] = []
-    inline: list[tuple[str, str]] = []
-    for src in srcs:
-        hm = HEREDOC_RE.fullmatch(src) if src.startswith("<<") else None
-        if hm and hm.group(3) in heredocs:
-            body, expand = heredocs[hm.group(3)]
-            inline.append((hm.group(3), lex_heredoc(body, subst) if expand else body))
-            continue
-        if ins.keyword == "ADD" and re.match(r"^[a-z][a-z0-9+.-]*://", src, re.I) or src.startswith("git@"):
-            skipped.append(SkippedStep(ins.line, "ADD", f"{src}: remote sources are not fetched"))
-            continue
-        if ins.keyword == "ADD" and src.lower().endswith(_ARCHIVE_SUFFIXES):
-            skipped.append(SkippedStep(ins.line, "ADD", f"{src}: archives are not extracted"))
-            continue
-        lexical = os.path.normpath(os.path.join(context, src.lstrip("/")))
-        if lexical != os.path.normpath(context) and not lexical.startswith(os.path.normpath(context) + os.sep):
-            raise LexError(f"{ins.keyword} source {src!r} is outside the build context {context}")
-        matches = sorted(glob.glob(glob.escape(str(context)) + "/" + src.lstrip("/"))) if any(
-            ch in src for ch in "*?["
-        ) else [str(context / src.lstrip("/"))]
-        found = False
-        for match in matches:
-            if not os.path.lexists(match):
-                continue
-            real = os.path.realpath(match)
-            if real != context_real and not real.startswith(context_real + os.sep):
-                raise LexError(f"{ins.keyword} source {src!r} is outside the build context {context}")
-            sources.append(Path(match))
-            found = True
-        if not found:
-            raise LexError(f"{ins.keyword} source {src!r} not found in the build context {context}")
-    if not sources and not inline:
-        return None
-    dest_is_dir = dest.endswith("/") or len(srcs) > 1
-    return CopyStep(
-        line=ins.line,
-        dest=_abs(dest, workdir),
-        dest_is_dir=dest_is_dir,
-        sources=tuple(sources),
-        inline=tuple(inline),
-        chmod=chmod,
     )
 
 

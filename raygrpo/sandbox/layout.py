@@ -15,6 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from raygrpo.sandbox import dockerfile as _df
+from raygrpo.sandbox.dockerfile_copy import CopyStep, sandbox_path
 
 BWRAP = shutil.which("bwrap") or "/usr/bin/bwrap"
 
@@ -48,7 +49,7 @@ def under(p: PurePosixPath, q: PurePosixPath) -> bool:
 
 
 def norm(path: str | PurePosixPath, base: str | None = None) -> PurePosixPath:
-    return _df._abs(str(path), base or "/")
+    return sandbox_path(str(path), base or "/")
 
 
 def prepare_host_dir(
@@ -319,7 +320,7 @@ def copy_file(source: Path, host: Path, *, into_dir: bool) -> None:
     shutil.copy2(source, target)
 
 
-def copy_into(dest: Path, step: _df.CopyStep) -> None:
+def copy_into(dest: Path, step: CopyStep) -> None:
     """Apply a Dockerfile `COPY` step whose destination is the host path `dest`."""
     many = step.dest_is_dir or len(step.sources) + len(step.inline) > 1
     created: list[Path] = []

@@ -86,8 +86,10 @@ from raygrpo.sandbox.errors import (
     SandboxStartError,
 )
 from raygrpo.sandbox.layout import BWRAP, EXPOSED_DIRS, LINK_DIRS, STANDARD_WRITABLE  # noqa: F401 (re-exported)
+from raygrpo.sandbox.os_probe import DEFAULT_ROOT, ID_ENV, ROOT_ENV
 from raygrpo.sandbox.process import NSENTER
 from raygrpo.sandbox.transfer import HostFileTransfer
+from raygrpo.specs.harbor import LOCAL_RENAMED_KWARGS
 
 _ID_SAFE = re.compile(r"[^A-Za-z0-9_-]+")
 
@@ -112,8 +114,10 @@ class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment
             `delete=False` to keep docker images must not leave directories behind.
         writable_dirs (`list[str]`, *optional*):
             more sandbox directories to make writable, besides the standard ones.
-        start_timeout_s (`float`, defaults to `30.0`):
-            how long `start()` waits for the sandbox's init to come up.
+        init_timeout_s (`float`, defaults to `30.0`):
+            how long `start()` waits for the sandbox's init to come up, and how long each Dockerfile `RUN` step run
+            at start may take. Not the environment's start deadline (`envs.<name>.start_timeout_s`, which bounds the
+            whole start, this included); it was called `start_timeout_s` before, a name now refused.
         max_output_bytes (`int`, defaults to `16 MiB`):
             cap on the stdout and on the stderr an exec returns (the rest is cut, with a note).
         toolbox (`bool`, defaults to `True`):
@@ -138,18 +142,21 @@ class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment
         owner_id: str | None = None,
         keep_dir: bool = False,
         writable_dirs: list[str] | None = None,
-        start_timeout_s: float = 30.0,
+        init_timeout_s: float = 30.0,
         max_output_bytes: int = 16 * 1024 * 1024,
         toolbox: bool = True,
         **kwargs: Any,
     ):
+        renamed = [f"`{key}` {now}" for key, now in LOCAL_RENAMED_KWARGS.items() if key in kwargs]
+        if renamed:  # a config that sets one fails at load already (`HarborSpec`); this is for other callers
+            raise TypeError(f"LocalSandboxEnvironment: {'; '.join(renamed)}")
         # Set before BaseEnvironment.__init__, which calls _validate_definition.
         self._plan: _df.DockerfilePlan | None = None
-        self._root = Path(sandbox_root or os.environ.get(_reg.ROOT_ENV) or _reg.DEFAULT_ROOT)
+        self._root = Path(sandbox_root or os.environ.get(ROOT_ENV) or DEFAULT_ROOT)
         self._owner_id = owner_id
         self._keep_dir = keep_dir
         self._extra_writable = list(writable_dirs or [])
-        self._start_timeout_s = start_timeout_s
+        self._init_timeout_s = init_timeout_s
         self._max_output = max_output_bytes
         try:
             self._toolbox = _toolbox.ensure_toolbox() if toolbox else None
@@ -283,7 +290,7 @@ class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment
         failing one is reported once per task and the sandbox starts anyway, as the host's files are all it has."""
         for step in self._plan.runs if self._plan is not None else ():
             result = await self.exec(step.command, cwd=step.workdir, env=step.env, user="root",
-                                     timeout_sec=int(self._start_timeout_s))
+                                     timeout_sec=int(self._init_timeout_s))
             if result.return_code != 0:
                 _df.report_run_failure(self._plan, step, result.return_code,
                                        (result.stdout or "") + (result.stderr or ""))
@@ -347,10 +354,11 @@ class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment
         bwrap = _lay.bwrap_argv(self._mount_table, hostname=self._hostname)
         env = {"PATH": _df.DEFAULT_PATH, "HOME": "/root", **self._mark_env()}
         try:
-            ready = await self._init.start(bwrap, env, self._reg.dir / "init.log", self._reg, self._start_timeout_s)
+            ready = await self._init.start(bwrap, env, self._reg.dir / "init.log", self._reg, self._init_timeout_s)
         except TimeoutError:
             raise SandboxStartError(
-                f"sandbox {self.sandbox_id} did not come up within {self._start_timeout_s}s: {self._init_log()}"
+                f"sandbox {self.sandbox_id} did not come up within init_timeout_s={self._init_timeout_s:g}: "
+                f"{self._init_log()}"
             ) from None
         if not ready:
             rc = self._init.proc.returncode if self._init.proc else None
@@ -358,7 +366,7 @@ class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment
 
     def _mark_env(self) -> dict[str, str]:
         """The environment variables that mark a process as this sandbox's (`raygrpo.sandbox.owners`)."""
-        return {_reg.ID_ENV: self.sandbox_id, _reg.ROOT_ENV: str(self._root)}
+        return {ID_ENV: self.sandbox_id, ROOT_ENV: str(self._root)}
 
     def _init_log(self) -> str:
         return _proc.log_tail(self._reg.dir / "init.log") if self._reg else ""

@@ -20,17 +20,15 @@ from pathlib import Path
 
 from raygrpo.docker.engine import DockerUnavailable, may_have_docker
 from raygrpo.docker.owners import reap_docker_orphans
+from raygrpo.sandbox.os_probe import DEFAULT_ROOT, ROOT_ENV, pid_alive
 from raygrpo.sandbox.owners import (
     CLAIM_PREFIX,
-    DEFAULT_ROOT,
     HOSTNAME,
-    ROOT_ENV,
     STOPPED_MARK,
     heartbeat_age,
     kill_sandbox_processes,
     live_sandboxes,
     owner_alive,
-    pid_alive,
     read_json,
     remove_tree,
     sandbox_root,

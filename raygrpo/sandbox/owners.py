@@ -9,10 +9,9 @@ Every local sandbox has a directory `<root>/<sandbox id>/` on the host (root: th
   per process (a thread, not an asyncio task, so that a busy event loop does not make its sandboxes look orphaned);
 - `procs.json`: the host pids of the sandbox's `bwrap` monitor and of its PID-namespace init, with start times.
 
-Processes that belong to sandboxes carry `RAYGRPO_SANDBOX_ID` / `RAYGRPO_SANDBOX_ROOT` in their environment;
-`sandbox_processes` and `sandbox_mounts` find them (and their mounts) through the OS (psutil, and every process's
-`/proc/<pid>/mountinfo` for mounts in other namespaces), independently of this bookkeeping, which is how tests and
-`leaked_envs` check that nothing is left. Reaping orphans is `raygrpo.sandbox.orphans`.
+Processes that belong to sandboxes carry `RAYGRPO_SANDBOX_ID` / `RAYGRPO_SANDBOX_ROOT` in their environment; what
+the OS says of them (alive or not, their processes and mounts) is `raygrpo.sandbox.os_probe`, independent of this
+bookkeeping. Reaping orphans is `raygrpo.sandbox.orphans`.
 """
 
 from __future__ import annotations
@@ -31,11 +30,10 @@ from pathlib import Path
 
 import psutil
 
+from raygrpo.sandbox.os_probe import DEFAULT_ROOT, ROOT_ENV, pid_alive, proc_start_time, process_env_marks
+
 logger = logging.getLogger(__name__)
 
-DEFAULT_ROOT = "/tmp/raygrpo-sandboxes"
-ROOT_ENV = "RAYGRPO_SANDBOX_ROOT"
-ID_ENV = "RAYGRPO_SANDBOX_ID"
 #: The run an env pool actor's sandboxes belong to (set by the driver; docker sandboxes are labelled with it).
 RUN_ENV = "RAYGRPO_RUN_ID"
 HEARTBEAT_INTERVAL_S = 2.0
@@ -50,50 +48,6 @@ def sandbox_root(root: str | os.PathLike | None = None) -> Path:
     path = Path(root or os.environ.get(ROOT_ENV) or DEFAULT_ROOT)
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Processes
-# --------------------------------------------------------------------------------------------------------------
-
-
-def proc_start_time(pid: int | None) -> float | None:
-    """The start time of `pid` (seconds since the epoch, as psutil reports it), or None when no such process is
-    alive (a zombie counts as dead)."""
-    if not pid:
-        return None
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return proc.create_time()
-    except psutil.Error:
-        return None
-
-
-def proc_start_ticks(pid: int | None) -> int | None:
-    """The start time of `pid` in clock ticks since boot, read straight from `/proc/<pid>/stat` (a quarter of what
-    `proc_start_time` costs through psutil, for checks made on every exec), or None when no such process is alive
-    (a zombie counts as dead)."""
-    if not pid:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2 :].split()  # the command name, in parentheses, may hold anything
-    if len(fields) < 20 or fields[0] in (b"Z", b"X"):
-        return None
-    return int(fields[19])
-
-
-def pid_alive(pid: int | None, start_time: float | None = None) -> bool:
-    """Whether `pid` is alive and (when `start_time` is given) still the same process."""
-    st = proc_start_time(pid)
-    if st is None:
-        return False
-    return start_time is None or st == start_time
 
 
 def _boot_id() -> str:
@@ -310,59 +264,6 @@ def heartbeat_age(d: Path) -> float | None:
         return max(0.0, time.time() - (d / "heartbeat").stat().st_mtime)
     except OSError:
         return None
-
-
-def process_env_marks() -> dict[int, tuple[str | None, str | None]]:
-    """pid -> (sandbox root, sandbox id) for every live process whose environment carries the sandbox marks."""
-    out: dict[int, tuple[str | None, str | None]] = {}
-    for proc in psutil.process_iter():
-        try:
-            env = proc.environ()
-            if ID_ENV not in env or proc.status() == psutil.STATUS_ZOMBIE:
-                continue
-        except psutil.Error:
-            continue
-        out[proc.pid] = (env.get(ROOT_ENV), env[ID_ENV])
-    return out
-
-
-def sandbox_processes(root: str | os.PathLike | None = None, sandbox_id: str | None = None) -> list[int]:
-    """Host pids of live processes that belong to sandboxes under `root` (or to one sandbox), found via /proc."""
-    root_s = str(Path(root or os.environ.get(ROOT_ENV) or DEFAULT_ROOT))
-    return sorted(
-        pid
-        for pid, (sroot, sid) in process_env_marks().items()
-        if sroot == root_s and (sandbox_id is None or sid == sandbox_id)
-    )
-
-
-def sandbox_mounts(root: str | os.PathLike | None = None) -> list[str]:
-    """Mount table lines (from every process's /proc/<pid>/mountinfo) that bind anything from under `root`.
-
-    Sandboxes mount in their own mount namespaces, so this reads every process's `/proc/<pid>/mountinfo` (psutil only
-    sees this process's mount namespace); once every sandbox process is gone their namespaces, and so their mounts,
-    are gone too.
-    """
-    root_s = os.path.realpath(str(Path(root or os.environ.get(ROOT_ENV) or DEFAULT_ROOT)))
-    seen: set[str] = set()
-    lines: list[str] = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            ns = os.readlink(f"/proc/{entry.name}/ns/mnt")
-            if ns in seen:
-                continue
-            seen.add(ns)
-            with open(f"/proc/{entry.name}/mountinfo") as f:
-                for line in f:
-                    fields = line.split()
-                    # field 4 is the root of the mount within its filesystem, field 5 the mount point.
-                    if len(fields) > 4 and (fields[3].startswith(root_s) or fields[4].startswith(root_s)):
-                        lines.append(f"{entry.name}: {line.strip()}")
-        except OSError:
-            continue
-    return lines
 
 
 def live_sandboxes(root: str | os.PathLike | None = None) -> list[SandboxInfo]:

@@ -23,6 +23,7 @@ from pathlib import Path
 from harbor.environments.base import transfer_tar_filter
 
 from raygrpo.sandbox import owners as _reg
+from raygrpo.sandbox.os_probe import proc_start_ticks
 
 NSENTER = shutil.which("nsenter") or "/usr/bin/nsenter"
 # Tools run inside the sandbox, by absolute path (a task's ENV PATH may not include them); the sandbox's /usr is
@@ -47,7 +48,7 @@ class InitProcess:
 
     def alive(self) -> bool:
         """Whether the init is running and is still the process that was started (not a reused pid)."""
-        return self._start_ticks is not None and _reg.proc_start_ticks(self.pid) == self._start_ticks
+        return self._start_ticks is not None and proc_start_ticks(self.pid) == self._start_ticks
 
     async def start(self, bwrap: list[str], env: dict[str, str], log_path: Path, reg: _reg.Registration,
                     timeout_s: float) -> bool:
@@ -105,7 +106,7 @@ class InitProcess:
         if not info.strip() or self.pid is not None or self._reg is None:
             return
         self.pid = int(json.loads(info)["child-pid"])
-        self._start_ticks = _reg.proc_start_ticks(self.pid)
+        self._start_ticks = proc_start_ticks(self.pid)
         self._reg.record_processes(self.proc.pid if self.proc else 0, self.pid)
 
     def reaped(self) -> bool:

@@ -14,13 +14,19 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from raygrpo.core.imports import ImportSpecError, is_file_spec, resolve_file, split_spec
-from raygrpo.specs.base import EnvSpecBase, base_dir_of
+from raygrpo.specs.base import EnvSpecBase, base_dir_of, refuse_moved_fields
 from raygrpo.specs.faults import FaultConfig
 from raygrpo.specs.selection import check_indices
 from raygrpo.specs.warm import HedgeSpec, WarmPoolSpec
 
 #: The backend used when neither `environment_type` nor `import_path` is set: raygrpo's bwrap sandbox.
 LOCAL_BACKEND = "raygrpo.sandbox.local:LocalSandboxEnvironment"
+#: Keyword arguments of the local backend that were renamed, and what each is now: `environment_kwargs` that set one
+#: fail at load saying so (and the backend's constructor refuses them).
+LOCAL_RENAMED_KWARGS: dict[str, str] = {
+    "start_timeout_s": "in environment_kwargs is now `init_timeout_s` (how long the local sandbox's init may take to "
+                       "come up); the environment's start deadline is `start_timeout_s`, outside environment_kwargs",
+}
 #: Backends whose `stop(delete=True)` removes the built image (`docker compose down --rmi local`): raygrpo stops
 #: them with `delete=False`, which still removes containers, networks and the sandbox, but keeps the image for the
 #: next rollout of the task. Every other backend gets `delete=True` (for cloud sandboxes such as Daytona,
@@ -230,6 +236,12 @@ class HarborSpec(EnvSpecBase):
         if self.reward_key is not None and self.reward_reduce != "key":
             raise ValueError(f"`reward_key` applies to reward_reduce='key' only (got reward_reduce="
                              f"{self.reward_reduce!r}, which reduces every entry of reward.json)")
+        return self
+
+    @model_validator(mode="after")
+    def _refuse_renamed_local_kwargs(self) -> HarborSpec:
+        if self.environment_import_path == LOCAL_BACKEND:
+            refuse_moved_fields(self.environment_kwargs, LOCAL_RENAMED_KWARGS)
         return self
 
     # ── derived settings ──────────────────────────────────────────────────────────────────────────────────────────

@@ -18,7 +18,7 @@ None of them is ever scored 0.0. Whatever the outcome, what the verifier left be
 rewards, and for failed verifications the sandbox's `/logs`) is the adapter's `verifier` (`raygrpo.envs.harbor.verify`)
 and goes into the trajectory. Every sandbox that was started is stopped in `close()`, which is idempotent,
 never raises, and finishes in the background when its rollout is cancelled; the provider's `aclose()` stops what is
-still alive and waits for those background stops.
+still alive and waits for those background stops (`Episodes`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from raygrpo.envs.base import EnvError, RewardMissingError, refuse_call
 from raygrpo.envs.harbor.solution import run_solution
@@ -41,12 +41,11 @@ if TYPE_CHECKING:
     from harbor.models.task.task import Task
     from harbor.models.trial.paths import TrialPaths
 
-    from raygrpo.envs.harbor.docker import DockerSupport
+    from raygrpo.envs.harbor.context import SuiteContext
     from raygrpo.envs.harbor.sandbox import HarborSandbox
     from raygrpo.envs.harbor.starts import SandboxStarts
     from raygrpo.envs.harbor.warm import WarmPool
     from raygrpo.envs.harbor.harness import Harness
-    from raygrpo.specs.harbor import HarborSpec
 
 
 class HarborStartError(EnvError):
@@ -61,26 +60,33 @@ class HarborVerifierTimeout(TimeoutError):
     """The task's verifier ran past its deadline; the rollout ends unscored with status `timeout`."""
 
 
-class EpisodeHost(Protocol):
-    """What an episode needs of its suite's provider (`raygrpo.envs.harbor.provider.HarborProvider` is one)."""
+class Episodes(LiveAdapters):
+    """A suite's episodes (adapters) on one actor not closed yet; once closed, it refuses new ones.
 
-    spec: HarborSpec
-    harness_cls: type[Harness]
-    docker: DockerSupport | None
-    starts: SandboxStarts
-    warm: WarmPool | None
-    episodes: LiveAdapters
+    Args:
+        label: How errors and logs name the suite.
+    """
+
+    def __init__(self, label: str) -> None:
+        super().__init__(label)
+        self._refusing = False
 
     @property
-    def label(self) -> str: ...
+    def refusing(self) -> bool:
+        """Whether the suite was closed (no new episode may start)."""
+        return self._refusing
 
-    def register(self, adapter: HarborAdapter) -> None: ...
+    def register(self, adapter: HarborAdapter) -> None:
+        """Track a starting episode, so that `close` stops its sandbox (refused once closed)."""
+        if self._refusing:
+            raise EnvError(f"{self.label}: the Harbor provider is closed")
+        self.add(adapter)
 
-    def task(self, task_dir: str) -> Task: ...
-
-    def task_dir_of(self, ref: TaskRef) -> str: ...
-
-    async def tooling_missing(self, task_dir: str, task: Task, env: BaseEnvironment) -> list[str]: ...
+    async def close(self, timeout_s: float) -> None:
+        """Refuse new episodes, close those still open, and wait (up to `timeout_s`) for the stops still running in
+        the background (their rollouts were cancelled)."""
+        self._refusing = True
+        await self.close_all(timeout_s, "sandbox(es)")
 
 
 class HarborAdapter(LiveAdapter):
@@ -92,15 +98,23 @@ class HarborAdapter(LiveAdapter):
     over calls), `verify`, `stop`; for summaries, benchmarks and debugging.
 
     Args:
-        provider: The provider (suite, harness, gate) this adapter belongs to.
+        context: The suite the episode's task is of (spec, tasks, docker support).
+        harness_cls: The suite's harness (the tools the model sees), made once per episode.
+        starts: Starts the episode's sandbox when the warm pool holds none.
+        warm: The suite's warm pool (None without `warm_pool`).
+        episodes: The suite's episodes not closed yet; this one joins them when it starts.
     """
 
-    def __init__(self, provider: EpisodeHost) -> None:
-        super().__init__(provider.episodes)
-        spec = provider.spec
-        self.provider = provider
+    def __init__(self, context: SuiteContext, *, harness_cls: type[Harness], starts: SandboxStarts,
+                 warm: WarmPool | None, episodes: Episodes) -> None:
+        super().__init__(episodes)
+        spec = context.spec
+        self.context = context
+        self.starts = starts
+        self.warm = warm
+        self.episodes = episodes
         self.spec = spec
-        self.harness = provider.harness_cls(exec_timeout_s=spec.exec_timeout_s, max_output_chars=spec.max_output_chars)
+        self.harness = harness_cls(exec_timeout_s=spec.exec_timeout_s, max_output_chars=spec.max_output_chars)
         self.task: TaskRef | None = None
         self.harbor_task: Task | None = None
         #: The episode's sandbox, once it has one (started for it, or adopted from the warm pool).
@@ -119,7 +133,7 @@ class HarborAdapter(LiveAdapter):
     @property
     def label(self) -> str:
         name = f" task {self.harbor_task.name}" if self.harbor_task is not None else ""
-        return f"{self.provider.label}{name}"
+        return f"{self.context.label}{name}"
 
     @property
     def env(self) -> BaseEnvironment | None:
@@ -147,9 +161,10 @@ class HarborAdapter(LiveAdapter):
         `/logs/verifier` made), run the harness's set-up in it, and return the instruction with the harness's tools.
 
         The sandbox is the warm pool's where it holds one of the task that passes its check, else one started now
-        (hedged when the spec says so). The sandbox start runs inside the provider's provisioning gate (per-actor concurrency, cluster-wide create
-        rate); `start_timeout_s` counts from when the gate lets it in, so waiting for a slot never fails a start. On
-        any failure the adapter must still be closed (`close` is safe after a failed or cancelled start).
+        (hedged when the spec says so). The sandbox start runs inside the suite's provisioning gate (per-actor
+        concurrency, cluster-wide create rate); `start_timeout_s` counts from when the gate lets it in, so waiting
+        for a slot never fails a start. On any failure the adapter must still be closed (`close` is safe after a
+        failed or cancelled start).
 
         Raises:
             HarborStartError: Creating or starting the sandbox failed, the healthcheck failed, or the deadline
@@ -160,7 +175,7 @@ class HarborAdapter(LiveAdapter):
             raise HarborStartError(f"{self.label}: start() may be called once, on a new adapter")
         self._started = True
         self.task = task
-        self.provider.register(self)
+        self.episodes.register(self)
         try:
             return await self._start(task)
         except (EnvError, TaskError):
@@ -170,7 +185,7 @@ class HarborAdapter(LiveAdapter):
             raise HarborStartError(f"{self.label}: the sandbox {self._dead}") from None
         except Exception as exc:  # noqa: BLE001 - every backend fails its own way; all are start failures
             self._dead = describe(exc)
-            docker = self.provider.docker
+            docker = self.context.docker
             broken = await docker.start_failed(self.harbor_task, exc) if docker is not None else None
             if broken is not None:
                 raise broken from exc
@@ -178,19 +193,19 @@ class HarborAdapter(LiveAdapter):
 
     async def _start(self, task: TaskRef) -> Observation:
         clock = time.perf_counter
-        provider = self.provider
-        task_dir = provider.task_dir_of(task)
-        harbor_task = self.harbor_task = provider.task(task_dir)
+        tasks = self.context.tasks
+        task_dir = tasks.task_dir_of(task)
+        harbor_task = self.harbor_task = tasks.task(task_dir)
         sandbox = None
-        if provider.warm is not None:
+        if self.warm is not None:
             began = clock()
-            sandbox = await provider.warm.take(task_dir)
+            sandbox = await self.warm.take(task_dir)
             self.timings["warm_wait"] = clock() - began
         if sandbox is not None:
             self.sandbox, self.provenance = sandbox, "warm"
             deadline = asyncio.get_running_loop().time() + self.spec.start_timeout_s
         else:
-            sandbox, hedged = await provider.starts.start(task_dir)
+            sandbox, hedged = await self.starts.start(task_dir, tickets=self.warm)
             self.sandbox, self.provenance = sandbox, "hedged" if hedged else "cold"
             self.timings.update(sandbox.timings)
             deadline = sandbox.deadline
@@ -200,7 +215,7 @@ class HarborAdapter(LiveAdapter):
             if setup is not None:
                 await setup(env)
             if self.spec.probe_verifier:
-                self._tooling_missing = await provider.tooling_missing(task_dir, harbor_task, env)
+                self._tooling_missing = await tasks.tooling_missing(task_dir, harbor_task, env)
         self.timings["exec"] = 0.0
         tools = copy.deepcopy(list(self.harness.tools))
         self._tool_names = {t["function"]["name"] for t in tools}

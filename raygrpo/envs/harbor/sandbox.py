@@ -7,10 +7,10 @@ gets the sandbox's id, a provider's refusal (429) is backed off and queued again
 files re-uploaded where a backend drops them, the task's healthcheck, `/logs/verifier`, the agent user). Its stop
 undoes all of it once: the backend's `stop`, the lease, the live ticket, the host files.
 
-A sandbox belongs to no episode: an adapter starts one for itself, or adopts one that the provider's warm pool
+A sandbox belongs to no episode: an adapter starts one for itself, or adopts one that the suite's warm pool
 (`raygrpo.envs.harbor.warm`) or a hedged start (`raygrpo.envs.harbor.starts`) started before it asked. Whoever holds it
-last closes it; the provider tracks every sandbox that is not closed (`LiveAdapters`), so that `aclose` stops those
-nobody adopted.
+last closes it; the suite's context tracks every sandbox that is not closed (`SuiteContext.sandboxes`), so that the
+provider's `aclose` stops those nobody adopted.
 """
 
 from __future__ import annotations
@@ -20,24 +20,23 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from raygrpo.envs.base import EnvError
+from raygrpo.envs.harbor.environment import create_environment
 from raygrpo.envs.harbor.files import upload_copied_files
 from raygrpo.envs.harbor.trial import TrialDir
-from raygrpo.envs.live import LiveAdapter, LiveAdapters
+from raygrpo.envs.live import LiveAdapter
 from raygrpo.core.errors import describe
 from raygrpo.governor import rate_limit_signal
 
 if TYPE_CHECKING:
     from harbor.environments.base import BaseEnvironment
     from harbor.models.task.task import Task
-    from harbor.models.trial.paths import TrialPaths
 
-    from raygrpo.envs.harbor.leases import HarborLeases
+    from raygrpo.envs.harbor.context import SuiteContext
     from raygrpo.governor.gate import ProvisioningGate
     from raygrpo.leases.ledger import Lease
-    from raygrpo.specs.harbor import HarborSpec
 
 logger = logging.getLogger(__name__)
 
@@ -48,26 +47,6 @@ class TicketYielder(Protocol):
     async def ticket_for_cold(self, acquire: Awaitable[str | None]) -> str | None: ...
 
     async def ticket_for_warm(self, acquire: Awaitable[str | None]) -> str | None: ...
-
-
-class SandboxHost(Protocol):
-    """What a sandbox needs of its suite's provider (`raygrpo.envs.harbor.provider.HarborProvider` is one)."""
-
-    spec: HarborSpec
-    leases: HarborLeases
-    docker: Any
-    sandboxes: LiveAdapters
-    warm: TicketYielder | None
-
-    @property
-    def label(self) -> str: ...
-
-    @property
-    def gate(self) -> ProvisioningGate: ...
-
-    def task(self, task_dir: str) -> Task: ...
-
-    async def create_environment(self, task: Task, trial_paths: TrialPaths, session_id: str) -> BaseEnvironment: ...
 
 
 class SandboxUnhealthy(EnvError):
@@ -83,18 +62,22 @@ class HarborSandbox(LiveAdapter):
     rollout); the sandbox must be closed whatever `start` did.
 
     Args:
-        provider: The provider of the task's suite (spec, gate, leases, docker support, the sandboxes it tracks).
+        context: The task's suite (spec, gate, leases, docker support, the sandboxes it tracks).
         task_dir: The task dir the sandbox is for.
         for_pool: Started by the warm pool, ahead of any rollout. A start for a rollout (`False`) that waits for a
             live ticket has the warm pool stop idle sandboxes to free one (`WarmPool.ticket_for_cold`); a pool's
             start still waiting for one then gives up (`WarmPool.ticket_for_warm`).
+        tickets: The suite's warm pool, which orders live tickets under a live cap (a rollout's own start before
+            the pool's); None without a warm pool.
     """
 
-    def __init__(self, provider: SandboxHost, task_dir: str, for_pool: bool = False) -> None:
-        super().__init__(provider.sandboxes)
-        self.provider = provider
+    def __init__(self, context: SuiteContext, task_dir: str, for_pool: bool = False, *,
+                 tickets: TicketYielder | None = None) -> None:
+        super().__init__(context.sandboxes)
+        self.context = context
+        self.tickets = tickets
         self.for_pool = for_pool
-        self.spec = provider.spec
+        self.spec = context.spec
         self.task_dir = task_dir
         self.harbor_task: Task | None = None
         self.env: BaseEnvironment | None = None
@@ -117,7 +100,7 @@ class HarborSandbox(LiveAdapter):
     @property
     def label(self) -> str:
         name = f" task {self.harbor_task.name}" if self.harbor_task is not None else ""
-        return f"{self.provider.label}{name}"
+        return f"{self.context.label}{name}"
 
     @property
     def ready(self) -> bool:
@@ -145,25 +128,25 @@ class HarborSandbox(LiveAdapter):
         try:
             await self._start()
         finally:
-            if self.provider.docker is not None and self.session_id is not None:
-                self.provider.docker.release(self.session_id)
+            if self.context.docker is not None and self.session_id is not None:
+                self.context.docker.release(self.session_id)
 
     async def _start(self) -> None:
         from harbor.models.trial.paths import EnvironmentPaths
 
         clock = time.perf_counter
         began = clock()
-        provider = self.provider
-        harbor_task = self.harbor_task = provider.task(self.task_dir)
+        context = self.context
+        harbor_task = self.harbor_task = context.tasks.task(self.task_dir)
         self.trial = TrialDir.make(harbor_task.short_name)
         self.session_id = f"{harbor_task.short_name}__{uuid.uuid4().hex[:10]}__env"
-        self.env = await provider.create_environment(harbor_task, self.trial.paths, self.session_id)
+        self.env = await create_environment(context, harbor_task, self.trial.paths, self.session_id)
         self.timings["create"] = clock() - began
 
         loop = asyncio.get_running_loop()
-        gate = self._gate = provider.gate
+        gate = self._gate = context.gate
         began = clock()
-        warm = provider.warm
+        warm = self.tickets
         if warm is None or gate.max_live is None:
             self._live_ticket = await gate.acquire_live()
         elif self.for_pool:
@@ -201,9 +184,9 @@ class HarborSandbox(LiveAdapter):
             backoff = await gate.back_off(refusal, refusals, refused_since)
             self.timings["backoff"] = self.timings.get("backoff", 0.0) + backoff
         self.timings["governor_wait"] = waited
-        if provider.docker is not None:
-            provider.docker.started(harbor_task)
-            provider.docker.release(self.session_id)
+        if context.docker is not None:
+            context.docker.started(harbor_task)
+            context.docker.release(self.session_id)
         began = clock()
         async with asyncio.timeout_at(self.deadline):
             if self.spec.reuploads_copied_files:
@@ -245,17 +228,17 @@ class HarborSandbox(LiveAdapter):
             OSError: The record could not be written (the create must not be sent).
         """
         holder = self._gate.holder if self._gate is not None and self._live_ticket is not None else None
-        self._lease = await self.provider.leases.intent(self.session_id, self.harbor_task, holder) or self._lease
+        self._lease = await self.context.leases.intent(self.session_id, self.harbor_task, holder) or self._lease
 
     async def _lease_bind(self) -> None:
         """The create answered: the lease gets the sandbox's id (when the backend exposes one)."""
         self._lease_started = True
-        await self.provider.leases.bind(self._lease, self.env, self.harbor_task)
+        await self.context.leases.bind(self._lease, self.env, self.harbor_task)
 
     async def _lease_release(self) -> None:
         """The sandbox was stopped: its lease goes (see `HarborLeases.release`); kept when that fails."""
         try:
-            await self.provider.leases.release(self._lease, self._lease_started)
+            await self.context.leases.release(self._lease, self._lease_started)
         except Exception as exc:  # noqa: BLE001 - close never raises; the lease stays for `raygrpo reap`
             logger.warning("%s: lease %s of sandbox %s kept: %s", self.label, self._lease.id, self.session_id,
                            describe(exc))
@@ -276,7 +259,7 @@ class HarborSandbox(LiveAdapter):
                 if self._lease is not None:
                     await asyncio.wait_for(self._lease_release(), self.spec.stop_timeout_s)
             elif self._lease is not None:  # written, but the create was never sent (cancelled waiting for its slot)
-                self.provider.leases.discard(self._lease)
+                self.context.leases.discard(self._lease)
                 self._lease = None
         except TimeoutError:
             logger.warning("%s: stopping sandbox %s took over %g s; the sandbox reaper gets what is left",

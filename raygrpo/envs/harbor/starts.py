@@ -1,6 +1,6 @@
 """Starting a suite's sandboxes on one actor: measured, and hedged when one runs long (`SandboxStarts`).
 
-Every sandbox start of a provider goes through here, whoever asked (a rollout, the warm pool), so the start times it
+Every sandbox start of a suite goes through here, whoever asked (a rollout, the warm pool), so the start times it
 measures are the suite's on this actor: the hedge threshold is a percentile of them and so is the start time the
 warm pool's `auto` size uses. A hedged start is a second `HarborSandbox` started beside the first once the first has run past
 the threshold since the gate let its create in; the first of the two to be ready is the start's, and the other is
@@ -17,24 +17,25 @@ import statistics
 from collections import deque
 from typing import TYPE_CHECKING
 
-from raygrpo.envs.harbor.sandbox import HarborSandbox, SandboxHost
+from raygrpo.envs.harbor.sandbox import HarborSandbox, TicketYielder
 
 if TYPE_CHECKING:
+    from raygrpo.envs.harbor.context import SuiteContext
     from raygrpo.specs.warm import HedgeSpec
 
 logger = logging.getLogger(__name__)
 
 
 class SandboxStarts:
-    """Starts sandboxes of one provider, measures them, and hedges those that run long.
+    """Starts sandboxes of one suite, measures them, and hedges those that run long.
 
     Args:
-        provider: The provider whose sandboxes it starts.
+        context: The suite whose sandboxes it starts (they are tracked there).
         hedge: When and how to hedge (None: never).
     """
 
-    def __init__(self, provider: SandboxHost, hedge: HedgeSpec | None) -> None:
-        self.provider = provider
+    def __init__(self, context: SuiteContext, hedge: HedgeSpec | None) -> None:
+        self.context = context
         self.hedge = hedge
         self._seconds: deque[float] = deque(maxlen=hedge.window if hedge is not None else 200)
         self._losers: set[asyncio.Task] = set()
@@ -77,15 +78,16 @@ class SandboxStarts:
 
     # ── starting ─────────────────────────────────────────────────────────────────────────────────────────────────
 
-    async def start(self, task_dir: str, for_pool: bool = False) -> tuple[HarborSandbox, bool]:
+    async def start(self, task_dir: str, for_pool: bool = False, *,
+                    tickets: TicketYielder | None = None) -> tuple[HarborSandbox, bool]:
         """A started sandbox of `task_dir`, and whether it came from a second (hedged) start (`for_pool`: a warm
-        pool's, see `HarborSandbox`).
+        pool's; `tickets`: the suite's warm pool, if it has one; see `HarborSandbox`).
 
         On failure or cancellation, every sandbox this made is closed (a loser still starting is closed once its
         start ends). A hedged start fails only when both starts failed; it raises the first one's error.
         """
         self.starts += 1
-        first = HarborSandbox(self.provider, task_dir, for_pool)
+        first = HarborSandbox(self.context, task_dir, for_pool, tickets=tickets)
         if self.hedge is None:
             try:
                 await first.start()
@@ -110,7 +112,7 @@ class SandboxStarts:
             if not first_run.done():
                 await asyncio.wait({first_run}, timeout=self.threshold_s())
             if not first_run.done():
-                second = HarborSandbox(self.provider, task_dir, first.for_pool)
+                second = HarborSandbox(self.context, task_dir, first.for_pool, tickets=first.tickets)
                 self.hedged += 1
                 runs[loop.create_task(second.start(), name=f"hedge-{task_dir}")] = second
                 logger.info("%s: a start ran past %.1f s; hedged with a second", first.label, self.threshold_s())
@@ -148,7 +150,7 @@ class SandboxStarts:
         closer = asyncio.get_running_loop().create_task(finish_then_close(), name=f"retire-{sandbox.task_dir}")
         self._losers.add(task)
         task.add_done_callback(self._losers.discard)
-        self.provider.sandboxes.track_close(closer)
+        self.context.sandboxes.track_close(closer)
 
     async def aclose(self) -> None:
         """Cancel losing starts still running (their sandboxes are then closed by their retirement)."""

@@ -6,7 +6,7 @@ them. A rollout asks for its task (`take`): it gets a ready sandbox of that task
 one of that task still starting, or gets none and starts its own. A sandbox that fails its check is stopped and
 the next one tried; one nobody took within `ttl_s` of being ready is stopped, and so is a task said to be coming
 that did not come within `ttl_s` forgotten. Every sandbox of the pool holds a live ticket, so the governor counts
-it, and is tracked by the provider until stopped, so leak accounting and the provider's `aclose` see it.
+it, and is tracked by the suite's context until stopped, so leak accounting and the provider's `aclose` see it.
 
 A rollout's own start comes before the pool's guesses: while one waits for a live ticket (the cap is reached), the
 pool starts no more, its starts still waiting for a ticket give up (`ticket_for_warm`), and every `EVICT_AFTER_S`
@@ -34,12 +34,13 @@ from collections import Counter, deque
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
-from raygrpo.envs.harbor.sandbox import HarborSandbox, SandboxHost, SandboxUnhealthy
+from raygrpo.envs.harbor.sandbox import HarborSandbox, SandboxUnhealthy
 from raygrpo.envs.harbor.starts import SandboxStarts
 from raygrpo.core.errors import describe
 from raygrpo.governor.live_cap import EVICT_AFTER_S
 
 if TYPE_CHECKING:
+    from raygrpo.envs.harbor.context import SuiteContext
     from raygrpo.specs.warm import WarmPoolSpec
 
 logger = logging.getLogger(__name__)
@@ -58,16 +59,16 @@ class WarmStartYielded(Exception):
 
 
 class WarmPool:
-    """Sandboxes of one provider started ahead of their rollouts.
+    """Sandboxes of one suite started ahead of their rollouts.
 
     Args:
-        provider: The suite's provider (its sandboxes are tracked there).
+        context: The suite (its gate; its sandboxes are tracked there).
         starts: Starts the pool's sandboxes (and measures the start time `auto` uses).
         spec: Size and TTL.
     """
 
-    def __init__(self, provider: SandboxHost, starts: SandboxStarts, spec: WarmPoolSpec) -> None:
-        self.provider = provider
+    def __init__(self, context: SuiteContext, starts: SandboxStarts, spec: WarmPoolSpec) -> None:
+        self.context = context
         self.starts = starts
         self.spec = spec
         self._hints: deque[tuple[str, float]] = deque()  # (task dir, monotonic time told), oldest first
@@ -201,7 +202,7 @@ class WarmPool:
         self.evicted += 1
         self._idle_done_s += now - ready_at
         logger.info("%s: a warm sandbox of %s stopped to free a live ticket for a rollout's own start (%s)",
-                    self.provider.label, task_dir, whose)
+                    self.context.label, task_dir, whose)
         self._close_later(sandbox)
 
     # ── keeping it full ─────────────────────────────────────────────────────────────────────────────────────────
@@ -241,14 +242,14 @@ class WarmPool:
     async def _warm(self, task_dir: str) -> None:
         sandbox: HarborSandbox | None = None
         try:
-            sandbox, _ = await self.starts.start(task_dir, for_pool=True)
+            sandbox, _ = await self.starts.start(task_dir, for_pool=True, tickets=self)
         except asyncio.CancelledError:
             raise
         except WarmStartYielded:
             self.yielded += 1
         except Exception as exc:  # noqa: BLE001 - a warm start that fails costs nothing but the start
             self.failed += 1
-            logger.info("%s: a warm start failed: %s", self.provider.label, describe(exc))
+            logger.info("%s: a warm start failed: %s", self.context.label, describe(exc))
         finally:
             runs = self._starting.get(task_dir)
             current = asyncio.current_task()
@@ -265,13 +266,13 @@ class WarmPool:
         self._fill()
 
     def _ensure_watch(self) -> None:
-        if self.provider.gate.max_live is not None and (self._watch is None or self._watch.done()):
+        if self.context.gate.max_live is not None and (self._watch is None or self._watch.done()):
             self._watch = asyncio.get_running_loop().create_task(self._watch_cap(), name="warm-pool-cap")
 
     async def _watch_cap(self) -> None:
         """While the pool holds ready sandboxes: stop one whenever the governor says a rollout's own start elsewhere
         waits for the ticket it holds."""
-        gate = self.provider.gate
+        gate = self.context.gate
         while not self._closed and self._ready:
             await asyncio.sleep(ASK_EVICT_EVERY_S)
             if self._ready and not self._closed and await gate.ask_evict():
@@ -301,7 +302,7 @@ class WarmPool:
 
     def _close_later(self, sandbox: HarborSandbox) -> None:
         closer = asyncio.get_running_loop().create_task(sandbox.close(), name=f"warm-stop-{sandbox.task_dir}")
-        self.provider.sandboxes.track_close(closer)
+        self.context.sandboxes.track_close(closer)
 
     # ── figures and shutdown ────────────────────────────────────────────────────────────────────────────────────
 

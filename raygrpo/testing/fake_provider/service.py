@@ -103,13 +103,14 @@ class FakeProviderProcess:
     Args:
         log_path: Its call log.
         limits: Its limits at start.
-        start_timeout_s: Longest wait for it to answer.
+        ready_timeout_s: Longest wait for the launched process to answer its health check (not a sandbox's start:
+            the fake provider's own create latency is `Limits.create_delay_s`).
     """
 
-    def __init__(self, log_path: str | Path, limits: Limits | None = None, start_timeout_s: float = 30.0) -> None:
+    def __init__(self, log_path: str | Path, limits: Limits | None = None, ready_timeout_s: float = 30.0) -> None:
         self.log_path = Path(log_path)
         self.limits = limits or Limits()
-        self.start_timeout_s = start_timeout_s
+        self.ready_timeout_s = ready_timeout_s
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
 
@@ -134,7 +135,7 @@ class FakeProviderProcess:
         if lim.max_live is not None:
             argv += ["--max-live", str(lim.max_live)]
         self.proc = subprocess.Popen(argv, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        deadline = time.monotonic() + self.start_timeout_s
+        deadline = time.monotonic() + self.ready_timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the fake provider exited with {self.proc.returncode}")
@@ -147,7 +148,7 @@ class FakeProviderProcess:
                     pass
             time.sleep(0.1)
         self.stop()
-        raise RuntimeError(f"the fake provider did not answer within {self.start_timeout_s} s")
+        raise RuntimeError(f"the fake provider did not answer within ready_timeout_s={self.ready_timeout_s:g}")
 
     def set_limits(self, **changes: Any) -> dict[str, Any]:
         import httpx
