@@ -29,7 +29,7 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from raygrpo.core.compat import sync_vllm_weights
 from raygrpo.config import RunConfig
-from raygrpo.driver.orchestrator import Orchestrator, Route
+from raygrpo.driver.orchestrator import Orchestrator
 from raygrpo.core.outcome import Outcomes
 from raygrpo.policy.tiny import resolve_model_path
 from raygrpo.policy.vllm_serve import trl_server_kwargs
@@ -79,14 +79,12 @@ class Learner:
     Args:
         cfg: The validated run config.
         out_dir: Run folder: `metrics.jsonl`, `checkpoints/`, `model/` (the final export) go here.
-        actors: Env pool actors `(name, handle)` running the training and eval environments.
+        spawners: How to start each env pool of the run (`RolloutRuntime.spawners`): the learner owns the pools
+            (`raygrpo.driver.pools`), sized from its rollout demand, and closes them when training ends.
         engines: Transformers engine actors that receive the weights (empty for vLLM or scripted policies).
         tasks_by_env: Training tasks per environment.
         eval_tasks: Tasks evaluated every `cfg.train.eval_every` steps.
         resume: Continue from the latest checkpoint in `out_dir/checkpoints` (if any).
-        routes: Which environments each actor serves and its capacity (`RolloutRuntime.routes`).
-        spawners: How to start each env pool of the run (`RolloutRuntime.spawners`): the learner then owns the
-            pools (`raygrpo.driver.pools`), sized from its rollout demand, instead of `actors`.
         workdir: The driver's working_dir on a cluster: config paths under it are mapped into this node's copy.
     """
 
@@ -94,20 +92,16 @@ class Learner:
         self,
         cfg: RunConfig,
         out_dir: str,
-        actors: list[tuple[str, Any]],
+        spawners: list[ActorSpawner],
         engines: list[Any],
         tasks_by_env: dict[str, list[TaskRef]],
         eval_tasks: list[TaskRef],
         resume: bool = False,
-        routes: dict[str, Route] | None = None,
         workdir: str | None = None,
-        spawners: list[ActorSpawner] | None = None,
     ) -> None:
         self.cfg = relocate(cfg, workdir)
         self.out = Path(out_dir)
-        self.actors = actors
-        self.routes = routes or {}
-        self.spawners = spawners or []
+        self.spawners = spawners
         self.pools: PoolSet | None = None
         self.engines = engines
         self.tasks_by_env = tasks_by_env
@@ -187,11 +181,8 @@ class Learner:
         if saved:
             schedule.load_state_dict(saved["schedule"])
         workers = self.cfg.workers
-        if self.spawners:
-            self.pools = PoolSet.from_spawners(self.spawners)
-            self.pools.start()
-        else:
-            self.pools = PoolSet.of_actors(self.actors, workers.max_concurrent_per_actor, self.routes)
+        self.pools = PoolSet.from_spawners(self.spawners)
+        self.pools.start()
         self.source = RolloutSource(
             Orchestrator(pools=self.pools, max_retries=workers.max_retries),
             schedule,
@@ -354,7 +345,7 @@ class Learner:
             self._eval_orchestrator.cancel()
             dispatch = self._dispatch_fields()
             pool_snapshot = self.pools.snapshot() if self.pools is not None else {}
-            actor_stats = self.pools.close() if self.spawners and self.pools is not None else []
+            actor_stats = self.pools.close() if self.pools is not None else []
             self.metrics.close()
             if self.rollouts is not None:
                 self.rollouts.close()
