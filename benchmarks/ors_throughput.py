@@ -163,9 +163,10 @@ def raygrpo_config(url: str, episodes: int, actors: int):
 
 def run_raygrpo(runtime, episodes: int) -> tuple[float, dict]:
     from raygrpo.driver.orchestrator import Orchestrator, make_groups
+    from raygrpo.driver.pools import PoolSet
 
     requests = make_groups(runtime.tasks[:episodes], group_size=1)
-    orchestrator = Orchestrator(runtime.actors, max_in_flight_per_actor=runtime.cfg.workers.max_concurrent_per_actor)
+    orchestrator = Orchestrator(PoolSet.of_actors(runtime.actors, runtime.cfg.workers.max_concurrent_per_actor))
     start = time.perf_counter()
     trajs = list(orchestrator.run(requests))
     wall = time.perf_counter() - start

@@ -74,7 +74,8 @@ async def measure(args) -> dict:
     tasks = [t for refs in resolve_run(cfg).tasks_by_env.values() for t in refs]
     worker = RolloutWorker.build(WorkerSettings(
         name="rollout-path", envs=dict(cfg.envs), policy=cfg.policy, model=cfg.model, sampling=cfg.sampling,
-        rollout=cfg.rollout, max_concurrent=len(tasks) * args.group_size, providers=dict(cfg.providers)))
+        rollout=cfg.rollout, max_concurrent_per_actor=len(tasks) * args.group_size,
+        providers=dict(cfg.providers)))
     if not args.no_freeze:
         freeze_heap()
     total = len(tasks) * args.group_size

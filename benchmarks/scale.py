@@ -126,6 +126,7 @@ def main() -> None:
 
     from raygrpo.driver.launch import RolloutRuntime
     from raygrpo.driver.orchestrator import Orchestrator, RolloutRequest
+    from raygrpo.driver.pools import PoolSet
     from raygrpo.driver.resolve import resolve_run
     from raygrpo.driver.runtime import init_ray, shutdown_ray
     from raygrpo.driver.summary import peak_concurrency
@@ -142,7 +143,7 @@ def main() -> None:
                 RolloutRequest(tasks[i % len(tasks)], f"scale-{i % len(tasks)}", i // len(tasks))
                 for i in range(args.rollouts)
             ]
-            orchestrator = Orchestrator(runtime.actors, max_in_flight_per_actor=cfg.workers.max_concurrent_per_actor,
+            orchestrator = Orchestrator(PoolSet.of_actors(runtime.actors, cfg.workers.max_concurrent_per_actor),
                                         max_retries=cfg.workers.max_retries)
             log(f"{args.rollouts} rollouts over {args.actors} actors (K={cfg.workers.max_concurrent_per_actor}), "
                 f"start latency {args.start_latency:g} s")

@@ -50,7 +50,7 @@ def test_an_env_pool_actor_freezes_its_heap_once_its_worker_is_built(ray_local):
     suite = Path(__file__).resolve().parent.parent / "examples" / "harbor_local" / "tasks"
     cfg = load_config(data={"envs": {"suite": {"kind": "harbor", "path": str(suite)}}, "policy": {"kind": "noop"}})
     settings = WorkerSettings(name="heap", envs=dict(cfg.envs), policy=cfg.policy, model=cfg.model, sampling=cfg.sampling,
-                              rollout=cfg.rollout, max_concurrent=1)
+                              rollout=cfg.rollout, max_concurrent_per_actor=1)
     actor = EnvPoolActor.options(num_cpus=0).remote(settings)
     try:
         frozen_before = ray.get(actor.__ray_call__.remote(lambda self: gc.get_freeze_count()), timeout=60)

@@ -312,9 +312,10 @@ def sleeping(containers: list) -> int:
 
 def _stream(runtime, max_retries: int):
     from raygrpo.driver.orchestrator import Orchestrator, make_groups
+    from raygrpo.driver.pools import PoolSet
 
     stop = threading.Event()
-    orchestrator = Orchestrator(runtime.actors, max_in_flight_per_actor=8, max_retries=max_retries)
+    orchestrator = Orchestrator(PoolSet.of_actors(runtime.actors, 8), max_retries=max_retries)
     finished: list = []
     consumer = threading.Thread(target=lambda: finished.extend(orchestrator.run(make_groups(runtime.tasks, 2), stop)))
     consumer.start()

@@ -104,10 +104,11 @@ def _busy_runtime(cfg_overrides):
 @pytest.mark.timeout(240)
 def test_cancelled_batch_kills_every_sandbox_process(sandbox_base):
     from raygrpo.driver.orchestrator import Orchestrator, make_groups
+    from raygrpo.driver.pools import PoolSet
 
     with _busy_runtime([]) as runtime:
         stop = threading.Event()
-        stream = Orchestrator(runtime.actors, max_in_flight_per_actor=8).run(make_groups(runtime.tasks, 2), stop)
+        stream = Orchestrator(PoolSet.of_actors(runtime.actors, 8)).run(make_groups(runtime.tasks, 2), stop)
         finished: list = []
         consumer = threading.Thread(target=lambda: finished.extend(stream))
         consumer.start()
@@ -124,12 +125,13 @@ def test_cancelled_batch_kills_every_sandbox_process(sandbox_base):
 @pytest.mark.timeout(240)
 def test_sigkill_of_an_env_pool_actor_is_reaped(sandbox_base):
     from raygrpo.driver.orchestrator import Orchestrator, make_groups
+    from raygrpo.driver.pools import PoolSet
 
     with _busy_runtime(["rollout.rollout_timeout_s=90"]) as runtime:
         (victim_name, victim), _ = runtime.actors
         victim_pid = ray.get(victim.pid.remote())
         stop = threading.Event()
-        orchestrator = Orchestrator(runtime.actors, max_in_flight_per_actor=8, max_retries=0)
+        orchestrator = Orchestrator(PoolSet.of_actors(runtime.actors, 8), max_retries=0)
         stream = orchestrator.run(make_groups(runtime.tasks, 2), stop)
         finished: list = []
         consumer = threading.Thread(target=lambda: finished.extend(stream))

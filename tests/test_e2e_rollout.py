@@ -143,6 +143,7 @@ def test_failed_run_leaves_no_session(tmp_path):
 def test_cancelled_batch_leaves_no_session(tmp_path, tasks, group_size):
     from raygrpo.driver.launch import RolloutRuntime
     from raygrpo.driver.orchestrator import Orchestrator, make_groups
+    from raygrpo.driver.pools import PoolSet
     from raygrpo.driver.resolve import resolve_run
 
     NapEnvironment.reset_counters()
@@ -155,7 +156,7 @@ def test_cancelled_batch_leaves_no_session(tmp_path, tasks, group_size):
         })
         with RolloutRuntime(cfg, resolve_run(cfg).tasks_by_env) as runtime:
             stop = threading.Event()
-            stream = Orchestrator(runtime.actors, max_in_flight_per_actor=8).run(
+            stream = Orchestrator(PoolSet.of_actors(runtime.actors, 8)).run(
                 make_groups(runtime.tasks[:tasks], group_size), stop)
             finished: list = []
             consumer = threading.Thread(target=lambda: finished.extend(stream))

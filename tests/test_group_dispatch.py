@@ -22,13 +22,12 @@ SUPPORT = str(Path(__file__).with_name("e2e_support.py"))
 
 def orchestrator(k: int, actors: int = 2) -> tuple[Orchestrator, list[RecordingActor]]:
     handles = [RecordingActor() for _ in range(actors)]
-    pools = PoolSet.of_actors([(f"a{i}", h) for i, h in enumerate(handles)], capacity=k)
+    pools = PoolSet.of_actors([(f"a{i}", h) for i, h in enumerate(handles)], max_concurrent_per_actor=k)
     return Orchestrator(pools=pools), handles
 
 
 def dispatch(o: Orchestrator) -> None:
-    with o.pools.lock:
-        o._dispatch()
+    o.dispatch()
 
 
 def groups(n: int, size: int) -> list[RolloutRequest]:
@@ -76,13 +75,13 @@ def test_rollouts_of_different_groups_or_told_to_different_actors_are_not_sent_t
     o, (a, b) = orchestrator(k=8)
     group = groups(1, 4)
     for request, hint in zip(group, ["a1", "a1", "a0", "a0"]):
-        request.hint = hint
-        o._told[hint] += 1
+        o.hints.assign(request, hint)
+    assert o.hints.told("a0") == o.hints.told("a1") == 2
     o.enqueue(group)
     dispatch(o)
     assert [[c.sample for c in calls] for calls in a.batches()] == [[2, 3]]
     assert [[c.sample for c in calls] for calls in b.batches()] == [[0, 1]]
-    assert o._told["a0"] == o._told["a1"] == 0
+    assert o.hints.told("a0") == o.hints.told("a1") == 0
 
 
 @pytest.mark.ray

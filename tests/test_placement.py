@@ -12,8 +12,9 @@ import pytest
 
 from raygrpo.driver.collect import collect
 from raygrpo.config import ConfigError, load_config
-from raygrpo.driver.orchestrator import Orchestrator, Route, make_groups
+from raygrpo.driver.orchestrator import Orchestrator, make_groups
 from raygrpo.driver.placement import PlacementError, actor_resources, check_fits
+from raygrpo.driver.pools import PoolSet
 from raygrpo.core.types import TaskRef
 from raygrpo.core.workdir import relocate
 
@@ -78,7 +79,7 @@ def test_relocate_moves_paths_under_the_driver_workdir_only():
 # ── routing ──────────────────────────────────────────────────────────────────────────────────────────────────────
 
 def test_the_orchestrator_refuses_an_environment_no_actor_serves():
-    orchestrator = Orchestrator([("a-0", object())], 4, routes={"a-0": Route(envs=frozenset({"a"}))})
+    orchestrator = Orchestrator(PoolSet.of_actors([("a-0", object())], 4, envs={"a"}))
     with pytest.raises(ValueError, match="no env pool actor serves environment 'b'"):
         orchestrator.enqueue(make_groups([TaskRef(env="b", split="train", index=0)], 1))
 

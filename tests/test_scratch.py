@@ -139,7 +139,7 @@ def _env_pool_actor():
     cfg = load_config(data={"envs": {"suite": {"kind": "harbor", "path": str(suite), "indices": [0]}},
                             "policy": {"kind": "noop"}})
     settings = WorkerSettings(name="scratch", envs=dict(cfg.envs), policy=cfg.policy, model=cfg.model,
-                              sampling=cfg.sampling, rollout=cfg.rollout, max_concurrent=1)
+                              sampling=cfg.sampling, rollout=cfg.rollout, max_concurrent_per_actor=1)
     return EnvPoolActor.options(num_cpus=0).remote(settings), resolve_run(cfg).tasks_by_env["suite"][0]
 
 

@@ -45,7 +45,7 @@ def test_sync_steps_then_resume_continue_with_the_same_optimizer_state_version_a
 ):
     import torch
 
-    from raygrpo.train.learner import optimizer_fingerprint
+    from raygrpo.train.checkpoint import optimizer_fingerprint
     from raygrpo.train.run import train
 
     out = tmp_path / "run"

@@ -244,6 +244,6 @@ def test_learner_points_trl_server_mode_at_the_served_url(tmp_path):
         "policy": {"kind": "vllm", "url": "http://127.0.0.1:8123"},
         "trainer": {"vllm_server_timeout": 30},
     })
-    args = Learner(cfg, str(tmp_path), actors=[], engines=[], tasks_by_env={}, eval_tasks=[])._grpo_args()
+    args = Learner(cfg, str(tmp_path), spawners=[], engines=[], tasks_by_env={}, eval_tasks=[])._grpo_args()
     assert args.use_vllm and args.vllm_mode == "server"
     assert args.vllm_server_base_url == "http://127.0.0.1:8123" and args.vllm_server_timeout == 30

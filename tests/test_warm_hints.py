@@ -1,6 +1,6 @@
-"""The orchestrator telling warm actors what comes next (`Orchestrator._hint`, `foresee`), without Ray: which actor is
-told of which queued rollout or foreseen task, at most its tell limit at a time, and dispatch preferring the actor
-told. Actor handles are recorders of the calls the orchestrator makes on them."""
+"""Telling warm actors what comes next (`raygrpo.driver.warm_hints.WarmHints`, `Orchestrator.foresee`), without Ray:
+which actor is told of which queued rollout or foreseen task, at most its tell limit at a time, dispatch preferring
+the actor told, and told tasks forgotten after their time. Actor handles are recorders of the calls made on them."""
 
 from __future__ import annotations
 
@@ -8,19 +8,25 @@ import pytest
 
 from raygrpo.driver.orchestrator import Orchestrator, RolloutRequest
 from raygrpo.driver.pools import PoolSet
+from raygrpo.driver.warm_hints import WarmHints
 from raygrpo.core.types import TaskRef
 from tests.dispatch_recorder import RecordingActor
 
 pytestmark = pytest.mark.timeout(30)
 
 
-def orchestrator(k: int = 1, warm_depth: int = 2) -> tuple[Orchestrator, RecordingActor, RecordingActor]:
+def warm_pools(k: int = 1, warm_depth: int = 2) -> tuple[PoolSet, RecordingActor, RecordingActor]:
     a, b = RecordingActor(), RecordingActor()
-    pools = PoolSet.of_actors([("a", a), ("b", b)], capacity=k)
+    pools = PoolSet.of_actors([("a", a), ("b", b)], max_concurrent_per_actor=k)
     pool = pools.pools[0]
     pool.warm_envs, pool.warm_depth = frozenset({"h"}), warm_depth
     for slot in pool.slots:
         slot.warm_envs, slot.warm_depth = pool.warm_envs, warm_depth
+    return pools, a, b
+
+
+def orchestrator(k: int = 1, warm_depth: int = 2) -> tuple[Orchestrator, RecordingActor, RecordingActor]:
+    pools, a, b = warm_pools(k, warm_depth)
     return Orchestrator(pools=pools), a, b
 
 
@@ -29,9 +35,7 @@ def requests(*indices: int) -> list[RolloutRequest]:
 
 
 def hint_and_dispatch(o: Orchestrator) -> None:
-    with o.pools.lock:
-        o._dispatch()
-        o._hint()
+    o.dispatch()
 
 
 def test_queued_rollouts_are_told_to_the_warm_actors_up_to_their_limit_and_go_there():
@@ -54,16 +58,16 @@ def test_a_rollout_goes_to_the_actor_told_even_when_another_is_less_busy():
     slot_a, slot_b = o.pools.pools[0].slots
     slot_b.take()  # b has one in flight, a none: a is the least busy
     (request,) = requests(0)
-    request.hint = "b"
-    o._told["b"] += 1
+    o.hints.assign(request, "b")
+    assert request.hint == "b" and o.hints.told("b") == 1
     o.enqueue([request])
     hint_and_dispatch(o)
-    assert b.ran() == [0] and a.ran() == [] and o._told["b"] == 0
+    assert b.ran() == [0] and a.ran() == [] and o.hints.told("b") == 0
 
 
 def test_no_warm_actor_means_nothing_is_told():
     a = RecordingActor()
-    o = Orchestrator(pools=PoolSet.of_actors([("a", a)], capacity=1))
+    o = Orchestrator(pools=PoolSet.of_actors([("a", a)], max_concurrent_per_actor=1))
     o.enqueue(requests(0, 1, 2))
     hint_and_dispatch(o)
     assert a.told() == [] and a.ran() == [0]
@@ -100,11 +104,13 @@ def group(index: int, size: int) -> list[RolloutRequest]:
 
 def test_a_groups_rollouts_told_to_an_actor_go_to_it_in_one_call():
     o, a, b = orchestrator(k=2, warm_depth=2)
-    o.enqueue(group(5, 8))
+    rollouts = group(5, 8)
+    o.enqueue(rollouts)
     hint_and_dispatch(o)  # 4 run cold, two per actor; the next 4 are told, two per actor
     assert [len(c) for c in a.batches()] == [2] and [len(c) for c in b.batches()] == [2]
     assert a.told() == [5, 5] and b.told() == [5, 5]
-    hints = [r.hint for r in o._queue]
+    assert o.queued == 4 and sorted(c.sample for c in a.batches()[0] + b.batches()[0]) == [0, 1, 2, 3]
+    hints = [r.hint for r in rollouts[4:]]  # the queue, in order
     assert sorted(hints) == ["a", "a", "b", "b"] and hints[0] == hints[1]  # each actor's next to each other
     for slot in o.pools.pools[0].slots:
         slot.release(2)
@@ -121,3 +127,67 @@ def test_a_foreseen_groups_tasks_are_told_to_an_actor_next_to_each_other():
     o.enqueue(later)
     hints = [r.hint for r in later]
     assert sorted(hints) == ["a", "a", "b", "b"] and hints[0] == hints[1] and hints[2] == hints[3]
+
+
+# ── WarmHints on its own ─────────────────────────────────────────────────────────────────────────────────────────
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_task_told_ahead_is_claimed_by_its_rollout_once_and_counts_as_told_until_dispatched():
+    pools, a, b = warm_pools(k=1, warm_depth=2)
+    hints = WarmHints(pools)
+    hints.foresee([TaskRef(env="h", index=3)])
+    hints.tell([], queued_envs=0)
+    (actor,) = [name for name, handle in (("a", a), ("b", b)) if handle.told() == [3]]
+    assert hints.foretold(actor) == 1 and hints.foreseen == []
+    first, second = requests(3, 3)
+    hints.claim([first, second])  # one task told ahead: one rollout goes to that actor, the other to any
+    assert (first.hint, second.hint) == (actor, None)
+    assert hints.foretold(actor) == 0 and hints.told(actor) == 1
+    hints.dispatched(actor, 1)
+    assert hints.told(actor) == 0
+
+
+def test_tasks_told_ahead_are_forgotten_after_their_time_and_their_room_is_told_again():
+    pools, a, b = warm_pools(k=1, warm_depth=1)
+    clock = Clock()
+    hints = WarmHints(pools, ttl_s=10.0, clock=clock)
+    hints.foresee([TaskRef(env="h", index=i) for i in (1, 2, 3)])
+    hints.tell([], queued_envs=0)  # one per actor (tell limit 1); the third waits for room
+    assert sorted(a.told() + b.told()) == [1, 2] and [t.index for t in hints.foreseen] == [3]
+    clock.now = 5.0
+    hints.tell([], queued_envs=0)  # still held for the actors told
+    assert sorted(a.told() + b.told()) == [1, 2]
+    clock.now = 11.0
+    hints.tell([], queued_envs=0)  # forgotten: their actors have room to be told again
+    assert sorted(a.told() + b.told()) == [1, 2, 3] and hints.foreseen == []
+    (late,) = requests(1)
+    hints.claim([late])
+    assert late.hint is None  # task 1 was forgotten: its rollout goes to whichever actor has room
+
+
+def test_forgetting_the_queue_keeps_what_was_told_ahead():
+    pools, a, b = warm_pools(k=1, warm_depth=2)
+    hints = WarmHints(pools)
+    queued = requests(0, 1)
+    hints.foresee([TaskRef(env="h", index=9)])
+    hints.tell(queued, queued_envs=1)
+    assert all(r.hint is not None for r in queued) and 9 in a.told() + b.told()
+    hints.forget_queued()
+    assert hints.told("a") == hints.told("b") == 0
+    assert hints.foretold("a") + hints.foretold("b") == 1
+
+
+def test_nothing_is_told_when_no_actor_keeps_a_warm_pool():
+    a = RecordingActor()
+    hints = WarmHints(PoolSet.of_actors([("a", a)], max_concurrent_per_actor=1))
+    queued = requests(0, 1)
+    hints.foresee([TaskRef(env="h", index=9)])
+    hints.tell(queued, queued_envs=1)
+    assert a.told() == [] and all(r.hint is None for r in queued) and [t.index for t in hints.foreseen] == [9]

@@ -215,7 +215,7 @@ def test_the_learners_warmup_prompts_are_templated_like_rollout_prompts(tmp_path
         return prompt, completion
 
     monkeypatch.setattr(warmup_module, "encode_example", spy)
-    learner = Learner(cfg, str(tmp_path), actors=[], engines=[], tasks_by_env={}, eval_tasks=[])
+    learner = Learner(cfg, str(tmp_path), spawners=[], engines=[], tasks_by_env={}, eval_tasks=[])
     learner.tokenizer = tokenizer
     learner._warm_up(AutoModelForCausalLM.from_pretrained(tiny_model_dir))
     renderer = ChatRenderer(tokenizer)

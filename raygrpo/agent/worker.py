@@ -1,9 +1,9 @@
 """A pool of concurrent rollouts on one event loop: what an env pool actor runs.
 
 Plain asyncio, no Ray, so it can be tested on its own. It owns one `EnvProvider` per environment (clients are
-bound to the loop that first uses them), runs up to `max_concurrent` rollouts at once, counts the environments
-alive, and on `aclose` cancels whatever still runs and closes every provider. `WorkerSettings` is everything the
-driver hands an env pool actor to build one (`RolloutWorker.build`).
+bound to the loop that first uses them), runs up to `max_concurrent_per_actor` rollouts at once, counts the
+environments alive, and on `aclose` cancels whatever still runs and closes every provider. `WorkerSettings` is
+everything the driver hands an env pool actor to build one (`RolloutWorker.build`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ class WorkerSettings:
         model: Model folder of the run's tokenizer, or `"tiny"` (built on the actor's node if missing).
         sampling: Sampling settings.
         rollout: Limits of each rollout.
-        max_concurrent: Rollouts (hence live environments) at once in this actor (K).
+        max_concurrent_per_actor: Rollouts (hence live environments) at once in this actor (K). The driver sets it
+            from the actor's pool, and dispatches to the actor by that same value.
         providers: The limits of the sandbox providers its environments name (the run config's `providers:`).
         engines: Transformers engine actor handles (for `policy.kind: transformers`).
         worker_index: This actor's index; actors are spread round-robin over the engines.
@@ -57,7 +58,7 @@ class WorkerSettings:
     model: str
     sampling: SamplingConfig
     rollout: RolloutConfig
-    max_concurrent: int
+    max_concurrent_per_actor: int
     engines: list[Any] = field(default_factory=list)
     worker_index: int = 0
     workdir: str | None = None
@@ -65,7 +66,7 @@ class WorkerSettings:
 
 
 class RolloutWorker:
-    """Runs rollouts of several environments concurrently, bounded by `max_concurrent`.
+    """Runs rollouts of several environments concurrently, bounded by `max_concurrent_per_actor`.
 
     Args:
         name: Name shown in trajectories and logs (the actor's name).
@@ -74,7 +75,7 @@ class RolloutWorker:
         renderer: Chat renderer of the run's tokenizer; None when the policy writes no text.
         sampling: Sampling settings.
         rollout: Rollout limits.
-        max_concurrent: Most rollouts (hence environments) alive at once in this worker.
+        max_concurrent_per_actor: Most rollouts (hence environments) alive at once in this worker (K).
     """
 
     def __init__(
@@ -85,7 +86,7 @@ class RolloutWorker:
         renderer: ChatRenderer | None,
         sampling: SamplingParams,
         rollout: RolloutConfig,
-        max_concurrent: int,
+        max_concurrent_per_actor: int,
     ) -> None:
         self.name = name
         self.providers = providers
@@ -94,7 +95,7 @@ class RolloutWorker:
         self.renderer = renderer
         self.sampling = sampling
         self.rollout = rollout
-        self._slots = asyncio.Semaphore(max_concurrent)
+        self._slots = asyncio.Semaphore(max_concurrent_per_actor)
         self._tasks: set[asyncio.Task] = set()
         self.live_envs = 0
         self.peak_envs = 0
@@ -130,7 +131,7 @@ class RolloutWorker:
             renderer=ChatRenderer(tokenizer) if tokenizer is not None else None,
             sampling=settings.sampling.to_params(),
             rollout=settings.rollout,
-            max_concurrent=settings.max_concurrent,
+            max_concurrent_per_actor=settings.max_concurrent_per_actor,
         )
 
     def _opened(self) -> None:

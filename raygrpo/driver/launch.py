@@ -21,9 +21,8 @@ from raygrpo.governor.actor import ensure_governor, forget_holders
 from raygrpo.actors.vllm_server import start_vllm_server, stop_vllm_server
 from raygrpo.config import RunConfig
 from raygrpo.envs.kinds import kind_of
-from raygrpo.driver.orchestrator import Route
 from raygrpo.driver.placement import actor_resources, check_fits
-from raygrpo.driver.pools import ActorSpawner, PoolGroup, PoolSet, SlotState
+from raygrpo.driver.pools import ActorSpawner, PoolGroup, PoolSet
 from raygrpo.driver.runtime import ray_info
 from raygrpo.docker.engine import DockerUnavailable, may_have_docker
 from raygrpo.docker.owners import run_leftovers
@@ -140,9 +139,10 @@ class RolloutRuntime:
         self._lease_watch = LeaseWatch(self.lease_dir, self.run_id, on_holders_gone=forget_holders).start()
         job_env = dict((ray.get_runtime_context().runtime_env or {}).get("env_vars") or {})
         env_vars = {**job_env, ROOT_ENV: self.sandbox_root, RUN_ENV: self.run_id, LEASE_DIR_ENV: self.lease_dir}
+        # Name, environments, K and index are set per actor by its group's spawner.
         template = WorkerSettings(name="", envs={}, policy=self.policy, model=cfg.model, sampling=cfg.sampling,
-                                  rollout=cfg.rollout, max_concurrent=1, engines=self.engines, workdir=info.workdir,
-                                  providers=self.provider_limits())
+                                  rollout=cfg.rollout, max_concurrent_per_actor=1, engines=self.engines,
+                                  workdir=info.workdir, providers=self.provider_limits())
         base = 0
         for group in groups:
             self.spawners.append(ActorSpawner(group, template, env_vars, index_base=base))
@@ -174,14 +174,6 @@ class RolloutRuntime:
     def actors(self) -> list[tuple[str, Any]]:
         """The live env pool actors of the pools started here, `(name, handle)`."""
         return self.pools.actors if self.pools is not None else []
-
-    @property
-    def routes(self) -> dict[str, Route]:
-        """Per live actor name: the environments it serves and its K (for `Orchestrator(actors, routes=...)`)."""
-        if self.pools is None:
-            return {}
-        return {s.name: Route(envs=s.envs, capacity=s.capacity) for p in self.pools.pools for s in p.slots
-                if s.state is SlotState.LIVE}
 
     def add_final_stats(self, stats: list[dict[str, Any]]) -> None:
         """Final stats of env pool actors owned elsewhere (the learner's pools), for the leak count."""

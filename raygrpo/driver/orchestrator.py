@@ -32,9 +32,10 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError, TaskCancelledError
 
+from raygrpo.core.types import RolloutCall, Status, TaskRef, Trajectory
 from raygrpo.driver.pools import PoolSet, PoolSlot
 from raygrpo.driver.pools.metrics import PoolMetricsLog
-from raygrpo.core.types import RolloutCall, Status, TaskRef, Trajectory
+from raygrpo.driver.warm_hints import WarmHints
 
 logger = logging.getLogger(__name__)
 
@@ -56,15 +57,6 @@ class RolloutRequest:
     hint: str | None = None
 
 
-@dataclass(frozen=True)
-class Route:
-    """What one env pool actor takes: the environments it serves (None: every one) and how many rollouts at once
-    (None: the orchestrator's `max_in_flight_per_actor`)."""
-
-    envs: frozenset[str] | None = None
-    capacity: int | None = None
-
-
 @dataclass
 class DispatchStats:
     """Counts kept while dispatching."""
@@ -76,33 +68,6 @@ class DispatchStats:
     by_status: Counter = field(default_factory=Counter)
     #: Attempts that ended because their actor (or its node) was lost.
     lost_to_actors: int = 0
-
-
-#: Seconds a task told to an actor ahead (`Orchestrator.foresee`) is held for it before it is forgotten.
-FORETOLD_TTL_S = 600.0
-
-
-@dataclass
-class _Foretold:
-    """A foreseen task told to an actor, waiting to be enqueued: its key, the actor's name, when (monotonic)."""
-
-    key: tuple[str, str, int]
-    slot: str
-    at: float
-
-
-def _contiguous(slots: list[PoolSlot | None]) -> list[PoolSlot | None]:
-    """`slots` (what least-busy telling chose for each rollout of a group, in order) reordered so that each actor's
-    come one after another, in the order of their first choice, and the rollouts no actor could be told of come last:
-    as many rollouts told to each actor as before, but adjacent in the queue, so that `_batch` sends them in one call."""
-    first: dict[str | None, int] = {}
-    for i, slot in enumerate(slots):
-        first.setdefault(None if slot is None else slot.name, i)
-    return sorted(slots, key=lambda s: len(slots) if s is None else first[s.name])
-
-
-def _task_key(task: TaskRef) -> tuple[str, str, int]:
-    return (task.env, task.split, task.index)
 
 
 def make_groups(tasks: Iterable[TaskRef], group_size: int, min_version: int = 0) -> list[RolloutRequest]:
@@ -117,47 +82,27 @@ def make_groups(tasks: Iterable[TaskRef], group_size: int, min_version: int = 0)
 
 
 class Orchestrator:
-    """Streams trajectories of the requested rollouts from a set of env pool actors.
+    """Streams trajectories of the requested rollouts from a run's env pool actors.
 
     Args:
-        actors: Env pool actor handles (`EnvPoolActor`), with their names: a fixed pool. Not with `pools`.
-        max_in_flight_per_actor: Rollouts in flight per actor (K) for `actors`; more wait on the driver.
+        pools: The run's env pools (`RolloutRuntime.pools`, or `PoolSet.of_actors` for actors that already exist),
+            possibly shared with other orchestrators.
         max_retries: Retries of one rollout after an infrastructure failure.
         on_failed_attempt: Called with the trajectory of each attempt that failed and will be retried.
-        routes: For `actors`: per actor name, the environments it serves and its capacity; actors not listed serve
-            every environment, `max_in_flight_per_actor` at a time.
-        pools: The run's env pools (`RolloutRuntime.pools`), possibly shared with other orchestrators.
     """
 
-    def __init__(
-        self,
-        actors: list[tuple[str, Any]] | None = None,
-        max_in_flight_per_actor: int = 64,
-        max_retries: int = 2,
-        on_failed_attempt: Callable[[Trajectory], None] | None = None,
-        routes: dict[str, Route] | None = None,
-        *,
-        pools: PoolSet | None = None,
-    ) -> None:
-        if pools is None:
-            if not actors:
-                raise ValueError("the orchestrator needs at least one env pool actor")
-            pools = PoolSet.of_actors(actors, max_in_flight_per_actor, routes)
-        elif actors:
-            raise ValueError("give the orchestrator actors or pools, not both")
+    def __init__(self, pools: PoolSet, max_retries: int = 2,
+                 on_failed_attempt: Callable[[Trajectory], None] | None = None) -> None:
         self.pools = pools
         self.max_retries = max_retries
         self.on_failed_attempt = on_failed_attempt
         self.stats = DispatchStats()
+        #: Which warm actors were told of which queued rollouts and foreseen tasks.
+        self.hints = WarmHints(pools)
         #: Per call in flight: its actor and its rollouts.
         self._pending: dict[Any, tuple[PoolSlot, list[RolloutRequest]]] = {}
         self._queue: deque[RolloutRequest] = deque()
         self._queued: Counter[str] = Counter()
-        #: Per actor name: queued rollouts it was told come to it next and that were not dispatched yet.
-        self._told: Counter[str] = Counter()
-        #: Tasks the caller will enqueue later (`foresee`), not told to an actor yet; and those told, not enqueued yet.
-        self._foreseen: deque[TaskRef] = deque()
-        self._foretold: list[_Foretold] = []
 
     @property
     def in_flight(self) -> int:
@@ -191,15 +136,7 @@ class Orchestrator:
         for env in {r.task.env for r in requests}:
             if not self.pools.serves(env):
                 raise ValueError(f"no env pool actor serves environment {env!r}")
-        if self._foretold:  # rollouts of tasks an actor was told of ahead go to that actor when it has room
-            for request in requests:
-                if request.hint is None:
-                    key = _task_key(request.task)
-                    match = next((f for f in self._foretold if f.key == key), None)
-                    if match is not None:
-                        self._foretold.remove(match)
-                        request.hint = match.slot
-                        self._told[match.slot] += 1
+        self.hints.claim(requests)  # rollouts of tasks an actor was told of ahead go to that actor when it has room
         self._queue.extend(requests)
         self._queued.update(r.task.env for r in requests)
 
@@ -207,9 +144,10 @@ class Orchestrator:
         """Tasks the caller will enqueue after what is queued now (sync training: the next step's groups, which the
         schedule knows): actors that keep a warm pool are told of them too, after the queued rollouts, so their
         sandboxes start while this batch runs; once enqueued, each goes to the actor told when it has room.
-        Replaces what was foreseen and not told yet; told tasks not enqueued within `FORETOLD_TTL_S` are forgotten."""
+        Replaces what was foreseen and not told yet; told tasks not enqueued within `FORETOLD_TTL_S` are forgotten
+        (see `raygrpo.driver.warm_hints`)."""
         with self.pools.lock:
-            self._foreseen = deque(tasks)
+            self.hints.foresee(tasks)
             self._hint()
 
     def expect(self, per_env: dict[str, int]) -> None:
@@ -226,8 +164,7 @@ class Orchestrator:
         back (possibly none). Failed attempts with retries left go back to the front of the queue instead."""
         with self.pools.lock:
             self._tick()
-            self._dispatch()
-            self._hint()
+            self.dispatch()
             wake = self.pools.wait_refs()
         if not self._pending:
             if self._queue:
@@ -265,6 +202,13 @@ class Orchestrator:
             finals.append(traj)
         return finals
 
+    def dispatch(self) -> None:
+        """Give queued rollouts to actors with room, and tell warm actors which come to them next, without waiting
+        for results (what `poll` does before it waits)."""
+        with self.pools.lock:
+            self._dispatch()
+            self._hint()
+
     def _dispatch(self) -> None:
         """Give queued rollouts, in order, to the least busy actor serving their environment; a rollout whose
         actors are all full waits without holding back those of other environments."""
@@ -283,7 +227,7 @@ class Orchestrator:
             batch = self._batch(request, slot)
             self._queued[env] -= len(batch)
             if request.hint is not None:
-                self._told[request.hint] -= len(batch)
+                self.hints.dispatched(request.hint, len(batch))
             self._submit(slot, batch)
         self._queue.extendleft(reversed(held))
 
@@ -305,69 +249,8 @@ class Orchestrator:
         return [request, *(self._queue.popleft() for _ in range(run - 1))]
 
     def _hint(self) -> None:
-        """Tell actors that keep a warm pool which rollouts come to them next: the queued ones in queue order, then the
-        foreseen tasks, at most `PoolSlot.tell_limit` per actor not dispatched yet, each to the actor with the least
-        in flight and told, the rollouts of a group told to one actor next to each other (so that they go to it in
-        one call). It starts their sandboxes ahead, and `_dispatch` gives the rollout to it when it has room (else to
-        another, where it starts cold)."""
-        if not (self._queue or self._foreseen) or not self.pools.keeps_warm():
-            return
-        now = time.monotonic()
-        if self._foretold and self._foretold[0].at < now - FORETOLD_TTL_S:
-            self._foretold = [f for f in self._foretold if f.at >= now - FORETOLD_TTL_S]
-        told_n = Counter(self._told)
-        told_n.update(f.slot for f in self._foretold)
-        room: dict[str, list[PoolSlot]] = {}
-        told: dict[str, tuple[PoolSlot, list[TaskRef]]] = {}
-
-        def slot_for(env: str) -> PoolSlot | None:
-            slots = room.get(env)
-            if slots is None:
-                slots = room[env] = [s for s in self.pools.warm_slots(env) if told_n[s.name] < s.tell_limit]
-            if not slots:
-                return None
-            slot = min(slots, key=lambda s: told_n[s.name] + s.in_flight)
-            told_n[slot.name] += 1
-            if told_n[slot.name] >= slot.tell_limit:
-                slots.remove(slot)
-            return slot
-
-        def tell(run: list[RolloutRequest]) -> None:
-            for request, slot in zip(run, _contiguous([slot_for(r.task.env) for r in run])):
-                if slot is not None:
-                    request.hint = slot.name
-                    self._told[slot.name] += 1
-                    told.setdefault(slot.name, (slot, []))[1].append(request.task)
-
-        queued_envs = sum(1 for n in self._queued.values() if n)
-        run: list[RolloutRequest] = []
-        for request in self._queue:
-            if run and (request.hint is not None or request.group_id != run[0].group_id
-                        or request.task.env != run[0].task.env):
-                tell(run)
-                run = []
-                if len(room) >= queued_envs and not any(room.values()):
-                    break  # no actor has room to be told more
-            if request.hint is None:
-                run.append(request)
-        tell(run)
-        untold: deque[TaskRef] = deque()
-        tasks = list(self._foreseen)
-        i = 0
-        while i < len(tasks):
-            j = i + 1
-            while j < len(tasks) and _task_key(tasks[j]) == _task_key(tasks[i]):
-                j += 1
-            for task, slot in zip(tasks[i:j], _contiguous([slot_for(t.env) for t in tasks[i:j]])):
-                if slot is None:
-                    untold.append(task)
-                    continue
-                self._foretold.append(_Foretold(_task_key(task), slot.name, now))
-                told.setdefault(slot.name, (slot, []))[1].append(task)
-            i = j
-        self._foreseen = untold
-        for slot, tasks in told.values():
-            slot.handle.prewarm.remote(tasks)
+        """Tell warm actors which queued rollouts and foreseen tasks come to them next (`WarmHints.tell`)."""
+        self.hints.tell(self._queue, sum(1 for n in self._queued.values() if n))
 
     def _retry(self, request: RolloutRequest, traj: Trajectory) -> bool:
         """Whether to run a failed attempt again: an infrastructure failure, retries left, and not the same failure
@@ -425,7 +308,7 @@ class Orchestrator:
         """Cancel every rollout still in flight and forget the queued ones."""
         self._queue.clear()
         self._queued.clear()
-        self._told.clear()  # what was foreseen stays: it is about what the caller enqueues next
+        self.hints.forget_queued()
         for ref, (slot, batch) in list(self._pending.items()):
             try:
                 ray.cancel(ref)

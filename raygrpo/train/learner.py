@@ -12,28 +12,27 @@ Plain Python (no Ray actor here: `raygrpo.actors.learner` wraps it). What happen
    out of the group baseline and gives them advantage 0), masks tool tokens with `env_mask`, and steps.
 
 Task schedule: raygrpo's `TaskSchedule` picks each group's task, not TRL's sampler; its position is saved with every
-checkpoint (`raygrpo_state.json`) so a resumed run continues with the next task.
+checkpoint (`raygrpo_state.json`, see `raygrpo.train.checkpoint`) so a resumed run continues with the next task.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback
-from transformers.trainer_utils import get_last_checkpoint
 
 from raygrpo.core.compat import sync_vllm_weights
 from raygrpo.config import RunConfig
-from raygrpo.driver.orchestrator import Orchestrator, Route
+from raygrpo.driver.orchestrator import Orchestrator
 from raygrpo.core.outcome import Outcomes
 from raygrpo.policy.tiny import resolve_model_path
 from raygrpo.policy.vllm_serve import trl_server_kwargs
 from raygrpo.driver.pools import ActorSpawner, PoolSet
+from raygrpo.train.checkpoint import (REFERENCE_DIR, checkpoint_step, find_checkpoint, optimizer_fingerprint,
+                                      read_state, write_state)
 from raygrpo.train.evaluate import evaluate
 from raygrpo.train.groups import to_rollout_output
 from raygrpo.train.grpo_args import build_grpo_config
@@ -49,28 +48,10 @@ from raygrpo.core.workdir import relocate
 
 logger = logging.getLogger(__name__)
 
-STATE_FILE = "raygrpo_state.json"
-#: Where a warmed-up model is saved in the run folder: the start of GRPO, and its KL reference (also on resume).
-REFERENCE_DIR = "reference"
-
 
 def env_reward(prompts: list, completions: list, env_reward: list[float | None], **kwargs: Any) -> list[float | None]:
     """The reward function TRL calls: the environment's own reward of each rollout (None = unscored)."""
     return list(env_reward)
-
-
-def optimizer_fingerprint(state: dict[str, Any]) -> str:
-    """A hash of an optimizer `state_dict()["state"]` (per-parameter moments and step counts), to check a resume."""
-    import torch
-
-    digest = hashlib.sha256()
-    for key in sorted(state, key=str):
-        for name in sorted(state[key]):
-            value = state[key][name]
-            data = value.detach().cpu().contiguous().float().numpy().tobytes() if torch.is_tensor(value) else repr(value).encode()
-            digest.update(f"{key}/{name}".encode())
-            digest.update(data)
-    return digest.hexdigest()[:16]
 
 
 class Learner:
@@ -79,14 +60,12 @@ class Learner:
     Args:
         cfg: The validated run config.
         out_dir: Run folder: `metrics.jsonl`, `checkpoints/`, `model/` (the final export) go here.
-        actors: Env pool actors `(name, handle)` running the training and eval environments.
+        spawners: How to start each env pool of the run (`RolloutRuntime.spawners`): the learner owns the pools
+            (`raygrpo.driver.pools`), sized from its rollout demand, and closes them when training ends.
         engines: Transformers engine actors that receive the weights (empty for vLLM or scripted policies).
         tasks_by_env: Training tasks per environment.
         eval_tasks: Tasks evaluated every `cfg.train.eval_every` steps.
         resume: Continue from the latest checkpoint in `out_dir/checkpoints` (if any).
-        routes: Which environments each actor serves and its capacity (`RolloutRuntime.routes`).
-        spawners: How to start each env pool of the run (`RolloutRuntime.spawners`): the learner then owns the
-            pools (`raygrpo.driver.pools`), sized from its rollout demand, instead of `actors`.
         workdir: The driver's working_dir on a cluster: config paths under it are mapped into this node's copy.
     """
 
@@ -94,20 +73,16 @@ class Learner:
         self,
         cfg: RunConfig,
         out_dir: str,
-        actors: list[tuple[str, Any]],
+        spawners: list[ActorSpawner],
         engines: list[Any],
         tasks_by_env: dict[str, list[TaskRef]],
         eval_tasks: list[TaskRef],
         resume: bool = False,
-        routes: dict[str, Route] | None = None,
         workdir: str | None = None,
-        spawners: list[ActorSpawner] | None = None,
     ) -> None:
         self.cfg = relocate(cfg, workdir)
         self.out = Path(out_dir)
-        self.actors = actors
-        self.routes = routes or {}
-        self.spawners = spawners or []
+        self.spawners = spawners
         self.pools: PoolSet | None = None
         self.engines = engines
         self.tasks_by_env = tasks_by_env
@@ -183,15 +158,12 @@ class Learner:
             model = AutoModelForCausalLM.from_pretrained(reference, dtype=torch.float32)
 
         schedule = TaskSchedule(self.tasks_by_env, self.cfg.train.mixture, seed=self.cfg.seed)
-        saved = json.loads((Path(checkpoint) / STATE_FILE).read_text()) if checkpoint else {}
+        saved = read_state(checkpoint)
         if saved:
             schedule.load_state_dict(saved["schedule"])
         workers = self.cfg.workers
-        if self.spawners:
-            self.pools = PoolSet.from_spawners(self.spawners)
-            self.pools.start()
-        else:
-            self.pools = PoolSet.of_actors(self.actors, workers.max_concurrent_per_actor, self.routes)
+        self.pools = PoolSet.from_spawners(self.spawners)
+        self.pools.start()
         self.source = RolloutSource(
             Orchestrator(pools=self.pools, max_retries=workers.max_retries),
             schedule,
@@ -330,15 +302,11 @@ class Learner:
     def train(self) -> dict[str, Any]:
         """Warm up (fresh runs only), train for `trainer.max_steps`, export the final model; return a summary."""
         self.out.mkdir(parents=True, exist_ok=True)
-        checkpoints = self.out / "checkpoints"
-        checkpoint = get_last_checkpoint(str(checkpoints)) if self.resume and checkpoints.is_dir() else None
-        if self.resume and checkpoint is None:
-            logger.warning("--resume: no checkpoint under %s; starting from scratch", checkpoints)
+        checkpoint = find_checkpoint(self.out / "checkpoints", self.resume)
         start = time.perf_counter()
         trainer = self._build(checkpoint)
-        saved_step = int(checkpoint.rsplit("-", 1)[1]) if checkpoint else None
         # A fresh run starts the files anew; a resumed one drops lines written after its checkpoint.
-        keep = saved_step if checkpoint else -1
+        keep = checkpoint_step(checkpoint) if checkpoint else -1
         self.metrics = MetricsLog(self.out / "metrics.jsonl", keep_until_step=keep)
         if self.cfg.train.save_rollouts:
             self.rollouts = RolloutLog(self.out / "rollouts.jsonl", keep_until_step=keep)
@@ -354,7 +322,7 @@ class Learner:
             self._eval_orchestrator.cancel()
             dispatch = self._dispatch_fields()
             pool_snapshot = self.pools.snapshot() if self.pools is not None else {}
-            actor_stats = self.pools.close() if self.spawners and self.pools is not None else []
+            actor_stats = self.pools.close() if self.pools is not None else []
             self.metrics.close()
             if self.rollouts is not None:
                 self.rollouts.close()
@@ -411,12 +379,7 @@ class _StepCallback(TrainerCallback):
             self.learner._step_done(state, logs)
 
     def on_save(self, args, state, control, **kwargs):
-        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-        if folder.is_dir():
-            source = self.learner.source
-            (folder / STATE_FILE).write_text(json.dumps({
-                "step": state.global_step,
-                "policy_version": self.learner.version_of(state.global_step),
-                "schedule": source.schedule.state_dict(),
-                "dropped_groups_total": source.dropped_total,
-            }))
+        source = self.learner.source
+        write_state(Path(args.output_dir) / f"checkpoint-{state.global_step}", step=state.global_step,
+                    policy_version=self.learner.version_of(state.global_step), schedule=source.schedule.state_dict(),
+                    dropped_groups_total=source.dropped_total)

@@ -89,7 +89,7 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
             "raygrpo.train.learner:Learner", learner_cfg.num_cpus, learner_cfg.num_gpus, env_vars=job_env,
             resources=learner_cfg.resources,
             cfg=cfg.model_copy(update={"policy": runtime.policy}),  # with the URL of a vLLM raygrpo serves
-            out_dir=str(out), actors=[], engines=runtime.engines, spawners=runtime.spawners,
+            out_dir=str(out), spawners=runtime.spawners, engines=runtime.engines,
             tasks_by_env={name: runtime.tasks_by_env[name] for name in cfg.envs},
             eval_tasks=[t for name in cfg.eval_envs for t in runtime.tasks_by_env[name] or []],
             resume=resume, workdir=ray_info().workdir,

@@ -47,7 +47,7 @@ class ElasticPool:
     Args:
         name: The config field that sized the pool (`workers`, `envs.<name>.pool`).
         envs: The environments its actors serve (None: every one).
-        k: Rollouts per actor at once.
+        max_concurrent_per_actor: Rollouts per actor at once (K).
         min_actors, max_actors: Size bounds (equal for a fixed pool).
         idle_timeout_s: Idle seconds before an actor above the target is drained.
         start_timeout_s: With no live actor, the longest an actor may take to start.
@@ -56,16 +56,17 @@ class ElasticPool:
         slots: Actors that already exist.
     """
 
-    def __init__(self, name: str, envs: Iterable[str] | None, k: int, min_actors: int, max_actors: int, *,
-                 idle_timeout_s: float = 60.0, start_timeout_s: float = 600.0, spawner: ActorSpawner | None = None,
-                 bundle: dict[str, float] | None = None, slots: list[PoolSlot] | None = None) -> None:
+    def __init__(self, name: str, envs: Iterable[str] | None, max_concurrent_per_actor: int, min_actors: int,
+                 max_actors: int, *, idle_timeout_s: float = 60.0, start_timeout_s: float = 600.0,
+                 spawner: ActorSpawner | None = None, bundle: dict[str, float] | None = None,
+                 slots: list[PoolSlot] | None = None) -> None:
         self.name = name
         self.envs = frozenset(envs) if envs is not None else None
         #: The environments whose sandboxes its actors keep warm (the orchestrator tells those what comes next), and
         #: the most warm sandboxes one of its actors holds (`size`, or `max_size` for `auto`).
         self.warm_envs: frozenset[str] = frozenset()
         self.warm_depth = 0
-        self.k = k
+        self.max_concurrent_per_actor = max_concurrent_per_actor
         self.min_actors = min_actors
         self.max_actors = max_actors
         self.idle_timeout_s = idle_timeout_s
@@ -89,8 +90,8 @@ class ElasticPool:
     @classmethod
     def from_spawner(cls, spawner: ActorSpawner) -> ElasticPool:
         g = spawner.group
-        pool = cls(g.field, g.envs, g.k, g.min_actors, g.max_actors, idle_timeout_s=g.idle_timeout_s,
-                   start_timeout_s=g.start_timeout_s, spawner=spawner, bundle=g.bundle)
+        pool = cls(g.field, g.envs, g.max_concurrent_per_actor, g.min_actors, g.max_actors,
+                   idle_timeout_s=g.idle_timeout_s, start_timeout_s=g.start_timeout_s, spawner=spawner, bundle=g.bundle)
         depths = {n: kind_of(spec).warm_depth(spec) for n, spec in g.envs.items()}
         pool.warm_envs = frozenset(n for n, depth in depths.items() if depth > 0)
         pool.warm_depth = max(depths.values(), default=0)
@@ -128,6 +129,7 @@ class ElasticPool:
 
     def snapshot(self) -> dict[str, Any]:
         seconds = self._seconds()
+        capacity_s = self.max_concurrent_per_actor * seconds["live_s"]
         return {
             "actors": self.count(SlotState.LIVE), "starting": self.count(SlotState.STARTING),
             "draining": self.count(SlotState.DRAINING), "target": self.target, "min": self.min_actors,
@@ -138,12 +140,12 @@ class ElasticPool:
             "started": self.started, "drained": self.drained, "lost": self.lost_count,
             "start_failures": self.start_failures,
             "actor_seconds": round(seconds["live_s"], 3), "idle_actor_seconds": round(seconds["idle_s"], 3),
-            "utilization": round(seconds["busy_s"] / (self.k * seconds["live_s"]), 4) if seconds["live_s"] else None,
+            "utilization": round(seconds["busy_s"] / capacity_s, 4) if capacity_s else None,
         }
 
     def size_for(self, demand: int) -> int:
         """Actors for `demand` rollouts queued or in flight: K per actor, within [min, max]."""
-        return max(self.min_actors, min(self.max_actors, math.ceil(demand / self.k)))
+        return max(self.min_actors, min(self.max_actors, math.ceil(demand / self.max_concurrent_per_actor)))
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -175,8 +177,9 @@ class ElasticPool:
         now = time.monotonic()
         self._avoid = {node: until for node, until in self._avoid.items() if until > now}
         name, handle = self.spawner.spawn(avoid_nodes=self._avoid.keys())
-        slot = PoolSlot(handle=handle, name=name, capacity=self.k, envs=self.envs, state=SlotState.STARTING,
-                        warm_envs=self.warm_envs, warm_depth=self.warm_depth)
+        slot = PoolSlot(handle=handle, name=name, max_concurrent_per_actor=self.max_concurrent_per_actor,
+                        envs=self.envs, state=SlotState.STARTING, warm_envs=self.warm_envs,
+                        warm_depth=self.warm_depth)
         slot.ready_ref = handle.ready.remote()
         self.slots.append(slot)
         self.started += 1

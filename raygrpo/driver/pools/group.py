@@ -26,7 +26,8 @@ class PoolGroup:
         field: The config field that sized it (`workers`, or `envs.<name>.pool`), for errors and metrics.
         prefix: Prefix of its actors' names.
         envs: The environments its actors serve.
-        k: Rollouts per actor at once.
+        max_concurrent_per_actor: Rollouts per actor at once (K): the one value its actors are created with
+            (`WorkerSettings.max_concurrent_per_actor`) and the driver dispatches by (`PoolSlot`).
         num_cpus, memory, resources: What each actor reserves.
         min_actors, max_actors: Its size bounds; equal for a fixed pool.
         idle_timeout_s: An actor idle this long is drained (elastic pools only).
@@ -36,7 +37,7 @@ class PoolGroup:
     field: str
     prefix: str
     envs: dict[str, Any]
-    k: int
+    max_concurrent_per_actor: int
     num_cpus: float
     memory: int | None = None
     resources: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -61,7 +62,8 @@ class ActorSpawner:
 
     Args:
         group: The group.
-        settings: The settings every actor of the run shares; `name`, `envs`, `max_concurrent` and `worker_index`
+        settings: The settings every actor of the run shares; `name`, `envs`, `max_concurrent_per_actor` and
+            `worker_index`
             are set per actor.
         env_vars: Environment variables of the actors' processes (the job's, plus the run's sandbox root and id).
         index_base: First `worker_index` of this group (actors are spread round-robin over the engines by it).
@@ -85,7 +87,8 @@ class ActorSpawner:
 
         i, self.next_index = self.next_index, self.next_index + 1
         name = f"{self.group.prefix}-{i}"
-        settings = dataclasses.replace(self.settings, name=name, envs=self.group.envs, max_concurrent=self.group.k,
+        settings = dataclasses.replace(self.settings, name=name, envs=self.group.envs,
+                                       max_concurrent_per_actor=self.group.max_concurrent_per_actor,
                                        worker_index=self.index_base + i)
         placement: dict[str, Any] = {}
         if avoid_nodes:
@@ -96,7 +99,7 @@ class ActorSpawner:
             num_cpus=self.group.num_cpus,
             memory=self.group.memory,
             resources=self.group.resources or None,
-            max_concurrency=self.group.k + 16,
+            max_concurrency=self.group.max_concurrent_per_actor + 16,
             scheduling_strategy="SPREAD",  # a pool's actors on as many nodes as carry its resources
             runtime_env={"env_vars": dict(self.env_vars)},
             **placement,

@@ -44,21 +44,24 @@ class PoolSet:
         self._hinted: list[dict[str, float]] | None = None
 
     @classmethod
-    def of_actors(cls, actors: list[tuple[str, Any]], capacity: int,
-                  routes: dict[str, Any] | None = None) -> PoolSet:
-        """A fixed set of existing actors: per actor name, `routes` gives the environments it serves and its
-        capacity (`Route`); actors not listed serve every environment, `capacity` at a time."""
-        routes = routes or {}
-        slots = []
-        for name, handle in actors:
-            route = routes.get(name)
-            slots.append(PoolSlot(handle=handle, name=name, capacity=(route.capacity if route else None) or capacity,
-                                  envs=route.envs if route else None))
-        envs = None if any(s.envs is None for s in slots) else frozenset().union(*(s.envs for s in slots))
-        return cls([ElasticPool("workers", envs, capacity, len(slots), len(slots), slots=slots)])
+    def of_actors(cls, actors: list[tuple[str, Any]], max_concurrent_per_actor: int,
+                  envs: Iterable[str] | None = None) -> PoolSet:
+        """One fixed pool of actors that already exist, `(name, handle)`, never started nor drained by it (tests, and
+        benchmarks that time a given set of actors).
+
+        Args:
+            actors: The actors.
+            max_concurrent_per_actor: The K the actors were created with (`WorkerSettings.max_concurrent_per_actor`).
+            envs: The environments they serve (None: every one).
+        """
+        envs = frozenset(envs) if envs is not None else None
+        slots = [PoolSlot(handle=handle, name=name, max_concurrent_per_actor=max_concurrent_per_actor, envs=envs)
+                 for name, handle in actors]
+        return cls([ElasticPool("workers", envs, max_concurrent_per_actor, len(slots), len(slots), slots=slots)])
 
     @classmethod
     def from_spawners(cls, spawners: Iterable[ActorSpawner]) -> PoolSet:
+        """The pools of a run's actor groups, none started yet (`start`)."""
         return cls([ElasticPool.from_spawner(s) for s in spawners])
 
     # ------------------------------------------------------------------ where rollouts go
@@ -110,7 +113,7 @@ class PoolSet:
         return [s for p in self.pools for s in p.slots if s.warms(env)]
 
     def has_room(self) -> bool:
-        return any(s.state is SlotState.LIVE and s.in_flight < s.capacity for p in self.pools for s in p.slots)
+        return any(s.room for p in self.pools for s in p.slots)
 
     def lost(self, slot: PoolSlot, reason: object) -> None:
         with self.lock:

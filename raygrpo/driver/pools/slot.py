@@ -25,7 +25,7 @@ class PoolSlot:
     Args:
         handle: The actor handle.
         name: The actor's name.
-        capacity: Rollouts it runs at once (K).
+        max_concurrent_per_actor: Rollouts it runs at once (K): its pool's, which the actor was created with.
         envs: The environments it serves (None: every one).
         state: Its state; a slot created for an existing actor is `live`.
         warm_envs: The environments it keeps a warm pool for (it is told which of their tasks come next).
@@ -34,7 +34,7 @@ class PoolSlot:
 
     handle: Any
     name: str
-    capacity: int
+    max_concurrent_per_actor: int
     envs: frozenset[str] | None = None
     state: SlotState = SlotState.LIVE
     warm_envs: frozenset[str] = frozenset()
@@ -62,7 +62,7 @@ class PoolSlot:
 
     def takes(self, env: str) -> bool:
         """Whether it can take one more rollout of `env` now."""
-        return (self.state is SlotState.LIVE and self.in_flight < self.capacity
+        return (self.state is SlotState.LIVE and self.in_flight < self.max_concurrent_per_actor
                 and (self.envs is None or env in self.envs))
 
     def warms(self, env: str) -> bool:
@@ -73,7 +73,7 @@ class PoolSlot:
     def tell_limit(self) -> int:
         """How many queued rollouts it is told of at most (that were not dispatched yet): enough to fill its warm
         pool, and at least K."""
-        return max(self.capacity, self.warm_depth)
+        return max(self.max_concurrent_per_actor, self.warm_depth)
 
     def account(self) -> None:
         """Add the time since the last change to `live_s`, `idle_s` and `busy_s`."""
@@ -89,7 +89,7 @@ class PoolSlot:
     @property
     def room(self) -> int:
         """Rollouts it can take now (0 unless live)."""
-        return max(0, self.capacity - self.in_flight) if self.state is SlotState.LIVE else 0
+        return max(0, self.max_concurrent_per_actor - self.in_flight) if self.state is SlotState.LIVE else 0
 
     def take(self, n: int = 1) -> None:
         self.account()

@@ -1,0 +1,70 @@
+"""The learner's checkpoints: raygrpo's own state saved next to each of TRL's, and finding the one to resume from.
+
+TRL saves the model, optimizer and its own trainer state in `checkpoints/checkpoint-<step>/`; raygrpo adds
+`raygrpo_state.json` there (the task schedule's position, the stale groups dropped so far), so a resumed run
+continues with the next task. A resumed run also reports a fingerprint of the optimizer state it loaded, which a test
+compares with the one the interrupted run saved.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from transformers.trainer_utils import get_last_checkpoint
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "raygrpo_state.json"
+#: Where a warmed-up model is saved in the run folder: the start of GRPO, and its KL reference (also on resume).
+REFERENCE_DIR = "reference"
+
+
+def optimizer_fingerprint(state: dict[str, Any]) -> str:
+    """A hash of an optimizer `state_dict()["state"]` (per-parameter moments and step counts), to check a resume."""
+    import torch
+
+    digest = hashlib.sha256()
+    for key in sorted(state, key=str):
+        for name in sorted(state[key]):
+            value = state[key][name]
+            if torch.is_tensor(value):
+                data = value.detach().cpu().contiguous().float().numpy().tobytes()
+            else:
+                data = repr(value).encode()
+            digest.update(f"{key}/{name}".encode())
+            digest.update(data)
+    return digest.hexdigest()[:16]
+
+
+def find_checkpoint(checkpoints: Path, resume: bool) -> str | None:
+    """The latest checkpoint under `checkpoints` when `resume`ing (None, with a warning, if there is none)."""
+    checkpoint = get_last_checkpoint(str(checkpoints)) if resume and checkpoints.is_dir() else None
+    if resume and checkpoint is None:
+        logger.warning("--resume: no checkpoint under %s; starting from scratch", checkpoints)
+    return checkpoint
+
+
+def checkpoint_step(checkpoint: str) -> int:
+    """The optimizer step a checkpoint folder (`checkpoint-<step>`) was saved at."""
+    return int(checkpoint.rsplit("-", 1)[1])
+
+
+def read_state(checkpoint: str | None) -> dict[str, Any]:
+    """raygrpo's state saved with `checkpoint` (empty for a fresh run)."""
+    return json.loads((Path(checkpoint) / STATE_FILE).read_text()) if checkpoint else {}
+
+
+def write_state(folder: Path, *, step: int, policy_version: int, schedule: dict[str, Any],
+                dropped_groups_total: int) -> None:
+    """Save raygrpo's state in the checkpoint `folder` TRL just wrote (if it did)."""
+    if folder.is_dir():
+        (folder / STATE_FILE).write_text(json.dumps({
+            "step": step,
+            "policy_version": policy_version,
+            "schedule": schedule,
+            "dropped_groups_total": dropped_groups_total,
+        }))
