@@ -144,7 +144,7 @@ def test_pool_max_concurrent_fails_naming_max_concurrent_per_actor():
     assert "envs.local.pool" in str(info.value) and "`max_concurrent` is now `max_concurrent_per_actor`" in str(
         info.value)
     cfg = load_config(HARBOR, ['envs.local.pool={"num_actors": 1, "max_concurrent_per_actor": 4}'])
-    assert RolloutRuntime(cfg, {"local": None})._pool_groups()[0].k == 4
+    assert RolloutRuntime(cfg, {"local": None})._pool_groups()[0].max_concurrent_per_actor == 4
 
 
 def test_the_env_kind_gives_the_warm_depth_the_pool_hints_by():
