@@ -151,7 +151,7 @@ class ToolCall:
     arguments: dict[str, Any]
 
 
-#: Version of a trajectory line's fields; bumped with every change to them (the README lists the fields).
+#: Version of a trajectory line's fields; bumped with every change to them (docs/outputs.md lists the fields).
 TRAJECTORY_SCHEMA_VERSION = 5
 #: `steps[].tool` of a final answer that an ORS environment's `@terminal` tool scored.
 ANSWER_STEP = "(answer)"
