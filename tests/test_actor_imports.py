@@ -1,7 +1,8 @@
 """An env pool actor imports what its work needs and no more: with a scripted policy on an ORS environment, starting
-it (importing `raygrpo.actors.env_pool`, building the worker: tokenizer, chat template, policy, providers) loads
-neither torch, TRL nor transformers. Each was seconds of every actor start (transformers and torch came with
-`AutoTokenizer`: 13 s on a loaded 2-core machine), which an elastic pool pays at every burst."""
+it (importing `raygrpo.actors.env_pool`, building the worker: tokenizer, chat template, policy, providers) and
+writing an ORS tool's schema (its first rollout) load neither torch, TRL nor transformers. Each was seconds of every
+actor start (transformers and torch came with `AutoTokenizer`: 13 s on a loaded 2-core machine; transformers again
+with `get_json_schema` in the first rollout), which an elastic pool pays at every burst."""
 
 from __future__ import annotations
 
@@ -35,6 +36,9 @@ ACTOR_START = textwrap.dedent("""
     worker = RolloutWorker.build(settings)
     ids = worker.renderer.prompt_ids([{"role": "user", "content": "Please echo: hello"}], None)
     assert ids and ids[-1] != worker.renderer.eos_token_id
+    from raygrpo.envs.ors.tools import tool_schemas  # what an ORS session's first prompt needs
+    assert tool_schemas([{"name": "echo", "description": "Echo.", "input_schema": {
+        "type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}])
     print(json.dumps(sorted({m.split(".")[0] for m in sys.modules} & set(forbidden))))
 """)
 
