@@ -161,8 +161,8 @@ def cold_actor_ready_s(url: str, k: int) -> dict[str, Any]:
     from raygrpo.agent.worker import WorkerSettings
 
     cfg = arm_config(url, elastic=False, peak=1, k=k, idle_timeout_s=3.0)
-    settings = WorkerSettings(name="bench-cold", envs=dict(cfg.envs), policy=cfg.policy, model=cfg.model,
-                              sampling=cfg.sampling, rollout=cfg.rollout, max_concurrent=k)
+    # K by position: the field is `max_concurrent` or, after issue 39's renaming, `max_concurrent_per_actor`.
+    settings = WorkerSettings("bench-cold", dict(cfg.envs), cfg.policy, cfg.model, cfg.sampling, cfg.rollout, k)
     began = time.monotonic()
     actor = EnvPoolActor.options(num_cpus=0, resources={"sandbox_host": 1}).remote(settings)
     try:

@@ -31,8 +31,7 @@ ACTOR_START = textwrap.dedent("""
     model, forbidden = sys.argv[1], sys.argv[2].split(",")
     cfg = load_config(data={"envs": {"echo": {"kind": "ors", "url": "http://127.0.0.1:9/"}}, "model": model,
                             "policy": {"kind": "scripted", "script": "examples/echo/policies.py:right"}})
-    settings = WorkerSettings(name="imports", envs=dict(cfg.envs), policy=cfg.policy, model=cfg.model,
-                              sampling=cfg.sampling, rollout=cfg.rollout, max_concurrent=1)
+    settings = WorkerSettings("imports", dict(cfg.envs), cfg.policy, cfg.model, cfg.sampling, cfg.rollout, 1)  # K=1
     worker = RolloutWorker.build(settings)
     ids = worker.renderer.prompt_ids([{"role": "user", "content": "Please echo: hello"}], None)
     assert ids and ids[-1] != worker.renderer.eos_token_id
@@ -49,8 +48,8 @@ def _settings(model_dir: str):
 
     cfg = load_config(data={"envs": {"echo": {"kind": "ors", "url": "http://127.0.0.1:9/"}}, "model": model_dir,
                             "policy": {"kind": "scripted", "script": str(ROOT / "examples/echo/policies.py:right")}})
-    return WorkerSettings(name="imports", envs=dict(cfg.envs), policy=cfg.policy, model=cfg.model,
-                          sampling=cfg.sampling, rollout=cfg.rollout, max_concurrent=1)
+    # K (1) by position: the field's name is changing in another branch (max_concurrent_per_actor).
+    return WorkerSettings("imports", dict(cfg.envs), cfg.policy, cfg.model, cfg.sampling, cfg.rollout, 1)
 
 
 def test_starting_an_actor_imports_no_model_stack(tiny_model_dir):
