@@ -18,12 +18,14 @@ Prints progress to stderr and one JSON object last: per arm `requested`, `comple
 `ok`), `lost` (requested - final trajectories returned, any status; must be 0), `statuses`, `actor_seconds`,
 `idle_actor_seconds`, `utilization` (rollout-seconds / (K x actor-seconds)), `peak_actors`, `actors_started`,
 `pool_start_s` (starting the runtime: the fixed pool's actors start there), `burst_seconds` (each burst's
-enqueue-to-last-result time); `idle_saving` = 1 - elastic idle / fixed idle; the
+enqueue-to-last-result time); `cold_actor` (one env pool actor created on the running cluster before the arms:
+`ready_s` from `.remote()` to its `ready()` answer, the heavy packages its process holds, the 1-minute load average);
+`idle_saving` = 1 - elastic idle / fixed idle; the
 elastic arm's scale-up reaction per burst (`first_actor_s`: enqueue to the first actor live, `all_actors_s`: to
 `peak` live) and its medians.
 
 Run: `python benchmarks/elastic.py` (3 bursts of 300, 20 s gaps: ~4 minutes on 2 cores) or `--quick` (2 bursts of 100,
-8 s gaps: ~1 minute).
+8 s gaps: ~1 minute) or `--cold-actor` (the `cold_actor` figure only).
 """
 
 from __future__ import annotations
@@ -149,6 +151,31 @@ def run_arm(name: str, url: str, args: argparse.Namespace, peak: int) -> dict[st
     }
 
 
+def cold_actor_ready_s(url: str, k: int) -> dict[str, Any]:
+    """One env pool actor (the arms' settings, scripted policy, the nap environment) created on a running cluster:
+    seconds from `.remote()` to its `ready()` answer (a Ray worker process starts, imports the actor's module, loads
+    the tokenizer and builds the worker), and the heavy packages its process then holds."""
+    import ray
+
+    from raygrpo.actors.env_pool import EnvPoolActor
+    from raygrpo.agent.worker import WorkerSettings
+
+    cfg = arm_config(url, elastic=False, peak=1, k=k, idle_timeout_s=3.0)
+    settings = WorkerSettings("bench-cold", dict(cfg.envs), cfg.policy, cfg.model, cfg.sampling, cfg.rollout,
+                              max_concurrent_per_actor=k, providers=dict(cfg.providers))
+    began = time.monotonic()
+    actor = EnvPoolActor.options(num_cpus=0, resources={"sandbox_host": 1}).remote(settings)
+    try:
+        ray.get(actor.ready.remote(), timeout=300)
+        ready_s = round(time.monotonic() - began, 2)
+        heavy = ray.get(actor.__ray_call__.remote(lambda self: sorted(
+            {m.split(".")[0] for m in sys.modules} & {"torch", "trl", "transformers", "datasets", "openreward"})))
+    finally:
+        ray.kill(actor)
+    log(f"cold actor: ready {ready_s:.2f} s after creation; holds {heavy}")
+    return {"ready_s": ready_s, "heavy_modules": heavy, "load_avg_1m": round(os.getloadavg()[0], 2)}
+
+
 def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 2)
 
@@ -188,6 +215,8 @@ def main() -> None:
     parser.add_argument("--idle-timeout", type=float, default=3.0, help="elastic arm's idle_timeout_s")
     parser.add_argument("--nodes", type=int, default=2, help=f"simulated nodes with sandbox_host: {NODE_SLOTS}")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-elastic")
+    parser.add_argument("--cold-actor", action="store_true",
+                        help="only measure one env pool actor's creation-to-ready seconds (~1 minute), no bursts")
     args = parser.parse_args()
     if args.quick:
         args.bursts, args.burst_size, args.gap = 2, 100, 8.0
@@ -217,6 +246,10 @@ def main() -> None:
                                                "PYTHONPATH", "RAYGRPO_BENCH_NAP_S"]}
         ray.init(address=cluster.address, runtime_env={"env_vars": env_vars}, logging_level=logging.WARNING)
         server = serve_environments(NapEnvironment, host="127.0.0.1", port=0)
+        cold = cold_actor_ready_s(server.url, args.k)
+        if args.cold_actor:
+            print(json.dumps({"cold_actor": cold}))
+            return
         log(f"{args.bursts} bursts of {args.burst_size} x {args.nap:g} s naps, {args.gap:g} s gaps; pools of up to "
             f"{peak} actors (K={args.k}) on {args.nodes} simulated nodes")
         arms = {name: run_arm(name, server.url, args, peak) for name in ("elastic", "fixed")}
@@ -243,6 +276,7 @@ def main() -> None:
         if fixed["actor_seconds"] else None,
         "scale_up_first_actor_s_median": round(statistics.median(firsts), 2) if firsts else None,
         "scale_up_all_actors_s_median": round(statistics.median(alls), 2) if alls else None,
+        "cold_actor": cold,
         "burst_seconds_elastic_over_fixed": round(sum(elastic["burst_seconds"]) / sum(fixed["burst_seconds"]), 3),
         "plot": str(plot_path),
     }))

@@ -51,7 +51,8 @@ class ChatRenderer:
     template (`raygrpo.agent.chat_tools`): schemas in the system prompt, calls as `<tool_call>` text, no new tokens.
 
     Args:
-        tokenizer: A `transformers` tokenizer with a chat template (one without tools gets raygrpo's fallback).
+        tokenizer: A tokenizer with a chat template (one without tools gets raygrpo's fallback): a `transformers`
+            tokenizer, or the `ChatTokenizer` env pool actors load without transformers (`raygrpo.agent.chat_template`).
     """
 
     def __init__(self, tokenizer: Any):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raygrpo.agent.chat import ChatRenderer
+from raygrpo.agent.chat_template import load_tokenizer
 from raygrpo.config.policy import PolicyConfig, SamplingConfig
 from raygrpo.config.rollout import RolloutConfig
 from raygrpo.envs.base import EnvProvider
@@ -116,9 +117,7 @@ class RolloutWorker:
         """
         tokenizer = None
         if not settings.policy.acts:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(settings.model))
+            tokenizer = load_tokenizer(resolve_model_path(settings.model))  # without transformers where it can
         policy = build_policy_client(settings.policy, tokenizer, engines=settings.engines,
                                      worker_index=settings.worker_index, model_name=settings.model)
         providers = {name: kind_of(spec).provider(spec, name, providers=settings.providers, governors=governors,

@@ -31,7 +31,8 @@ class ScriptedPolicy:
     None yields just the eos.
 
     Args:
-        tokenizer: The run's tokenizer (a `transformers` tokenizer with an eos token).
+        tokenizer: The run's tokenizer, with an eos token (a `transformers` tokenizer or a
+            `raygrpo.agent.chat_template.ChatTokenizer`: anything with `encode` and `eos_token_id`).
         script: `fn(context) -> str | None` (or an async function): the assistant's text for this turn.
         policy_version: The version reported on every turn (default `UNVERSIONED`: a script has no weights).
     """

@@ -4,9 +4,10 @@ TRL's OpenReward integration (`trl.experimental.openreward`) turns each ORS tool
 signature comes from the tool's JSON schema (JSON types mapped to `str`, `int`, `float`, `bool`, `list`, `dict`;
 required parameters first) and whose Google-style docstring is the tool's description followed by an `Args:` block
 (each parameter's `description`, else its `title`, else its name); `transformers.utils.get_json_schema` then writes the
-schema the chat template shows, tools in alphabetical order. raygrpo builds the same function shapes and calls the
-same `get_json_schema`, so a model trained here sees, token for token, the prompt it would see under TRL. (TRL lists
-the environment's shared tools only; raygrpo also shows a task's own tools, rendered the same way.)
+schema the chat template shows, tools in alphabetical order. raygrpo builds the same function shapes and writes the
+same schema (`raygrpo.envs.ors.json_schema`: `get_json_schema` without importing transformers), so a model trained
+here sees, token for token, the prompt it would see under TRL. (TRL lists the environment's shared tools only; raygrpo
+also shows a task's own tools, rendered the same way.)
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import inspect
 import logging
 import re
 from typing import Any
+
+from raygrpo.envs.ors.json_schema import function_schema
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +52,6 @@ def _param_type(pdef: dict[str, Any]) -> type:
 def tool_schema(name: str, description: str | None, input_schema: dict[str, Any] | None) -> dict[str, Any] | None:
     """The chat-template schema of one ORS tool, as TRL's integration presents it; None for a tool TRL cannot
     present (a name or parameter that is not a Python identifier), which is left out with a warning."""
-    from transformers.utils import get_json_schema
-
     if not _IDENTIFIER.match(name):
         logger.warning("ORS tool %r is left out: its name is not an identifier", name)
         return None
@@ -72,7 +73,7 @@ def tool_schema(name: str, description: str | None, input_schema: dict[str, Any]
         args_doc.append(f"        {pname}: {pdef.get('description') or pdef.get('title') or pname}")
 
     def tool(*args: Any, **kwargs: Any) -> str:
-        """Only its shape is read (by `get_json_schema`): the tool runs on the ORS server."""
+        """Only its shape is read (by `function_schema`): the tool runs on the ORS server."""
         raise TypeError(f"{name} runs on the ORS server; this function only describes it")
 
     tool.__name__ = tool.__qualname__ = name
@@ -80,7 +81,7 @@ def tool_schema(name: str, description: str | None, input_schema: dict[str, Any]
                                                                 if args_doc else "")
     tool.__signature__ = inspect.Signature(parameters, return_annotation=str)  # type: ignore[attr-defined]
     tool.__annotations__ = {**annotations, "return": str}
-    return get_json_schema(tool)
+    return function_schema(tool)  # get_json_schema's result, without importing transformers in the actor
 
 
 def tool_schemas(specs: list[Any]) -> list[dict[str, Any]]:
