@@ -15,6 +15,10 @@ Each kind answers these questions about its specs:
 - `provider(spec, name, providers=..., governors=..., rollout_timeout_s=...)`, inside an env pool actor: the
   `EnvProvider` that makes its adapters (told its provider's limits, how to reach their governor, and the run's
   rollout deadline, which bounds a leased sandbox's lifetime).
+
+A kind imports its own modules (and so openreward or harbor) when it is first asked something, so that a process
+pays only for the kinds its run uses: an env pool actor of ORS environments never imports Harbor, nor one of Harbor
+suites the openreward SDK.
 """
 
 from __future__ import annotations
@@ -22,14 +26,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from raygrpo.envs.base import EnvProvider
-from raygrpo.envs.harbor.provider import HarborProvider
-from raygrpo.envs.harbor.tasks import list_harbor_tasks, load_environment_class
-from raygrpo.envs.harbor.harness import load_harness
-from raygrpo.envs.ors.adapter import ORSProvider
-from raygrpo.envs.ors.listing import list_ors_tasks
-from raygrpo.envs.ors.server import environment_class
 from raygrpo.core.errors import ResolveError
+from raygrpo.envs.base import EnvProvider
 from raygrpo.governor.client import GovernorClientFactory
 from raygrpo.specs import HarborSpec, ORSSpec, ProviderSpec
 from raygrpo.core.types import TaskRef
@@ -57,11 +55,15 @@ class ORSKind:
 
     def resolve(self, spec: ORSSpec, name: str) -> list[TaskRef] | None:
         if spec.environment is not None:
+            from raygrpo.envs.ors.server import environment_class
+
             environment_class(spec.environment, spec.field_path(name, "environment"))
             return None
         return self.list_tasks(spec, name)
 
     def list_tasks(self, spec: ORSSpec, name: str) -> list[TaskRef]:
+        from raygrpo.envs.ors.listing import list_ors_tasks
+
         return list_ors_tasks(spec, name)
 
     def limits(self, spec: ORSSpec, providers: Mapping[str, ProviderSpec]) -> tuple[str, ProviderSpec] | None:
@@ -75,6 +77,8 @@ class ORSKind:
     def provider(self, spec: ORSSpec, name: str, *, providers: Mapping[str, ProviderSpec] | None = None,
                  governors: GovernorClientFactory | None = None,
                  rollout_timeout_s: float | None = None) -> EnvProvider:
+        from raygrpo.envs.ors.adapter import ORSProvider
+
         return ORSProvider(spec, name=name)
 
 
@@ -82,6 +86,9 @@ class HarborKind:
     """Harbor task suites: a folder of task dirs, run in sandboxes of any Harbor backend."""
 
     def resolve(self, spec: HarborSpec, name: str) -> list[TaskRef] | None:
+        from raygrpo.envs.harbor.harness import load_harness
+        from raygrpo.envs.harbor.tasks import load_environment_class
+
         try:
             load_harness(spec.harness)
         except ValueError as exc:
@@ -94,6 +101,8 @@ class HarborKind:
         return self.list_tasks(spec, name)
 
     def list_tasks(self, spec: HarborSpec, name: str) -> list[TaskRef]:
+        from raygrpo.envs.harbor.tasks import list_harbor_tasks
+
         try:
             return list_harbor_tasks(spec, name)
         except ValueError as exc:
@@ -115,6 +124,8 @@ class HarborKind:
     def provider(self, spec: HarborSpec, name: str, *, providers: Mapping[str, ProviderSpec] | None = None,
                  governors: GovernorClientFactory | None = None,
                  rollout_timeout_s: float | None = None) -> EnvProvider:
+        from raygrpo.envs.harbor.provider import HarborProvider
+
         found = self.limits(spec, providers or {})
         return HarborProvider(spec, name=name, limits=found[1] if found else None, governors=governors,
                               rollout_timeout_s=rollout_timeout_s)
