@@ -13,7 +13,7 @@ from typing import Any
 
 from raygrpo.config import RunConfig
 from raygrpo.driver.orchestrator import Orchestrator, make_groups
-from raygrpo.driver.pools.metrics import PoolMetricsLog
+from raygrpo.driver.pools.ray_metrics import PoolMetricsLog
 from raygrpo.driver.progress import Progress, progress_mode
 from raygrpo.driver.resolve import resolve_run
 from raygrpo.driver.session import RunSession

@@ -34,7 +34,7 @@ from ray.exceptions import RayActorError, TaskCancelledError
 
 from raygrpo.core.types import RolloutCall, Status, TaskRef, Trajectory
 from raygrpo.driver.pools import PoolSet, PoolSlot
-from raygrpo.driver.pools.metrics import PoolMetricsLog
+from raygrpo.driver.pools.ray_metrics import PoolMetricsLog
 from raygrpo.driver.warm_hints import WarmHints
 
 logger = logging.getLogger(__name__)

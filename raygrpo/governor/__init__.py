@@ -3,7 +3,7 @@ every sandbox start goes through to ask it.
 
 One vocabulary, as `ray.util.queue` pairs `Queue` with its actor:
 
-- `schedule.py`: `CreateSchedule`, the create slots (at most `rate_per_s` a second, in request order);
+- `create_schedule.py`: `CreateSchedule`, the create slots (at most `rate_per_s` a second, in request order);
 - `live_cap.py`: `LiveCap`, tickets for sandboxes alive or being created (at most `max_live`);
 - `refusals.py`: recognising a provider's 429 in a backend's exception; the back-off of a refused start;
 - `governor.py`: `Governor`, the three together for one provider key (`local_governor`: this process's own);
@@ -21,7 +21,7 @@ from raygrpo.governor.client import GovernorClient, GovernorClientFactory, Provi
 from raygrpo.governor.governor import Governor, local_governor, reset_local_governors
 from raygrpo.governor.live_cap import LiveCap
 from raygrpo.governor.refusals import BackoffSettings, RateLimitSignal, rate_limit_signal
-from raygrpo.governor.schedule import CreateSchedule, Reservation, max_per_window
+from raygrpo.governor.create_schedule import CreateSchedule, Reservation, max_per_window
 
 __all__ = ["BackoffSettings", "CreateSchedule", "Governor", "GovernorClient", "GovernorClientFactory", "LiveCap",
            "ProvisioningError", "RateLimitSignal", "Reservation", "local_governor", "max_per_window",

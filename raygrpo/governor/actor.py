@@ -43,7 +43,7 @@ from tenacity import AsyncRetrying, RetryCallState, RetryError, retry_if_excepti
 
 from raygrpo.governor.client import ProvisioningError
 from raygrpo.governor.governor import Governor
-from raygrpo.governor.schedule import Reservation
+from raygrpo.governor.create_schedule import Reservation
 
 __all__ = ["NAMESPACE", "GovernorActor", "RayGovernorClient", "ensure_governor", "forget_holders", "get_governor",
            "governor_name"]

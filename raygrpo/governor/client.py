@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from raygrpo.governor.schedule import Reservation
+from raygrpo.governor.create_schedule import Reservation
 
 
 class ProvisioningError(RuntimeError):

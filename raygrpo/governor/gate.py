@@ -38,7 +38,7 @@ from typing import Any
 from raygrpo.governor.client import GovernorClient, GovernorClientFactory, ProvisioningError
 from raygrpo.governor.gate_counts import GateCounts
 from raygrpo.governor.governor import BackoffSettings, RateLimitSignal, local_governor, reset_local_governors
-from raygrpo.governor.schedule import DEFAULT_MARGIN_S, Reservation
+from raygrpo.governor.create_schedule import DEFAULT_MARGIN_S, Reservation
 
 __all__ = ["ProvisioningError", "ProvisioningGate", "gate_for", "gate_stats", "reset_gates"]
 
@@ -68,7 +68,7 @@ class ProvisioningGate:
         max_wait_s: Longest a start may wait for its create slot (from asking the governor to the slot) before it
             fails with `ProvisioningError`; None (the default, and what every run uses: no config field sets it) for
             no bound: the wait is not start time, and each call to the governor is bounded on its own.
-        margin_s: Schedule margin this gate expects of its governor (see `raygrpo.governor.schedule`).
+        margin_s: Schedule margin this gate expects of its governor (see `raygrpo.governor.create_schedule`).
         history: Grant timestamps kept for `grant_times()`.
         renew_every_s: How often the live tickets this gate holds are renewed with the governor.
     """

@@ -24,7 +24,7 @@ from typing import Any
 
 from raygrpo.governor.live_cap import LiveCap
 from raygrpo.governor.refusals import BackoffSettings, RateLimitSignal, rate_limit_signal
-from raygrpo.governor.schedule import CreateSchedule, Reservation
+from raygrpo.governor.create_schedule import CreateSchedule, Reservation
 
 __all__ = ["BackoffSettings", "Governor", "RateLimitSignal", "local_governor", "rate_limit_signal",
            "reset_local_governors"]

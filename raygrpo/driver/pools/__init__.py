@@ -4,7 +4,7 @@
 - `slot.py`: one actor as the orchestrator sees it (`PoolSlot`).
 - `elastic.py`: one pool sized between a minimum and a maximum, draining idle actors and replacing lost ones.
 - `poolset.py`: a run's pools together, shared by its orchestrators, and the autoscaler hint.
-- `metrics.py`: pool sizes, queue depth, live sandboxes, starts and failures as Ray metrics.
+- `ray_metrics.py`: pool sizes, queue depth, live sandboxes, starts and failures as Ray metrics.
 """
 
 from raygrpo.driver.pools.elastic import ElasticPool, PoolStartError

@@ -4,7 +4,7 @@
 zero-timeout wait), so the orchestrator can call it as often as it dispatches:
 
 - actors that finished starting become `live`; one that failed to start is dropped (three failures in a row with
-  no live actor left fail the run, as does no actor starting within `start_timeout_s`);
+  no live actor left fail the run, as does no actor starting within `actor_start_timeout_s`);
 - the target is the demand over K rollouts per actor, clamped to [min, max]: below it, actors are started;
 - above it and above the minimum, an actor idle for `idle_timeout_s` is drained: it takes no more rollouts, its
   `shutdown` closes its environments, then it is killed, so its node goes idle and an autoscaler can release it;
@@ -50,14 +50,14 @@ class ElasticPool:
         max_concurrent_per_actor: Rollouts per actor at once (K).
         min_actors, max_actors: Size bounds (equal for a fixed pool).
         idle_timeout_s: Idle seconds before an actor above the target is drained.
-        start_timeout_s: With no live actor, the longest an actor may take to start.
+        actor_start_timeout_s: With no live actor, the longest an actor may take to start.
         spawner: Starts new actors; None for a pool of given actors that never starts or drains any.
         bundle: One actor's resources (for the autoscaler hint).
         slots: Actors that already exist.
     """
 
     def __init__(self, name: str, envs: Iterable[str] | None, max_concurrent_per_actor: int, min_actors: int,
-                 max_actors: int, *, idle_timeout_s: float = 60.0, start_timeout_s: float = 600.0,
+                 max_actors: int, *, idle_timeout_s: float = 60.0, actor_start_timeout_s: float = 600.0,
                  spawner: ActorSpawner | None = None, bundle: dict[str, float] | None = None,
                  slots: list[PoolSlot] | None = None) -> None:
         self.name = name
@@ -70,7 +70,7 @@ class ElasticPool:
         self.min_actors = min_actors
         self.max_actors = max_actors
         self.idle_timeout_s = idle_timeout_s
-        self.start_timeout_s = start_timeout_s
+        self.actor_start_timeout_s = actor_start_timeout_s
         self.spawner = spawner
         self.bundle = dict(bundle or {})
         self.slots: list[PoolSlot] = list(slots or [])
@@ -91,7 +91,8 @@ class ElasticPool:
     def from_spawner(cls, spawner: ActorSpawner) -> ElasticPool:
         g = spawner.group
         pool = cls(g.field, g.envs, g.max_concurrent_per_actor, g.min_actors, g.max_actors,
-                   idle_timeout_s=g.idle_timeout_s, start_timeout_s=g.start_timeout_s, spawner=spawner, bundle=g.bundle)
+                   idle_timeout_s=g.idle_timeout_s, actor_start_timeout_s=g.actor_start_timeout_s, spawner=spawner,
+                   bundle=g.bundle)
         depths = {n: kind_of(spec).warm_depth(spec) for n, spec in g.envs.items()}
         pool.warm_envs = frozenset(n for n, depth in depths.items() if depth > 0)
         pool.warm_depth = max(depths.values(), default=0)
@@ -239,9 +240,10 @@ class ElasticPool:
         if self.count(SlotState.LIVE) or not self.target:
             return
         starting = [s for s in self.slots if s.state is SlotState.STARTING]
-        if starting and now - min(s.since for s in starting) > self.start_timeout_s:
+        if starting and now - min(s.since for s in starting) > self.actor_start_timeout_s:
             raise PoolStartError(
-                f"{self.name}: no env pool actor started within {self.start_timeout_s:.0f} s; each asks for "
+                f"{self.name}: no env pool actor started within {self.actor_start_timeout_s:.0f} s "
+                f"(workers.actor_start_timeout_s); each asks for "
                 f"{self.bundle or 'nothing'}: is there a node (or an autoscaler node type) with that free?")
 
     def _ask_stats(self, ray: Any) -> None:

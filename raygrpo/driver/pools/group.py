@@ -31,7 +31,7 @@ class PoolGroup:
         num_cpus, memory, resources: What each actor reserves.
         min_actors, max_actors: Its size bounds; equal for a fixed pool.
         idle_timeout_s: An actor idle this long is drained (elastic pools only).
-        start_timeout_s: With no live actor, the longest its actors may take to start.
+        actor_start_timeout_s: With no live actor, the longest its actors may take to start.
     """
 
     field: str
@@ -44,7 +44,7 @@ class PoolGroup:
     min_actors: int = 1
     max_actors: int = 1
     idle_timeout_s: float = 60.0
-    start_timeout_s: float = 600.0
+    actor_start_timeout_s: float = 600.0
 
     @property
     def elastic(self) -> bool:

@@ -20,7 +20,7 @@ from typing import Any
 
 from raygrpo.driver.pools.elastic import ElasticPool
 from raygrpo.driver.pools.group import ActorSpawner
-from raygrpo.driver.pools.metrics import PoolMetrics
+from raygrpo.driver.pools.ray_metrics import PoolMetrics
 from raygrpo.driver.pools.slot import PoolSlot, SlotState
 
 logger = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from raygrpo.governor.schedule import max_per_window
+from raygrpo.governor.create_schedule import max_per_window
 
 
 @dataclass
