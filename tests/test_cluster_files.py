@@ -310,7 +310,7 @@ def test_rayjob_fields() -> None:
     Ray accepts, and carries exactly raycluster.yaml's cluster spec."""
     from ray.runtime_env import RuntimeEnv
 
-    from raygrpo.cli import _parser
+    from raygrpo.cli.app import _parser
 
     job = _load("kuberay/rayjob.yaml")["spec"]
     assert job["shutdownAfterJobFinishes"] is True

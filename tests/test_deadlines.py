@@ -20,7 +20,7 @@ from raygrpo.envs.harbor.tasks import list_harbor_tasks
 from raygrpo.policy.scripted import ScriptedPolicy
 from raygrpo.governor.gate import reset_gates
 from raygrpo.agent.rollout import run_rollout
-from raygrpo.sandbox import NULL_IMPORT_PATH
+from raygrpo.testing.null import NULL_IMPORT_PATH
 from raygrpo.specs.harbor import HarborSpec
 from raygrpo.specs.provider import ProviderSpec
 from raygrpo.core.types import SamplingParams, Status

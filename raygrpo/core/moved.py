@@ -101,13 +101,13 @@ class _AliasLoader(importlib.abc.Loader):
 
     def __init__(self, old: str, new: str) -> None:
         self.old, self.new = old, new
-        self._target: ModuleType | None = None
+        self._real_spec: importlib.machinery.ModuleSpec | None = None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         warnings.warn(f"{self.old} moved to {self.new}; import it from there", DeprecationWarning, stacklevel=2)
-        self._target = importlib.import_module(self.new)
-        self._real_spec = self._target.__spec__
-        return self._target
+        target = importlib.import_module(self.new)
+        self._real_spec = target.__spec__
+        return target
 
     def exec_module(self, module: ModuleType) -> None:
         # The import system set the alias's spec on the module; the module keeps its own.

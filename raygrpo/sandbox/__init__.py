@@ -1,10 +1,13 @@
-"""Sandbox backends for Harbor tasks, fault injection, and the orphan reaper.
+"""The local sandbox backend for Harbor tasks, and reaping its orphans.
+
+Some names from neighbouring folders (fault injection, the lease ledger) are still exported here, where they were
+before the package had folders. Test support is not: the null backend is `raygrpo.testing.null` (its import path
+`raygrpo.testing.null.NULL_IMPORT_PATH`).
 
 - `raygrpo.sandbox.local:LocalSandboxEnvironment`: a Harbor `BaseEnvironment` that runs each sandbox in its own
   Linux namespaces with bubblewrap (development and CI; **no security boundary for untrusted code**; no image
   builds: it applies a Dockerfile's `WORKDIR`, `ENV` and `COPY`, runs the `RUN` commands that make files and skips
   those that install software).
-- `raygrpo.testing.null:NullEnvironment`: a backend that does nothing, for scale tests.
 - `raygrpo.envs.harbor.faults`: `FaultConfig`, `FaultInjectingEnvironment`, `wrap_environment` (latency, start failures
   before/after creation, exec hangs, sandbox death), around any backend.
 - `raygrpo.sandbox.owners`: owner labels and heartbeats of local sandboxes, and `live_sandboxes`;
@@ -29,7 +32,6 @@ _EXPORTS = {
     "SandboxStartError": "raygrpo.sandbox.errors",
     "SandboxNotRunningError": "raygrpo.sandbox.errors",
     "SandboxExecTimeoutError": "raygrpo.sandbox.errors",
-    "NullEnvironment": "raygrpo.testing.null",
     "FaultConfig": "raygrpo.specs.faults",
     "FaultInjectingEnvironment": "raygrpo.envs.harbor.faults",
     "InjectedFault": "raygrpo.envs.harbor.faults",
@@ -51,9 +53,7 @@ _EXPORTS = {
     "reap_leases": "raygrpo.leases.reaper",
 }
 
-NULL_IMPORT_PATH = "raygrpo.testing.null:NullEnvironment"
-
-__all__ = sorted([*_EXPORTS, "LOCAL_IMPORT_PATH", "NULL_IMPORT_PATH"])
+__all__ = sorted([*_EXPORTS, "LOCAL_IMPORT_PATH"])
 
 
 def __getattr__(name: str) -> Any:

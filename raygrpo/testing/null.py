@@ -16,6 +16,9 @@ from typing import Any
 from harbor.environments.base import BaseEnvironment, ExecResult
 from harbor.models.trial.paths import EnvironmentPaths
 
+#: How a config names this backend (`import_path:`).
+NULL_IMPORT_PATH = "raygrpo.testing.null:NullEnvironment"
+
 #: Every live NullEnvironment (started, not stopped), counted for leak checks; a counter, not a registry.
 _live = 0
 
