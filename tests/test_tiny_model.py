@@ -162,8 +162,8 @@ def test_ensure_tiny_model_races_and_caches(tmp_path, monkeypatch):
         t.join(timeout=150)
     assert len(results) == 2 and results[0] == results[1]
     path = results[0]
-    assert os.path.basename(path) == "tiny-qwen3-v1-seed3"
-    assert sorted(os.listdir(os.path.dirname(path))) == ["tiny-qwen3-v1-seed3"]  # the losers' temp dirs are gone
+    assert os.path.basename(path) == "tiny-qwen3-v2-seed3"
+    assert sorted(os.listdir(os.path.dirname(path))) == ["tiny-qwen3-v2-seed3"]  # the losers' temp dirs are gone
     assert os.path.isfile(os.path.join(path, "config.json"))
     n = len(builds)
     start = time.monotonic()

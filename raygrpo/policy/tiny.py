@@ -26,7 +26,7 @@ from raygrpo.policy.model_cache import build_atomically, cache_root
 logger = logging.getLogger(__name__)
 
 #: Bump when the built artefacts change, so caches of an older layout are not reused.
-TINY_MODEL_VERSION = "v1"
+TINY_MODEL_VERSION = "v2"
 
 EOS_TOKEN = "<|im_end|>"
 PAD_TOKEN = "<|endoftext|>"
@@ -40,14 +40,15 @@ SMOLLM2_NAMES = ("smollm2-135m",)
 #: Target vocabulary size of the BPE trainer (it stops earlier if the corpus has no more merges to offer).
 VOCAB_SIZE = 1024
 
-#: Model shape: ~165k parameters with the vocabulary above (embeddings tied to the LM head).
+#: Model shape: ~165k parameters with the vocabulary above (embeddings tied to the LM head). `head_dim` 32: vLLM's
+#: CPU attention rejects 16, and every engine kind serves this one model.
 MODEL_SHAPE = dict(
     hidden_size=64,
     intermediate_size=192,
     num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=32,
     max_position_embeddings=8192,
     rope_theta=10000.0,
     rms_norm_eps=1e-6,
@@ -199,7 +200,7 @@ def build_tiny_model(out_dir: str, seed: int = 0) -> str:
 def ensure_tiny_model(cache_dir: str | None = None, seed: int = 0) -> str:
     """Return the path of the cached tiny model for `seed`, building it once if needed.
 
-    The model lives in `<cache>/tiny-qwen3-v1-seed{seed}` where `<cache>` is `cache_dir`, else `$RAYGRPO_CACHE`,
+    The model lives in `<cache>/tiny-qwen3-v2-seed{seed}` where `<cache>` is `cache_dir`, else `$RAYGRPO_CACHE`,
     else `~/.cache/raygrpo`. It is built in a temporary directory next to it and renamed into place, so a reader never
     sees a half-written model and two processes racing to build it both end up using the one that got there first.
 
