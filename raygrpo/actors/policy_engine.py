@@ -1,4 +1,4 @@
-"""The transformers engine as a Ray actor, and starting and stopping a run's engines.
+"""The transformers engine as a Ray actor, and starting and stopping a run's engines (transformers or vLLM).
 
 `PolicyEngineActor` is a thin async actor around `TransformersEngine`: its methods share the actor's event loop, so
 concurrent `generate` calls from many env pool actors are batched together by the engine. Env pool actors reach it
@@ -12,7 +12,9 @@ from typing import Any
 
 import ray
 
+from raygrpo.actors.weight_store import drop_store, ensure_store, latest_weights, store_name
 from raygrpo.config.policy import PolicyConfig
+from raygrpo.core.environ import PROCESS_ENV
 from raygrpo.policy.base import GenerationContext, SamplingParams
 from raygrpo.policy.transformers_engine import TransformersEngine
 from raygrpo.core.types import Turn
@@ -23,14 +25,19 @@ logger = logging.getLogger(__name__)
 class PolicyEngineActor:
     """Serves a `TransformersEngine` from a Ray actor (create it with `start_policy_engine(...)`).
 
+    A restarted actor comes back with the latest pushed weights (from the run's `WeightStore`).
+
     Args:
         model_path: Model directory or `"tiny"`.
+        weight_store: Name of the run's `WeightStore` actor (None: start from `model_path`'s weights only).
         **engine_kwargs: `TransformersEngine`'s keyword arguments (`device`, `max_batch_size`, `batch_wait_s`, `seed`,
             `dtype`, `num_threads`).
     """
 
-    def __init__(self, model_path: str, **engine_kwargs: Any):
-        self.engine = TransformersEngine(model_path, **engine_kwargs)
+    def __init__(self, model_path: str, weight_store: str | None = None, **engine_kwargs: Any):
+        state, version = latest_weights(weight_store)
+        self.engine = TransformersEngine(model_path, initial_weights=(state, version) if state else None,
+                                         **engine_kwargs)
 
     async def ready(self) -> bool:
         """Returns once the model is loaded (the actor's constructor has run)."""
@@ -63,55 +70,82 @@ class PolicyEngineActor:
         self.engine.close()
 
 
+#: How often Ray restarts an engine actor that dies (its calls in flight fail and their rollouts are retried).
+ENGINE_MAX_RESTARTS = 4
+
+
 def start_policy_engine(
     model_path: str,
     num_cpus: float = 1.0,
     num_gpus: float = 0.0,
     name: str | None = None,
     resources: dict[str, float] | None = None,
+    engine: str = "transformers",
+    weight_store: str | None = None,
     **engine_kwargs: Any,
 ):
-    """Create a `PolicyEngineActor` and return its handle; it loads the model in the background (await `ready`).
+    """Create an engine actor and return its handle; it loads the model in the background (await `ready`).
 
     Args:
-        model_path: Model directory or `"tiny"` (resolved on the actor's node).
+        model_path: Model directory or `"tiny"` (resolved on the actor's node); for vLLM a resolved directory.
         num_cpus: CPUs reserved for the actor; also its torch thread count (rounded, at least 1) unless
             `num_threads` is given.
-        num_gpus: GPUs reserved for the actor (pass `device="cuda"` with it).
+        num_gpus: GPUs reserved for the actor (pass `device="cuda"` with it for transformers).
         name: Optional actor name.
         resources: Custom resources the actor asks for.
-        **engine_kwargs: `device`, `max_batch_size`, `batch_wait_s`, `seed`, `dtype`, `num_threads`.
+        engine: `"transformers"` (`PolicyEngineActor`) or `"vllm"` (`raygrpo.actors.vllm_engine.VLLMEngineActor`).
+        weight_store: Name of the run's `WeightStore`, where a restarted actor finds the latest weights.
+        **engine_kwargs: The engine's keyword arguments (`TransformersEngine`'s or `VLLMEngine`'s).
     """
     engine_kwargs.setdefault("num_threads", max(1, int(round(num_cpus))))
     options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_concurrency": 1000,
-                               "resources": resources or None}
+                               "resources": resources or None, "max_restarts": ENGINE_MAX_RESTARTS}
     if name is not None:
         options["name"] = name
-    return ray.remote(PolicyEngineActor).options(**options).remote(model_path, **engine_kwargs)
+    if engine == "vllm":
+        from raygrpo.actors.vllm_engine import VLLMEngineActor
+
+        cls: type = VLLMEngineActor
+        options["runtime_env"] = {"env_vars": {**PROCESS_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
+    elif engine == "transformers":
+        cls = PolicyEngineActor
+    else:
+        raise ValueError(f"unknown engine {engine!r}: 'transformers' or 'vllm'")
+    return ray.remote(cls).options(**options).remote(model_path, weight_store, **engine_kwargs)
 
 
 def start_engines(cfg: PolicyConfig, model_path: str, ready_timeout_s: float = 600.0) -> list:
-    """Start `cfg.num_engines` transformers engine actors and wait until each has loaded the model.
+    """Start `cfg.num_engines` engine actors (transformers, or vLLM's) and wait until each has loaded the model.
 
-    Returns an empty list unless `cfg.kind == "transformers"`.
+    Returns an empty list unless the policy generates with engine actors (`cfg.engine_actors`). The engines share
+    the run's `WeightStore`, created here.
 
     Args:
         cfg: The run's policy settings.
         model_path: Model directory (already resolved, e.g. by `resolve_model_path`) or `"tiny"`.
         ready_timeout_s: How long to wait for the engines to load their model.
     """
-    if cfg.kind != "transformers":
+    if not cfg.engine_actors:
         return []
     num_gpus = 1.0 if cfg.device.startswith("cuda") else 0.0
+    ray.get(ensure_store().reset.remote(), timeout=60)  # a new run starts from the model's own weights
+    if cfg.kind == "vllm":
+        from raygrpo.policy.tiny import resolve_model_path
+
+        model_path = resolve_model_path(model_path)  # vLLM reads a folder; "tiny" is built once, here
+        kind_kwargs: dict[str, Any] = {"engine": "vllm", "max_num_seqs": cfg.max_batch_size,
+                                       "engine_kwargs": dict(cfg.vllm)}
+    else:
+        kind_kwargs = {"device": cfg.device, "max_batch_size": cfg.max_batch_size}
     handles = [
         start_policy_engine(
             model_path,
             num_cpus=cfg.engine_num_cpus,
             num_gpus=num_gpus,
             resources=cfg.engine_resources,
-            device=cfg.device,
-            max_batch_size=cfg.max_batch_size,
+            weight_store=store_name(),
             seed=i,
+            **kind_kwargs,
         )
         for i in range(cfg.num_engines)
     ]
@@ -120,7 +154,8 @@ def start_engines(cfg: PolicyConfig, model_path: str, ready_timeout_s: float = 6
     except BaseException:
         stop_engines(handles)
         raise
-    logger.info("started %d transformers engine(s) for %s", len(handles), model_path)
+    logger.info("started %d %s engine(s) for %s", len(handles), "vLLM" if cfg.kind == "vllm" else "transformers",
+                model_path)
     for ip in ray.get([h.node_ip.remote() for h in handles], timeout=60):
         logger.info("placed engine on %s", ip)
     return handles
@@ -135,3 +170,4 @@ def stop_engines(handles: list) -> None:
             ray.kill(handle, no_restart=True)
         except Exception as exc:  # noqa: BLE001 - already dead is fine
             logger.debug("stopping engine %s: %s", handle, exc)
+    drop_store()

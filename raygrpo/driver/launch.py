@@ -114,7 +114,7 @@ class RolloutRuntime:
         self.start_governors()
         groups = self._pool_groups()
         demands = {g.field: actor_resources(g.num_cpus, memory=g.memory, resources=g.resources) for g in groups}
-        if cfg.policy.kind == "transformers":
+        if cfg.policy.engine_actors:
             demands["policy.engine_resources"] = actor_resources(
                 cfg.policy.engine_num_cpus, 1.0 if cfg.policy.device.startswith("cuda") else 0.0,
                 resources=cfg.policy.engine_resources)

@@ -42,7 +42,7 @@ def build_policy_client(
     Args:
         cfg: The run's policy settings.
         tokenizer: The run's tokenizer (the scripted policy encodes its text with it); None for acting policies.
-        engines: Engine actor handles (required for `kind="transformers"`; see `raygrpo.actors.policy_engine`).
+        engines: Engine actor handles (required where `cfg.engine_actors`; see `raygrpo.actors.policy_engine`).
         worker_index: Index of the calling worker; workers are spread round-robin over the engines.
         model_name: The model name sent to vLLM when `cfg.served_model_name` is not set (the run's `model`).
     """
@@ -50,9 +50,9 @@ def build_policy_client(
         return acting_policy(cfg.kind)
     if cfg.kind == "scripted":
         return ScriptedPolicy(tokenizer, script_function(cfg))
-    if cfg.kind == "transformers":
+    if cfg.engine_actors:
         if not engines:
-            raise ValueError("policy.kind 'transformers' needs engine actors: start them first")
+            raise ValueError(f"policy.kind {cfg.kind!r} needs engine actors: start them first")
         return EngineClient(engines[worker_index % len(engines)])
     if cfg.kind == "vllm":
         if not cfg.url:

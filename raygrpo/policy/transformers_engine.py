@@ -37,6 +37,7 @@ from typing import Any
 from raygrpo.core.types import Turn
 from raygrpo.policy.base import GenerationContext, PolicyError, SamplingParams
 from raygrpo.policy.causal_lm import DTYPES, CausalLMRunner, Prompt
+from raygrpo.policy.version_hold import VersionHold
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class TransformersEngine:
         seed: Seed of the engine's sampling generator (for requests without their own seed).
         dtype: Model dtype: `"float32"`, `"bfloat16"` or `"float16"`.
         num_threads: Torch intra-op threads (process-wide setting); keep it at the CPUs the process was given.
+        initial_weights: `(state_dict, version)` to load before serving (a restarted engine actor's latest push).
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class TransformersEngine:
         seed: int = 0,
         dtype: str = "float32",
         num_threads: int | None = 1,
+        initial_weights: tuple[dict[str, Any], int] | None = None,
     ):
         import torch
 
@@ -92,10 +95,12 @@ class TransformersEngine:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raygrpo-engine")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: list[_Request] = []
-        self._held: list[tuple[int, asyncio.Future]] = []  # generate() calls waiting for newer weights
+        self._hold = VersionHold(lambda: self.runner.policy_version, "transformers engine")
         self._wakeup: asyncio.Event | None = None
         self._batcher: asyncio.Task | None = None
         self._closed = False
+        if initial_weights is not None:
+            self._executor.submit(self.runner.load_weights, initial_weights[0], int(initial_weights[1])).result()
         self._executor.submit(self.runner.warmup).result()
         logger.info(
             "TransformersEngine: %s on %s (%s, %d parameters), max batch %d",
@@ -121,8 +126,7 @@ class TransformersEngine:
             raise PolicyError("the transformers engine is closed")
         if not prompt_ids:
             raise ValueError("prompt_ids is empty")
-        if self.policy_version < sampling.min_version:
-            await self._hold_until(sampling.min_version)
+        await self._hold.wait_for(sampling.min_version)
         if sampling.max_tokens <= 0:
             return Turn(output_ids=[], logprobs=[], finish_reason="length", policy_version=self.policy_version)
         loop = asyncio.get_running_loop()
@@ -141,7 +145,7 @@ class TransformersEngine:
         """
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self.runner.load_weights, state_dict, int(version))
-        self._release_held()
+        self._hold.release()
 
     async def logprobs_of(self, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0) -> list[float]:
         """Log-probabilities of `completion_ids` after `prompt_ids` under the current weights, one forward pass.
@@ -167,30 +171,8 @@ class TransformersEngine:
             if not request.future.done():
                 request.future.set_exception(PolicyError("the transformers engine was closed"))
         self._pending.clear()
-        self._release_held()
+        self._hold.release(closed=True)
         self._executor.shutdown(wait=False, cancel_futures=True)
-
-    # ------------------------------------------------------------------ requests held for newer weights
-
-    async def _hold_until(self, version: int) -> None:
-        """Wait until the engine has weights of at least `version` (see `SamplingParams.min_version`)."""
-        held = asyncio.get_running_loop().create_future()
-        self._held.append((version, held))
-        await held
-
-    def _release_held(self) -> None:
-        """Let go the held requests the current weights satisfy; fail them all once the engine is closed."""
-        still = []
-        for version, held in self._held:
-            if held.done():
-                continue
-            if self._closed:
-                held.set_exception(PolicyError("the transformers engine was closed"))
-            elif self.policy_version >= version:
-                held.set_result(None)
-            else:
-                still.append((version, held))
-        self._held = still
 
     # ------------------------------------------------------------------ batching (event loop side)
 

@@ -42,7 +42,7 @@ from raygrpo.train.schedule import TaskSchedule
 from raygrpo.train.source import RolloutSource
 from raygrpo.train.trainer import trainer_class
 from raygrpo.train.warmup import run_warmup
-from raygrpo.train.weights import push_weights
+from raygrpo.train.weights import engine_summary, push_weights
 from raygrpo.core.types import TaskRef
 from raygrpo.core.workdir import relocate
 
@@ -113,7 +113,7 @@ class Learner:
             "seed": self.cfg.seed,
             "logging_steps": 1,
         }
-        if self.cfg.policy.kind == "vllm":
+        if self.cfg.policy.kind == "vllm" and not self.cfg.policy.engine_actors:
             # TRL's server mode: it pushes the weights to the server before each rollout_func call.
             server = trl_server_kwargs(self.cfg.policy.url)
             owned.update({k: v for k, v in server.items() if k not in self.cfg.trainer})  # group port, timeout
@@ -198,7 +198,7 @@ class Learner:
     def _push_weights(self, trainer, version: int, *, force: bool = False) -> None:
         """Give the engines the learner's weights as `version`: every `weight_sync_every` versions, or now when
         `force`d (an eval must run on the weights it is labelled with)."""
-        if self.cfg.policy.kind == "vllm":
+        if self.cfg.policy.kind == "vllm" and not self.cfg.policy.engine_actors:
             if force:
                 sync_vllm_weights(trainer)  # TRL syncs the server itself before each generation batch
             return
@@ -206,7 +206,9 @@ class Learner:
             return
         if not force and self._pushed_version is not None and version % self.cfg.train.weight_sync_every:
             return
+        started = time.perf_counter()
         versions = push_weights(trainer.accelerator.unwrap_model(trainer.model), self.engines, version)
+        self._step["weight_push_s"] = self._step.get("weight_push_s", 0.0) + time.perf_counter() - started
         self._pushed_version = version
         logger.info("engines now at policy version %s", versions)
 
@@ -269,6 +271,7 @@ class Learner:
             "step": state.global_step,
             "kind": "train",
             "policy_version": self.version_of(state.global_step),
+            "weight_push_s": 0.0 if self.engines else None,
             **step,
             "trl_reward": logs.get("reward"),
             "loss": logs.get("loss"),
@@ -347,6 +350,7 @@ class Learner:
             "attempts_lost_to_actors_total": dispatch["attempts_lost_to_actors_total"],
             "pools": pool_snapshot,
             "env_actor_stats": actor_stats,
+            "engines": engine_summary(self.cfg.policy, self.engines),
             "model_dir": str(self.out / "model"),
             "checkpoint_dir": str(self.out / "checkpoints"),
         }

@@ -45,8 +45,9 @@ class BehaviourGRPOTrainer(GenerationOutputHook, GRPOTrainer):
 
 
 def trainer_class(cfg: RunConfig) -> type[GRPOTrainer]:
-    """The trainer a run uses: `BehaviourGRPOTrainer` where the engine reports real sampling log-probs (the
-    transformers engine, unless `train.behaviour_ratio` is false), TRL's own `GRPOTrainer` otherwise (a scripted
-    policy reports log-probs of 0.0; with vLLM TRL applies its own importance-sampling correction)."""
+    """The trainer a run uses: `BehaviourGRPOTrainer` where engine actors report real sampling log-probs (the
+    transformers or vLLM engine actors, unless `train.behaviour_ratio` is false), TRL's own `GRPOTrainer` otherwise
+    (a scripted policy reports log-probs of 0.0; with a vLLM server TRL applies its own importance-sampling
+    correction)."""
     wanted = cfg.train.behaviour_ratio is not False
-    return BehaviourGRPOTrainer if wanted and cfg.policy.kind == "transformers" else GRPOTrainer
+    return BehaviourGRPOTrainer if wanted and cfg.policy.engine_actors else GRPOTrainer

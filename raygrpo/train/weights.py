@@ -1,8 +1,11 @@
-"""Weight sync from the learner to the transformers engine actors.
+"""Weight sync from the learner to the engine actors (transformers or vLLM), through Ray's object store.
 
 The learner's full `state_dict` (moved to the CPU, so a GPU learner can feed CPU engines and the tensors pickle
-without CUDA) goes to every engine with the policy version it stands for; each engine swaps it in between generation
-batches and reports that version on every turn it generates afterwards. With vLLM, TRL syncs the server itself.
+without CUDA), by Hugging Face parameter name, is put in the object store once and goes to every engine with the
+policy version it stands for; each engine loads it in place between generation batches (the vLLM engine once its
+requests in flight have finished) and reports that version on every turn it generates afterwards. The reference is
+also left in the run's `WeightStore`, where a restarted engine finds it. With an external vLLM server
+(`policy.url`, `policy.serve`), TRL syncs the server itself.
 """
 
 from __future__ import annotations
@@ -21,5 +24,25 @@ def push_weights(model: Any, engines: list[Any], version: int, timeout_s: float 
 
     if not engines:
         return []
+    from raygrpo.actors.weight_store import find_store
+
     state = ray.put(cpu_state_dict(model))  # one copy in the object store for all engines
+    store = find_store()
+    if store is not None:
+        ray.get(store.put.remote([state], version), timeout=timeout_s)
     return ray.get([e.set_weights.remote(state, version) for e in engines], timeout=timeout_s)
+
+
+def engine_summary(policy: Any, engines: list[Any], timeout_s: float = 60.0) -> dict[str, Any]:
+    """Which engines generated the run's turns (`"vllm"`, `"transformers"`, or the policy kind without engine actors),
+    with each engine actor's counters (None for one that does not answer)."""
+    import ray
+
+    kind = policy.kind if not engines else ("vllm" if policy.kind == "vllm" else "transformers")
+    stats: list[Any] = []
+    for engine in engines:
+        try:
+            stats.append(ray.get(engine.stats.remote(), timeout=timeout_s))
+        except Exception:  # noqa: BLE001 - a lost engine does not fail the summary
+            stats.append(None)
+    return {"kind": kind, "count": len(engines), "stats": stats}

@@ -1,0 +1,79 @@
+"""The run's latest pushed weights, kept where a restarted engine actor finds them.
+
+An engine actor that dies is restarted by Ray from its constructor's arguments, i.e. with the weights it was first
+built from. So that it comes back with the learner's latest weights (and their version), every push leaves its object
+reference in this small named actor, and an engine asks it in its constructor. One store per Ray job, named after
+the job: the driver that starts the engines and the learner that pushes to them are one job and find the same store.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+
+#: The store of the current Ray job is named `<prefix><job id>`.
+NAME_PREFIX = "raygrpo-weights-"
+
+
+class WeightStore:
+    """Holds the object reference of the latest pushed state dict and its policy version."""
+
+    def __init__(self) -> None:
+        self._refs: list[Any] = []
+        self._version = 0
+
+    def put(self, refs: list[Any], version: int) -> None:
+        """Keep `refs[0]` (passed inside a list, so that Ray hands over the reference, not the tensors)."""
+        if version >= self._version:
+            self._refs, self._version = list(refs), int(version)
+
+    def reset(self) -> None:
+        """Forget the pushes of an earlier run in this job."""
+        self._refs, self._version = [], 0
+
+    def latest(self) -> tuple[list[Any], int]:
+        """`([ref], version)` of the latest push, or `([], 0)` before the first."""
+        return list(self._refs), self._version
+
+
+def store_name() -> str:
+    """This Ray job's store name."""
+    return NAME_PREFIX + ray.get_runtime_context().get_job_id()
+
+
+def ensure_store() -> Any:
+    """This job's store, created on first use (a CPU-free actor)."""
+    return ray.remote(WeightStore).options(name=store_name(), get_if_exists=True, num_cpus=0).remote()
+
+
+def find_store() -> Any | None:
+    """This job's store if engines were started with one, else None."""
+    try:
+        return ray.get_actor(store_name())
+    except ValueError:
+        return None
+
+
+def drop_store() -> None:
+    """Stop this job's store, if any (the engines are gone)."""
+    store = find_store()
+    if store is not None:
+        try:
+            ray.kill(store)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+
+def latest_weights(name: str | None, timeout_s: float = 300.0) -> tuple[dict[str, Any] | None, int]:
+    """The state dict and version of the latest push recorded in the store `name` (None, 0 if none yet)."""
+    if name is None:
+        return None, 0
+    try:
+        store = ray.get_actor(name)
+    except ValueError:
+        return None, 0
+    refs, version = ray.get(store.latest.remote(), timeout=timeout_s)
+    if not refs:
+        return None, 0
+    return ray.get(refs[0], timeout=timeout_s), version
