@@ -70,8 +70,11 @@ class PolicyEngineActor:
         self.engine.close()
 
 
-#: How often Ray restarts an engine actor that dies (its calls in flight fail and their rollouts are retried).
+#: How often Ray restarts an engine actor that dies, and how often it re-sends a call that the death interrupted (or
+#: that arrived while the actor restarted) to the restarted actor. Past either, the call fails with `PolicyError` and
+#: the orchestrator retries the rollout.
 ENGINE_MAX_RESTARTS = 4
+ENGINE_MAX_TASK_RETRIES = 3
 
 
 def start_policy_engine(
@@ -99,7 +102,8 @@ def start_policy_engine(
     """
     engine_kwargs.setdefault("num_threads", max(1, int(round(num_cpus))))
     options: dict[str, Any] = {"num_cpus": num_cpus, "num_gpus": num_gpus, "max_concurrency": 1000,
-                               "resources": resources or None, "max_restarts": ENGINE_MAX_RESTARTS}
+                               "resources": resources or None, "max_restarts": ENGINE_MAX_RESTARTS,
+                               "max_task_retries": ENGINE_MAX_TASK_RETRIES}
     if name is not None:
         options["name"] = name
     if engine == "vllm":

@@ -42,9 +42,15 @@ def store_name() -> str:
     return NAME_PREFIX + ray.get_runtime_context().get_job_id()
 
 
+#: The handle of the store this process created: a named actor lives only while a handle to it does.
+_created: Any = None
+
+
 def ensure_store() -> Any:
-    """This job's store, created on first use (a CPU-free actor)."""
-    return ray.remote(WeightStore).options(name=store_name(), get_if_exists=True, num_cpus=0).remote()
+    """This job's store, created on first use (a CPU-free actor); this process keeps it alive until `drop_store`."""
+    global _created
+    _created = ray.remote(WeightStore).options(name=store_name(), get_if_exists=True, num_cpus=0).remote()
+    return _created
 
 
 def find_store() -> Any | None:
@@ -57,6 +63,8 @@ def find_store() -> Any | None:
 
 def drop_store() -> None:
     """Stop this job's store, if any (the engines are gone)."""
+    global _created
+    _created = None
     store = find_store()
     if store is not None:
         try:
