@@ -144,6 +144,13 @@ class PolicyConfig(BaseModel):
         no model, no tokenizer and no engines."""
         return self.kind in ACTING_KINDS
 
+    @property
+    def engine_actors(self) -> bool:
+        """Whether the policy runs as raygrpo's own engine actors, which the learner pushes its weights to and which
+        report the log-probs they sampled with (`transformers`; a `vllm` policy with neither `url` nor `serve` once
+        vLLM engine actors exist), rather than as a server TRL syncs, a script or an acting policy."""
+        return self.kind == "transformers" or (self.kind == "vllm" and not self.url and not self.serve)
+
     @model_validator(mode="after")
     def _check_kind_fields(self) -> PolicyConfig:
         if self.kind == "scripted" and not self.script:

@@ -161,8 +161,8 @@ class RunConfig(BaseModel):
                              "envs.<name>.provider to the entry, or name the entry after the suite's backend")
         if self.train.eval_every and not self.eval_envs:
             raise ValueError("train.eval_every is set but eval_envs is empty: nothing to evaluate")
-        if self.train.behaviour_ratio and self.policy.kind != "transformers":
-            raise ValueError(f"train.behaviour_ratio needs the sampling log-probs of a transformers engine; policy.kind "
+        if self.train.behaviour_ratio and not self.policy.engine_actors:
+            raise ValueError(f"train.behaviour_ratio needs the sampling log-probs of engine actors; policy.kind "
                              f"{self.policy.kind!r} reports none (scripted turns are certain; with vLLM TRL applies its "
                              "own importance-sampling correction): leave it unset")
         accumulation = _int(self.trainer.get("gradient_accumulation_steps"), 1)
