@@ -2,8 +2,8 @@
 
 A sample is fresh when its `policy_version` (the lowest over its turns, see `raygrpo.train.groups.to_rollout_output`)
 is the version of the weights being trained: the engine generated it with the learner's current weights, so the two
-log-probs of each of its model tokens should agree up to numerics (same weights in fp32: ~1e-6; bf16 on either side
-or another kernel, as with vLLM: far more). Stale samples are left out (their gap is the policy's change, not the
+log-probs of each of its model tokens should agree up to numerics (the transformers engine in fp32: ~3e-7 nats per
+token on the tiny model; bf16 on either side or other kernels, as with vLLM: far more). Stale samples are left out (their gap is the policy's change, not the
 engines'), and so are padding and tool-result positions (TRL's completion mask times its tool mask).
 
 Per generation batch, with d = logp_learner - logp_sampling over those tokens:
