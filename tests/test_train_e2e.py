@@ -54,6 +54,9 @@ def test_sync_steps_then_resume_continue_with_the_same_optimizer_state_version_a
     assert [r["step"] for r in lines] == [1, 2]
     assert [r["generated_by_version"] for r in lines] == [0, 1]  # sync: each step's rollouts use that step's weights
     assert all(r["staleness_max"] == 0 and r["groups"] == 2 and r["rollouts"] == 4 for r in lines)
+    # Every group is fresh and the engine samples with the learner's own fp32 weights: its log-probs and TRL's differ
+    # only by numerics (measured: 2.8e-7 and 2.2e-7 nats per token).
+    assert all(0 <= r["logp_mismatch_mean"] < 1e-3 and 0 <= r["logp_mismatch_k3"] < 1e-6 for r in lines), lines
     assert summary["steps"] == 2 and summary["leaked_envs"] == 0 and summary["task_position"] == 4
     ckpt = out / "checkpoints" / "checkpoint-2"
     assert json.loads((ckpt / "raygrpo_state.json").read_text())["schedule"] == {"position": 4}
@@ -137,6 +140,8 @@ def test_mixture_shares_rewards_and_tool_masks_reach_trl(ray_local, tiny_model_d
     for r in lines:
         assert r["trl_reward"] == pytest.approx(r["reward_mean"], abs=1e-5)
     assert any(r["scored_fraction"] < 1.0 for r in lines)  # unscored (None) rollouts stayed unscored
+    # A script's log-probs are 0.0, not a sampler's: no log-prob mismatch to report.
+    assert all(r["logp_mismatch_mean"] is None and r["logp_mismatch_k3"] is None for r in lines)
     # Evaluations before step 0, at 5 and at the end, on the eval environment only.
     evals = [r for r in records if r["kind"] == "eval"]
     assert [r["step"] for r in evals] == [0, 5, 10] and all(set(r["eval_envs"]) == {"echo_test"} for r in evals)
@@ -235,6 +240,9 @@ def test_with_num_iterations_2_a_version_spans_two_steps(ray_local, tiny_model_d
     assert [r["step"] for r in lines] == [1, 2, 3, 4]
     assert [r["policy_version"] for r in lines] == [0, 1, 1, 2]
     assert [r.get("generated_by_version") for r in lines] == [0, None, 1, None]
+    # The mismatch is a generation batch's (from the old log-probs TRL computes itself here); none on the second pass.
+    assert [r["logp_mismatch_mean"] is not None for r in lines] == [True, False, True, False]
+    assert [r["logp_mismatch_k3"] is not None for r in lines] == [True, False, True, False]
     rollouts = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
     assert {r["step"] for r in rollouts} == {1, 3}
     assert all(set(r["policy_versions"]) == {(r["step"] - 1) // 2} for r in rollouts)

@@ -82,6 +82,18 @@ def test_staleness_is_measured_from_the_oldest_turn_of_the_group():
     assert group.min_version() == 2 and group.staleness(5) == 3 and group.staleness(1) == 0
 
 
+def test_each_entry_carries_its_lowest_version_unversioned_turns_counting_from_dispatch():
+    """A vLLM server's (or a script's) turns carry no version: the group's dispatch version stands for them, in the
+    entries' `policy_version` (what tells the learner's fresh samples apart) as in the group's staleness."""
+    assembler = GroupAssembler(group_size=3)
+    assembler.dispatched("g", 4)
+    assembler.add(_traj("g", 0, 1.0, versions=(3, 5)))
+    assembler.add(_traj("g", 1, 1.0, versions=(-1, -1)))
+    group = assembler.add(_traj("g", 2, None, versions=(), completion=(), mask=()))
+    assert to_rollout_output([group], fallback_id=99)["policy_version"] == [3, 4, None]
+    assert group.min_version() == 3
+
+
 class _ScriptedOrchestrator:
     """Stands in for the Ray orchestrator in these unit tests: finishes each enqueued rollout on the next poll with
     the policy version `version(n)` returns for the n-th rollout produced, so the test controls staleness exactly."""

@@ -10,7 +10,8 @@ moved, so an upgrade fails loudly at the patch instead of misbehaving later.
 - sse-starlette (pinned by openreward): `patch_sse_exit_signal` makes its shutdown watch per event loop.
 - openreward's server: `set_ors_server_log_level`, `patch_ors_idle_timeout`, `ors_session_ids`.
 - TRL: `GenerationOutputHook` overrides `GRPOTrainer._generate_and_score_completions` to adjust what it returns;
-  `sync_vllm_weights` pushes a trainer's weights to its vLLM server outside a generation batch.
+  `completion_logps` runs TRL's forward pass for a batch's log-probs; `log_trainer_metrics` adds to TRL's logged
+  metrics; `sync_vllm_weights` pushes a trainer's weights to its vLLM server outside a generation batch.
 """
 
 from __future__ import annotations
@@ -208,11 +209,39 @@ class GenerationOutputHook:
 
     def _generate_and_score_completions(self, inputs: Any) -> dict[str, Any]:
         output = super()._generate_and_score_completions(inputs)  # type: ignore[misc]
-        return self.adjust_generation_output(output)
+        return self.adjust_generation_output(output, inputs)
 
-    def adjust_generation_output(self, output: dict[str, Any]) -> dict[str, Any]:
-        """Return the batch to train on; the default leaves TRL's as it is."""
+    def adjust_generation_output(self, output: dict[str, Any], inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        """Return the batch to train on; the default leaves TRL's as it is. `inputs` are TRL's per-sample dicts, one
+        per row of `output`, with the extra fields of the `rollout_func`'s output (e.g. `policy_version`) merged in."""
         return output
+
+
+def completion_logps(trainer: Any, output: dict[str, Any], rows: Any) -> Any:
+    """The trainer's per-token log-probs (no grad, current weights, at its temperature) of the completion tokens of
+    `rows` of a generation output: the forward pass TRL makes for its own old log-probs, on those rows only. The
+    columns (and so each row's padding) stay the batch's, so every position sees what TRL's loss will see."""
+    require("trl", "computing the learner's log-probs of a generation batch")
+    import torch
+    from trl.models.utils import disable_gradient_checkpointing
+
+    ids = torch.cat([output["prompt_ids"][rows], output["completion_ids"][rows]], dim=1)
+    mask = torch.cat([output["prompt_mask"][rows], output["completion_mask"][rows]], dim=1)
+    with torch.no_grad(), disable_gradient_checkpointing(trainer.model, trainer.args.gradient_checkpointing_kwargs):
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, ids, mask, output["completion_ids"].size(1),
+            batch_size=trainer.args.per_device_train_batch_size,
+        )
+    return logps
+
+
+def log_trainer_metrics(trainer: Any, metrics: dict[str, float | None]) -> None:
+    """Add metrics of the current generation batch to those TRL averages into its next `log` (the logs a
+    `TrainerCallback.on_log` receives); None is logged as NaN, which TRL reports as None."""
+    require("trl", "adding metrics to a trainer's logs")
+    mode = "train" if trainer.model.training else "eval"
+    for name, value in metrics.items():
+        trainer._metrics[mode][name].append(float("nan") if value is None else float(value))
 
 
 def sync_vllm_weights(trainer: Any) -> None:

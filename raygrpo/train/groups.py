@@ -34,9 +34,14 @@ class Group:
         return self.trajectories[0].task.env if self.trajectories else ""
 
     def min_version(self) -> int | None:
-        """The lowest policy version over all turns of all trajectories (None if no turn was generated). Turns of
+        """The lowest policy version over all turns of all trajectories (None if no turn was generated)."""
+        versions = [v for v in map(self.version_of, self.trajectories) if v is not None]
+        return min(versions) if versions else None
+
+    def version_of(self, traj: Trajectory) -> int | None:
+        """The lowest policy version over the turns of one of the group's trajectories (None if it has none). Turns of
         policies whose versions are unknown (`UNVERSIONED`) count as the learner's version at dispatch."""
-        versions = [v if v >= 0 else self.dispatched_version for t in self.trajectories for v in t.policy_versions]
+        versions = [v if v >= 0 else self.dispatched_version for v in traj.policy_versions]
         return min(versions) if versions else None
 
     def staleness(self, current_version: int) -> int:
@@ -82,7 +87,8 @@ def to_rollout_output(groups: list[Group], fallback_id: int) -> dict[str, list[A
 
     Keys: `prompt_ids`, `completion_ids`, `logprobs`, `env_mask` (TRL's tool mask: 1 = model token), and extra
     fields TRL forwards to the reward functions: `env_reward` (None = unscored), `status`, `env`, `policy_version`
-    (lowest over the trajectory's turns). A rollout that failed before generating anything still needs tokens: it
+    (lowest over the trajectory's turns, unversioned turns counting as the group's dispatch version, as for its
+    staleness; None without turns). A rollout that failed before generating anything still needs tokens: it
     gets its group's prompt and a single masked `fallback_id` (usually the eos), so it trains nothing and, being
     unscored, gets advantage 0.
     """
@@ -104,5 +110,5 @@ def to_rollout_output(groups: list[Group], fallback_id: int) -> dict[str, list[A
             out["env_reward"].append(traj.reward)
             out["status"].append(traj.status.value)
             out["env"].append(traj.task.env)
-            out["policy_version"].append(min(traj.policy_versions) if traj.policy_versions else None)
+            out["policy_version"].append(group.version_of(traj))
     return out

@@ -9,7 +9,8 @@ Plain Python (no Ray actor here: `raygrpo.actors.learner` wraps it). What happen
 4. `RolloutSource.next_batch` returns `len(prompts) / G` complete groups (sync: generated now; async: streamed
    ahead, stale groups dropped), which fill TRL's entries group by group (see `raygrpo.train.groups`).
 5. TRL scores them with `env_reward` (the environment's reward; None stays None, so TRL leaves unscored rollouts
-   out of the group baseline and gives them advantage 0), masks tool tokens with `env_mask`, and steps.
+   out of the group baseline and gives them advantage 0), masks tool tokens with `env_mask`, and steps; the trainer
+   logs the sampling/learner log-prob mismatch of the fresh groups (`raygrpo.train.logp_mismatch`).
 
 Task schedule: raygrpo's `TaskSchedule` picks each group's task, not TRL's sampler; its position is saved with every
 checkpoint (`raygrpo_state.json`, see `raygrpo.train.checkpoint`) so a resumed run continues with the next task.
@@ -36,6 +37,7 @@ from raygrpo.train.checkpoint import (REFERENCE_DIR, checkpoint_step, find_check
 from raygrpo.train.evaluate import evaluate
 from raygrpo.train.groups import to_rollout_output
 from raygrpo.train.grpo_args import build_grpo_config
+from raygrpo.train.logp_mismatch import FIELDS as LOGP_FIELDS
 from raygrpo.train.metrics import (MetricsLog, RolloutLog, per_env_stats, plot_rewards, reward_stats,
                                     sandbox_stats)
 from raygrpo.train.schedule import TaskSchedule
@@ -246,6 +248,7 @@ class Learner:
             envs={env: {**s, "groups": sum(1 for g in batch.groups if g.env == env)}
                   for env, s in per_env_stats(trajs).items()},
         )
+        trainer.policy_version = version  # its samples of this version are fresh (raygrpo.train.logp_mismatch)
         return to_rollout_output(batch.groups, fallback_id=int(self.tokenizer.eos_token_id))
 
     def run_eval(self, trainer, version: int) -> dict[str, Any]:
@@ -278,6 +281,7 @@ class Learner:
             "kl": logs.get("kl"),
             "grad_norm": logs.get("grad_norm"),
             "learning_rate": logs.get("learning_rate"),
+            **{name: logs.get(name) for name in LOGP_FIELDS},  # logged by the trainer on generating steps
             "dropped_groups_total": self.source.dropped_total,
             **self._dispatch_fields(),
             "task_position": self.source.schedule.position,

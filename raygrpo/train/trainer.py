@@ -10,9 +10,12 @@ as a fresh one would (docs/training.md shows what that did to async runs).
 from `rollout_func` as `sampling_per_token_logps`) as PPO's old log-probs: PPO-clip against the sampling policy, so
 the ratio is `pi_theta / pi_behaviour` and TRL's clipped objective bounds how far any one batch moves the policy away
 from what generated it. The anchor is the stale sampling policy itself (not decoupled PPO's proximal policy). For a
-fresh group the engine's log-probs equal the learner's (the transformers engine runs the same weights), the ratio is
-1 and nothing changes. With vLLM, TRL computes its old log-probs and its own importance-sampling correction, and
-this class leaves them alone.
+fresh group the engine's log-probs equal the learner's (the engine actors run the same weights in float32), the ratio
+is 1 and nothing changes. With a vLLM server (`policy.url`, `policy.serve`), TRL computes its old log-probs and its
+own importance-sampling correction, and this class leaves them alone.
+
+Both trainers here (`MismatchGRPOTrainer` with a vLLM server, `BehaviourGRPOTrainer` with engine actors) also log how far the
+engine's sampling log-probs are from the learner's on each batch's fresh samples (`raygrpo.train.logp_mismatch`).
 """
 
 from __future__ import annotations
@@ -23,20 +26,40 @@ from trl import GRPOTrainer
 
 from raygrpo.core.compat import GenerationOutputHook
 from raygrpo.config import RunConfig
+from raygrpo.train.logp_mismatch import record_logp_mismatch
 
 
-class BehaviourGRPOTrainer(GenerationOutputHook, GRPOTrainer):
-    """`GRPOTrainer` whose PPO ratio is taken against the log-probs the rollouts were sampled with.
-
-    Whenever the batch carries sampling log-probs, they replace TRL's old log-probs: also where TRL computes its own
-    (`num_iterations > 1`, or a generation batch that spans several optimizer steps), which would come from the
-    learner's current weights, not from the weights that generated the rollouts.
+class MismatchGRPOTrainer(GenerationOutputHook, GRPOTrainer):
+    """`GRPOTrainer` that logs, per generation batch, how far the engine's sampling log-probs are from its own on the
+    fresh samples (`logp_mismatch_mean`, `logp_mismatch_k3`: see `raygrpo.train.logp_mismatch`).
 
     Args:
         *args, **kwargs: As for `GRPOTrainer`.
     """
 
-    def adjust_generation_output(self, output: dict[str, Any]) -> dict[str, Any]:
+    #: The policy version of the weights being trained, set by the `rollout_func` before it returns a batch: the
+    #: samples whose `policy_version` equals it are fresh. None: no sample is (no figures).
+    policy_version: int | None = None
+
+    def adjust_generation_output(self, output: dict[str, Any], inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        record_logp_mismatch(self, output, inputs, self.policy_version)
+        return output
+
+
+class BehaviourGRPOTrainer(MismatchGRPOTrainer):
+    """`GRPOTrainer` whose PPO ratio is taken against the log-probs the rollouts were sampled with.
+
+    Whenever the batch carries sampling log-probs, they replace TRL's old log-probs: also where TRL computes its own
+    (`num_iterations > 1`, or a generation batch that spans several optimizer steps), which would come from the
+    learner's current weights, not from the weights that generated the rollouts. It logs the log-prob mismatch as
+    `MismatchGRPOTrainer` does (before the replacement, so TRL's own old log-probs serve it where it has them).
+
+    Args:
+        *args, **kwargs: As for `GRPOTrainer`.
+    """
+
+    def adjust_generation_output(self, output: dict[str, Any], inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        output = super().adjust_generation_output(output, inputs)
         behaviour = output.get("sampling_per_token_logps")
         if behaviour is not None:
             # Padding and tool-result positions hold 0.0 (see raygrpo.train.groups); the loss masks them out.
@@ -44,10 +67,19 @@ class BehaviourGRPOTrainer(GenerationOutputHook, GRPOTrainer):
         return output
 
 
+def reports_sampling_logprobs(cfg: RunConfig) -> bool:
+    """Whether the run's policy reports the real log-probs it sampled with: its engine actors do, and so does a vLLM
+    server; a scripted policy reports 0.0 for every token (its turns are certain)."""
+    return cfg.policy.engine_actors or cfg.policy.kind == "vllm"
+
+
 def trainer_class(cfg: RunConfig) -> type[GRPOTrainer]:
-    """The trainer a run uses: `BehaviourGRPOTrainer` where engine actors report real sampling log-probs (the
-    transformers or vLLM engine actors, unless `train.behaviour_ratio` is false), TRL's own `GRPOTrainer` otherwise
-    (a scripted policy reports log-probs of 0.0; with a vLLM server TRL applies its own importance-sampling
-    correction)."""
-    wanted = cfg.train.behaviour_ratio is not False
-    return BehaviourGRPOTrainer if wanted and cfg.policy.engine_actors else GRPOTrainer
+    """The trainer a run uses: `BehaviourGRPOTrainer` where engine actors (transformers or vLLM's) report the sampling
+    log-probs (unless `train.behaviour_ratio` is false), `MismatchGRPOTrainer` for other real sampling log-probs (with
+    a vLLM server TRL applies its own importance-sampling correction), TRL's own `GRPOTrainer` where there are none
+    (scripted)."""
+    if not reports_sampling_logprobs(cfg):
+        return GRPOTrainer
+    if cfg.train.behaviour_ratio is not False and cfg.policy.engine_actors:
+        return BehaviourGRPOTrainer
+    return MismatchGRPOTrainer
