@@ -33,7 +33,7 @@ Issue 40, item 6. One Ray runtime, then one process of vLLM alone:
    turn's prompt is there from the start: no turn waits for an environment or for the turn before it.
    `vllm_ratio_to_alone` = vllm `tokens_per_s` / vllm_alone `tokens_per_s`.
 
-Prints progress to stderr and one JSON object last on stdout. Run: `python benchmarks/engines.py` (about 6 minutes on
+Prints progress to stderr and one JSON object last on stdout. Run: `python benchmarks/engines.py` (about 2.5 minutes on
 2 cores; `--rollouts`, `--in-flight`, `--max-tokens`, `--engines`, `--pushes` to change it; `--out` keeps the run
 folders and the requests file).
 """
