@@ -90,8 +90,9 @@ def cpu_defaults() -> dict[str, Any]:
     return {"enable_chunked_prefill": False} if current_platform.is_cpu() else {}
 
 
-def engine_args(model_path: str, max_num_seqs: int, seed: int, extra: dict[str, Any]) -> Any:
-    """vLLM's `EngineArgs` for one engine: raygrpo's defaults, then `extra` (the run's `policy.vllm`).
+def engine_arg_values(model_path: str, max_num_seqs: int, seed: int, extra: dict[str, Any]) -> dict[str, Any]:
+    """The fields of one engine's `EngineArgs`: raygrpo's defaults, then `extra` (the run's `policy.vllm`), then the
+    fields raygrpo owns. Also the keyword arguments of `vllm.LLM` for the same engine (benchmarks/engines.py).
 
     Raises:
         ValueError: `extra` names a field `EngineArgs` does not have, or one raygrpo sets (the message names
@@ -109,8 +110,15 @@ def engine_args(model_path: str, max_num_seqs: int, seed: int, extra: dict[str, 
     kwargs = {**DEFAULT_ENGINE_ARGS, **cpu_defaults(), **extra}
     if kwargs.get("kv_cache_memory_bytes") and "gpu_memory_utilization" in extra:
         kwargs.pop("kv_cache_memory_bytes")  # the user sized the cache by share of memory instead
-    return EngineArgs(model=model_path, tokenizer=model_path, max_num_seqs=max_num_seqs, seed=seed,
-                      logprobs_mode="processed_logprobs", **kwargs)
+    return {"model": model_path, "tokenizer": model_path, "max_num_seqs": max_num_seqs, "seed": seed,
+            "logprobs_mode": "processed_logprobs", **kwargs}
+
+
+def engine_args(model_path: str, max_num_seqs: int, seed: int, extra: dict[str, Any]) -> Any:
+    """vLLM's `EngineArgs` for one engine (the fields of `engine_arg_values`)."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(**engine_arg_values(model_path, max_num_seqs, seed, extra))
 
 
 class VLLMEngine:
