@@ -110,3 +110,24 @@ def test_elastic_bounds_default_to_min_0_and_the_fixed_count():
     assert _bounds(None, None, 6, 2) == (0, 6)      # max only: an idle pool holds nothing
     assert _bounds(None, 4, None, 2) == (4, 4)      # min only: at least the fixed count
     assert _bounds(None, 1, 8, 2) == (1, 8)
+
+
+@pytest.mark.parametrize("policy, engine_actors", [
+    ({"kind": "transformers"}, True),
+    ({"kind": "vllm"}, True),                                  # vLLM engine actors
+    ({"kind": "vllm", "url": "http://127.0.0.1:8000"}, False),  # a server TRL syncs
+    ({"kind": "scripted", "script": "m:f"}, False),
+])
+def test_which_policies_run_as_engine_actors(policy, engine_actors):
+    cfg = load_config(data={"envs": {"e": {"kind": "ors", "url": "http://127.0.0.1:1"}}, "policy": policy})
+    assert cfg.policy.engine_actors is engine_actors
+
+
+@pytest.mark.parametrize("policy", [
+    {"kind": "transformers", "vllm": {"dtype": "bfloat16"}},
+    {"kind": "vllm", "url": "http://127.0.0.1:8000", "vllm": {"dtype": "bfloat16"}},
+])
+def test_vllm_engine_arguments_are_refused_where_no_vllm_engine_actor_would_read_them(policy):
+    with pytest.raises(ConfigError) as err:
+        load_config(data={"envs": {"e": {"kind": "ors", "url": "http://127.0.0.1:1"}}, "policy": policy})
+    assert "policy.vllm" in str(err.value)

@@ -73,6 +73,20 @@ def test_the_installed_versions_are_the_checked_ones():
     assert torch.__version__.startswith(CHECKED["torch"]) and transformers.__version__.startswith(CHECKED["transformers"])
 
 
+def test_engine_arguments_are_checked_before_ray_starts():
+    require_vllm()
+    from raygrpo.config import load_config
+    from raygrpo.core.errors import ResolveError
+    from raygrpo.driver.resolve import check_vllm_engines
+
+    cfg = load_config(path=str(ECHO_TRAIN), overrides=["policy.kind=vllm", "policy.vllm.max_model_len=2048"])
+    check_vllm_engines(cfg)
+    for field, says in [("no_such_arg", "not a vLLM engine argument"), ("max_num_seqs", "policy.max_batch_size")]:
+        cfg = load_config(path=str(ECHO_TRAIN), overrides=["policy.kind=vllm", f"policy.vllm.{field}=1"])
+        with pytest.raises(ResolveError, match=f"policy.vllm.{field}: .*{says}"):
+            check_vllm_engines(cfg)
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_sampling_logprobs_agree_with_the_learners_forward_pass(engine, tiny_model_dir, temperature):
     import torch
@@ -133,7 +147,7 @@ def test_a_request_for_newer_weights_waits_for_them(engine, tiny_model_dir):
     assert ray.get(held, timeout=60).policy_version == version + 1
 
 
-def test_an_engine_killed_mid_batch_comes_back_with_the_latest_weights_and_finishes_the_calls(engine):
+def test_an_engine_killed_mid_batch_comes_back_with_the_latest_weights_and_finishes_the_calls(engine, tiny_model_dir):
     """Ray restarts the engine actor and re-sends the interrupted calls (`ENGINE_MAX_TASK_RETRIES`); the restarted
     engine loads the latest push from the run's weight store, so the calls finish at the version they asked for."""
     import os
@@ -141,11 +155,15 @@ def test_an_engine_killed_mid_batch_comes_back_with_the_latest_weights_and_finis
 
     import ray
 
+    import torch
+    from transformers import AutoModelForCausalLM
+
     from raygrpo.core.types import SamplingParams
     from raygrpo.policy.engine_client import EngineClient
+    from raygrpo.train.weights import push_weights
 
-    version = ray.get(engine.policy_version.remote())
-    assert version >= 1  # pushed by the tests above
+    version = ray.get(engine.policy_version.remote()) + 1
+    push_weights(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), [engine], version)
     pid = ray.get(engine.__ray_call__.remote(lambda self: os.getpid()))
 
     async def batch():
@@ -169,8 +187,6 @@ def test_a_rollout_run_survives_its_engine_being_killed(ray_local, tmp_path):
     import signal
     import threading
 
-    from ray.util.state import list_actors
-
     from raygrpo.config import load_config
     from raygrpo.driver.collect import collect
 
@@ -180,24 +196,36 @@ def test_a_rollout_run_survives_its_engine_being_killed(ray_local, tmp_path):
         "policy.vllm.kv_cache_memory_bytes=33554432", "policy.vllm.max_model_len=1024",
     ])
     killed: list[int] = []
+    problems: list[BaseException] = []
+
+    def engine_pids() -> list[int]:
+        import psutil
+
+        pids = []
+        for proc in psutil.process_iter(["cmdline"]):
+            if "ray::VLLMEngineActor" in " ".join(proc.info["cmdline"] or []):  # Ray's process title
+                pids.append(proc.pid)
+        return pids
 
     def kill_the_engine_once_rollouts_are_done() -> None:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and not killed:
-            lines = out / "trajectories.jsonl"
-            if lines.exists() and len(lines.read_text().splitlines()) >= 8:
-                alive = list_actors(filters=[("class_name", "=", "VLLMEngineActor"), ("state", "=", "ALIVE")])
-                for actor in alive:
-                    os.kill(actor.pid, signal.SIGKILL)
-                    killed.append(actor.pid)
-                return
-            time.sleep(0.2)
+        try:
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:
+                lines = out / "trajectories.jsonl"
+                if lines.exists() and len(lines.read_text().splitlines()) >= 8:
+                    for pid in engine_pids():
+                        os.kill(pid, signal.SIGKILL)
+                        killed.append(pid)
+                    return
+                time.sleep(0.2)
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            problems.append(exc)
 
     killer = threading.Thread(target=kill_the_engine_once_rollouts_are_done, daemon=True)
     killer.start()
     summary = collect(cfg, out, progress=False)
     killer.join(timeout=5)
-    assert killed, "the engine was not killed while rollouts ran"
+    assert killed, f"the engine was not killed while rollouts ran: {problems}"
     assert summary["completed"] == summary["requested"] == 128
     assert summary["leaked_envs"] == 0 and summary["status_counts"].get("policy_error", 0) == 0
 

@@ -8,6 +8,7 @@ the job: the driver that starts the engines and the learner that pushes to them 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import ray
@@ -42,15 +43,18 @@ def store_name() -> str:
     return NAME_PREFIX + ray.get_runtime_context().get_job_id()
 
 
-#: The handle of the store this process created: a named actor lives only while a handle to it does.
-_created: Any = None
+#: `(name, handle)` of the store this process created: a named actor lives only while its creator's handle does.
+_created: tuple[str, Any] | None = None
 
 
 def ensure_store() -> Any:
     """This job's store, created on first use (a CPU-free actor); this process keeps it alive until `drop_store`."""
     global _created
-    _created = ray.remote(WeightStore).options(name=store_name(), get_if_exists=True, num_cpus=0).remote()
-    return _created
+    name = store_name()
+    if _created is None or _created[0] != name:  # one handle per process and job: the store goes with it
+        handle = ray.remote(WeightStore).options(name=name, get_if_exists=True, num_cpus=0).remote()
+        _created = (name, handle)
+    return _created[1]
 
 
 def find_store() -> Any | None:
@@ -61,16 +65,20 @@ def find_store() -> Any | None:
         return None
 
 
-def drop_store() -> None:
+def drop_store(timeout_s: float = 10.0) -> None:
     """Stop this job's store, if any (the engines are gone)."""
     global _created
     _created = None
     store = find_store()
-    if store is not None:
-        try:
-            ray.kill(store)
-        except Exception:  # noqa: BLE001 - already gone
-            pass
+    if store is None:
+        return
+    try:
+        ray.kill(store)
+    except Exception:  # noqa: BLE001 - already gone
+        return
+    deadline = time.monotonic() + timeout_s
+    while find_store() is not None and time.monotonic() < deadline:
+        time.sleep(0.05)  # until the name is free: the next run's `ensure_store` must not get the dying actor
 
 
 def latest_weights(name: str | None, timeout_s: float = 300.0) -> tuple[dict[str, Any] | None, int]:

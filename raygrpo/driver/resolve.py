@@ -73,6 +73,8 @@ def resolve_run(cfg: RunConfig, *, train: bool = False, skip_task_dirs: Collecti
             model_path = resolve_model_path(cfg.model)
         except (OSError, ValueError, ImportError, RuntimeError) as exc:  # ImportError: a missing extra (gguf);
             raise ResolveError(f"model: {exc}") from None                 # RuntimeError: a model pip cannot fetch
+    if cfg.policy.kind == "vllm" and cfg.policy.engine_actors:
+        check_vllm_engines(cfg)
     logger.info("resolved %d environment(s): %s", len(envs), ", ".join(envs))
     return ResolvedRun(cfg=cfg, tasks_by_env=tasks_by_env, model_path=model_path, skipped=skipped)
 
@@ -98,6 +100,25 @@ def _skip_tasks(tasks_by_env: dict[str, list[TaskRef] | None], task_dirs: Collec
         logger.warning("--skip-broken: leaving out %d broken task(s) of envs.%s: %s", len(out), name,
                        ", ".join(str(t.metadata.get("task_name") or t.index) for t in out))
     return skipped
+
+
+def check_vllm_engines(cfg: RunConfig) -> None:
+    """vLLM engine actors need vLLM here, and `policy.vllm` may only name its engine arguments.
+
+    Raises:
+        ResolveError: The message starts with `policy.kind` (vLLM missing) or `policy.vllm.<field>`.
+    """
+    try:
+        from raygrpo.policy.vllm_engine import check_engine_args
+
+        check_engine_args(cfg.policy.vllm)
+    except ImportError as exc:
+        raise ResolveError(
+            f"policy.kind: 'vllm' without policy.url or policy.serve starts vLLM engine actors, and vLLM does not "
+            f"import here ({exc}): `make install-vllm` installs its CPU build, `pip install -e '.[vllm]'` the CUDA one"
+        ) from None
+    except ValueError as exc:
+        raise ResolveError(str(exc)) from None
 
 
 def check_policy(cfg: RunConfig, *, train: bool = False) -> None:

@@ -48,13 +48,16 @@ OWNED_ENGINE_ARGS = {
     "logprobs_mode": "(raygrpo needs processed_logprobs: the log-probs sampling used)",
 }
 
-#: raygrpo's defaults for vLLM engine arguments that `policy.vllm` does not set. float32 matches the learner on the
-#: CPU; a small context and KV cache keep a CPU engine's memory small (override them on GPUs).
-DEFAULT_ENGINE_ARGS: dict[str, Any] = {
+#: raygrpo's defaults for vLLM engine arguments that `policy.vllm` does not set, on vLLM's CPU build only (on GPUs
+#: vLLM's own defaults hold). float32 matches the learner on the CPU; a small context and KV cache keep a CPU engine's
+#: memory small; eager mode starts faster; no chunked prefill, because a seeded request whose prompt is prefilled in
+#: chunks fails vLLM 0.32's CPU sampler ("CPU Generator does not use offset"), which ends the whole engine.
+CPU_ENGINE_ARGS: dict[str, Any] = {
     "dtype": "float32",
     "max_model_len": 4096,
     "enforce_eager": True,
     "kv_cache_memory_bytes": 256 << 20,
+    "enable_chunked_prefill": False,
 }
 
 
@@ -82,21 +85,18 @@ class _Update:
     seconds: float = 0.0
 
 
-def cpu_defaults() -> dict[str, Any]:
-    """Defaults for vLLM's CPU build only: no chunked prefill. A seeded request whose prompt is prefilled in chunks
-    fails vLLM 0.32's CPU sampler ("CPU Generator does not use offset"), which ends the whole engine."""
+def platform_defaults() -> dict[str, Any]:
+    """raygrpo's engine defaults on this machine's vLLM platform: `CPU_ENGINE_ARGS` on the CPU build, none else."""
     from vllm.platforms import current_platform
 
-    return {"enable_chunked_prefill": False} if current_platform.is_cpu() else {}
+    return dict(CPU_ENGINE_ARGS) if current_platform.is_cpu() else {}
 
 
-def engine_arg_values(model_path: str, max_num_seqs: int, seed: int, extra: dict[str, Any]) -> dict[str, Any]:
-    """The fields of one engine's `EngineArgs`: raygrpo's defaults, then `extra` (the run's `policy.vllm`), then the
-    fields raygrpo owns. Also the keyword arguments of `vllm.LLM` for the same engine (benchmarks/engines.py).
+def check_engine_args(extra: dict[str, Any]) -> None:
+    """Refuse `policy.vllm` fields that `EngineArgs` does not have, or that raygrpo sets itself.
 
     Raises:
-        ValueError: `extra` names a field `EngineArgs` does not have, or one raygrpo sets (the message names
-            `policy.vllm.<field>`).
+        ValueError: The message names each `policy.vllm.<field>`.
     """
     import dataclasses
 
@@ -104,10 +104,21 @@ def engine_arg_values(model_path: str, max_num_seqs: int, seed: int, extra: dict
 
     known = {f.name for f in dataclasses.fields(EngineArgs)}
     errors = [f"policy.vllm.{k}: not a vLLM engine argument" for k in sorted(set(extra) - known)]
-    errors += [f"policy.vllm.{k}: set by raygrpo from {OWNED_ENGINE_ARGS[k]}" for k in sorted(set(extra) & set(OWNED_ENGINE_ARGS))]
+    errors += [f"policy.vllm.{k}: set by raygrpo from {OWNED_ENGINE_ARGS[k]}"
+               for k in sorted(set(extra) & set(OWNED_ENGINE_ARGS))]
     if errors:
         raise ValueError("; ".join(errors))
-    kwargs = {**DEFAULT_ENGINE_ARGS, **cpu_defaults(), **extra}
+
+
+def engine_arg_values(model_path: str, max_num_seqs: int, seed: int, extra: dict[str, Any]) -> dict[str, Any]:
+    """The fields of one engine's `EngineArgs`: raygrpo's defaults, then `extra` (the run's `policy.vllm`), then the
+    fields raygrpo owns. Also the keyword arguments of `vllm.LLM` for the same engine (benchmarks/engines.py).
+
+    Raises:
+        ValueError: As `check_engine_args`.
+    """
+    check_engine_args(extra)
+    kwargs = {**platform_defaults(), **extra}
     if kwargs.get("kv_cache_memory_bytes") and "gpu_memory_utilization" in extra:
         kwargs.pop("kv_cache_memory_bytes")  # the user sized the cache by share of memory instead
     return {"model": model_path, "tokenizer": model_path, "max_num_seqs": max_num_seqs, "seed": seed,
@@ -129,7 +140,7 @@ class VLLMEngine:
         max_num_seqs: Most sequences vLLM runs in one batch (the run's `policy.max_batch_size`).
         seed: vLLM's seed for requests without one of their own.
         engine_kwargs: Further `EngineArgs` fields (the run's `policy.vllm`), over raygrpo's defaults
-            (`DEFAULT_ENGINE_ARGS`).
+            (`CPU_ENGINE_ARGS` on the CPU).
         num_threads: Torch threads of this process (the CPUs the engine was given); None leaves torch's default.
         initial_weights: `(state_dict, version)` to load before serving (a restarted engine actor's latest push).
         on_fatal: Called (from the stepping thread) after vLLM's engine failed and every waiting caller was told;
