@@ -131,8 +131,9 @@ def test_policy_config_validation():
 
     with pytest.raises(ValidationError, match="policy.script is required"):
         PolicyConfig(kind="scripted")
-    with pytest.raises(ValidationError, match="policy.url .* or policy.serve .* is required"):
-        PolicyConfig(kind="vllm")
+    assert PolicyConfig(kind="vllm").engine_actors  # neither url nor serve: vLLM engine actors
+    with pytest.raises(ValidationError, match="give policy.url or policy.serve, not both"):
+        PolicyConfig(kind="vllm", url="http://127.0.0.1:8000", serve={})
     with pytest.raises(ValidationError, match="extra"):
         PolicyConfig(kind="transformers", bogus=1)
     assert PolicyConfig(kind="transformers").num_engines == 1

@@ -10,6 +10,11 @@ PROCESS_ENV: dict[str, str] = {
     "OPENREWARD_DISABLE_UPDATE_CHECK": "1",
     "TRL_EXPERIMENTAL_SILENCE": "1",
     "TOKENIZERS_PARALLELISM": "false",
+    # Ray runs async actors on uvloop whenever it is installed (vLLM's dependencies install it). raygrpo's sandboxes
+    # manage their processes through asyncio's own subprocess and child-watcher semantics, which it was built and
+    # tested on; under uvloop, sandbox stops under load failed ("'str' object cannot be interpreted as an integer")
+    # and left folders behind.
+    "RAY_USE_UVLOOP": "0",
 }
 
 
