@@ -12,17 +12,16 @@ from typing import Any
 
 import ray
 
+from raygrpo.actors.engine_actor import EngineActor
 from raygrpo.actors.weight_store import drop_store, ensure_store, latest_weights, store_name
 from raygrpo.config.policy import PolicyConfig
 from raygrpo.core.environ import PROCESS_ENV
-from raygrpo.policy.base import GenerationContext, SamplingParams
 from raygrpo.policy.transformers_engine import TransformersEngine
-from raygrpo.core.types import Turn
 
 logger = logging.getLogger(__name__)
 
 
-class PolicyEngineActor:
+class PolicyEngineActor(EngineActor):
     """Serves a `TransformersEngine` from a Ray actor (create it with `start_policy_engine(...)`).
 
     A restarted actor comes back with the latest pushed weights (from the run's `WeightStore`).
@@ -35,39 +34,10 @@ class PolicyEngineActor:
     """
 
     def __init__(self, model_path: str, weight_store: str | None = None, **engine_kwargs: Any):
-        state, version = latest_weights(weight_store)
-        self.engine = TransformersEngine(model_path, initial_weights=(state, version) if state else None,
-                                         **engine_kwargs)
-
-    async def ready(self) -> bool:
-        """Returns once the model is loaded (the actor's constructor has run)."""
-        return True
-
-    async def node_ip(self) -> str:
-        """The address of the node the engine runs on (the driver logs where each actor was placed)."""
-        return ray.util.get_node_ip_address()
-
-    async def generate(
-        self, prompt_ids: list[int], sampling: SamplingParams, context: GenerationContext | None = None
-    ) -> Turn:
-        return await self.engine.generate(prompt_ids, sampling)
-
-    async def set_weights(self, state_dict: dict[str, Any], version: int) -> int:
-        await self.engine.set_weights(state_dict, version)
-        return self.engine.policy_version
+        self.engine = TransformersEngine(model_path, initial_weights=latest_weights(weight_store), **engine_kwargs)
 
     async def logprobs_of(self, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0) -> list[float]:
         return await self.engine.logprobs_of(prompt_ids, completion_ids, temperature)
-
-    async def policy_version(self) -> int:
-        return self.engine.policy_version
-
-    async def stats(self) -> dict[str, Any]:
-        return self.engine.stats()
-
-    async def shutdown(self) -> None:
-        """Fail queued requests and stop the worker thread (call before `ray.kill`, or let the kill do it)."""
-        self.engine.close()
 
 
 #: How often Ray restarts an engine actor that dies, and how often it re-sends a call that the death interrupted (or

@@ -13,11 +13,8 @@ import os
 import time
 from typing import Any
 
-import ray
-
+from raygrpo.actors.engine_actor import EngineActor
 from raygrpo.actors.weight_store import latest_weights
-from raygrpo.core.types import SamplingParams, Turn
-from raygrpo.policy.base import GenerationContext
 
 
 def _exit_for_restart() -> None:
@@ -29,7 +26,7 @@ def _exit_for_restart() -> None:
     os._exit(1)
 
 
-class VLLMEngineActor:
+class VLLMEngineActor(EngineActor):
     """Serves a `VLLMEngine` from a Ray actor; a restarted actor comes back with the latest pushed weights.
 
     Args:
@@ -41,33 +38,5 @@ class VLLMEngineActor:
     def __init__(self, model_path: str, weight_store: str | None = None, **engine_kwargs: Any):
         from raygrpo.policy.vllm_engine import VLLMEngine
 
-        state, version = latest_weights(weight_store)
-        self.engine = VLLMEngine(model_path, initial_weights=(state, version) if state else None,
-                                 on_fatal=_exit_for_restart, **engine_kwargs)
-
-    async def ready(self) -> bool:
-        """Returns once the model is loaded (the actor's constructor has run)."""
-        return True
-
-    async def node_ip(self) -> str:
-        """The address of the node the engine runs on (the driver logs where each actor was placed)."""
-        return ray.util.get_node_ip_address()
-
-    async def generate(
-        self, prompt_ids: list[int], sampling: SamplingParams, context: GenerationContext | None = None
-    ) -> Turn:
-        return await self.engine.generate(prompt_ids, sampling)
-
-    async def set_weights(self, state_dict: dict[str, Any], version: int) -> int:
-        await self.engine.set_weights(state_dict, version)
-        return self.engine.policy_version
-
-    async def policy_version(self) -> int:
-        return self.engine.policy_version
-
-    async def stats(self) -> dict[str, Any]:
-        return self.engine.stats()
-
-    async def shutdown(self) -> None:
-        """Fail queued requests and stop the stepping thread (call before `ray.kill`, or let the kill do it)."""
-        self.engine.close()
+        self.engine = VLLMEngine(model_path, initial_weights=latest_weights(weight_store), on_fatal=_exit_for_restart,
+                                 **engine_kwargs)

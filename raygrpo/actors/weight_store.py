@@ -81,15 +81,16 @@ def drop_store(timeout_s: float = 10.0) -> None:
         time.sleep(0.05)  # until the name is free: the next run's `ensure_store` must not get the dying actor
 
 
-def latest_weights(name: str | None, timeout_s: float = 300.0) -> tuple[dict[str, Any] | None, int]:
-    """The state dict and version of the latest push recorded in the store `name` (None, 0 if none yet)."""
+def latest_weights(name: str | None, timeout_s: float = 300.0) -> tuple[dict[str, Any], int] | None:
+    """`(state_dict, version)` of the latest push recorded in the store `name`; None before the first push, or
+    without a store (an engine's `initial_weights`)."""
     if name is None:
-        return None, 0
+        return None
     try:
         store = ray.get_actor(name)
     except ValueError:
-        return None, 0
+        return None
     refs, version = ray.get(store.latest.remote(), timeout=timeout_s)
     if not refs:
-        return None, 0
+        return None
     return ray.get(refs[0], timeout=timeout_s), version

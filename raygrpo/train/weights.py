@@ -34,15 +34,14 @@ def push_weights(model: Any, engines: list[Any], version: int, timeout_s: float 
 
 
 def engine_summary(policy: Any, engines: list[Any], timeout_s: float = 60.0) -> dict[str, Any]:
-    """Which engines generated the run's turns (`"vllm"`, `"transformers"`, or the policy kind without engine actors),
+    """Which engines generated the run's turns (the policy kind: `"vllm"` and `"transformers"` run engine actors),
     with each engine actor's counters (None for one that does not answer)."""
     import ray
 
-    kind = policy.kind if not engines else ("vllm" if policy.kind == "vllm" else "transformers")
     stats: list[Any] = []
     for engine in engines:
         try:
             stats.append(ray.get(engine.stats.remote(), timeout=timeout_s))
         except Exception:  # noqa: BLE001 - a lost engine does not fail the summary
             stats.append(None)
-    return {"kind": kind, "count": len(engines), "stats": stats}
+    return {"kind": policy.kind, "count": len(engines), "stats": stats}
