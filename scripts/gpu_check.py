@@ -1,6 +1,6 @@
 """GPU check: raygrpo's learner path on one GPU, without Ray, in one process; prints one JSON object last.
 
-TRL's `GRPOTrainer` (raygrpo's `BehaviourGRPOTrainer`) trains a model on the sums task family
+TRL's `GRPOTrainer` (raygrpo's `RolloutGRPOTrainer`) trains a model on the sums task family
 (`examples/smol_sums/tasks.py`, run in process: no ORS server) with the `rollout_func` of
 `raygrpo.train.InProcessRollouts`: the plain-asyncio agent loop, the transformers engine and the learner in one
 process, weights pushed to the engine before every batch. It measures steps, seconds per step, completion tokens per
@@ -128,7 +128,8 @@ def run(args: argparse.Namespace) -> dict:
     from raygrpo.policy.tiny import resolve_model_path
     from raygrpo.policy.transformers_engine import TransformersEngine
     from raygrpo.train.inprocess import InProcessRollouts
-    from raygrpo.train.trainer import BehaviourGRPOTrainer
+    from raygrpo.train.correction import Correction
+    from raygrpo.train.trainer import RolloutGRPOTrainer
     from raygrpo.core.types import SamplingParams, TaskRef
 
     started = time.perf_counter()
@@ -145,14 +146,12 @@ def run(args: argparse.Namespace) -> dict:
     warmup = None
     if args.warmup_steps:
         from raygrpo.config.train import WarmupConfig
-        from raygrpo.train.warmup import run_warmup
+        from raygrpo.train.warmup import warm_up_on
 
-        model.to(device)
         cfg = WarmupConfig(examples=str(ROOT / "examples" / "smol_sums" / "warmup.py") + ":format_examples",
                            steps=args.warmup_steps, num_examples=400, batch_size=args.warmup_batch,
                            learning_rate=1e-4, log_every=2)
-        warmup = run_warmup(model, tokenizer, cfg)
-        model.to("cpu")
+        warmup = warm_up_on(device, model, tokenizer, cfg)  # the learner's warm-up, on its GPU
 
     engine = TransformersEngine(model_path, device=device, max_batch_size=64, seed=args.seed, num_threads=None)
     sampling = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, seed=args.seed)
@@ -168,8 +167,9 @@ def run(args: argparse.Namespace) -> dict:
         temperature=1.0, disable_dropout=True, bf16=False, seed=args.seed, gradient_checkpointing=False,
     )
     dataset = Dataset.from_dict({"prompt": [f"raygrpo group slot {i}" for i in range(args.groups)]})
-    trainer = BehaviourGRPOTrainer(model=model, reward_funcs=[_env_reward], args=grpo, train_dataset=dataset,
-                                   processing_class=tokenizer, rollout_func=rollouts.rollout_func)
+    trainer = RolloutGRPOTrainer(model=model, reward_funcs=[_env_reward], args=grpo, train_dataset=dataset,
+                                 processing_class=tokenizer, rollout_func=rollouts.rollout_func,
+                                 correction=Correction("behaviour"))
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     try:

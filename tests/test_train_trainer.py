@@ -1,4 +1,5 @@
-"""The learner's GRPOTrainer subclass: PPO's ratio against the behaviour policy's log-probs (no Ray)."""
+"""The learner's GRPOTrainer subclass (no Ray): PPO's ratio against the behaviour policy's log-probs, decoupled PPO with
+bounded importance weights, failed rollouts out of the loss, the log-prob mismatch; and how a run's config picks them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,16 @@ import pytest
 import torch
 
 pytestmark = pytest.mark.timeout(180)
+
+
+def _rollout_trainer(mode: str = "none", **correction):
+    """`RolloutGRPOTrainer` with the correction `mode` (and bounds), as `_trainer`'s class."""
+    from functools import partial
+
+    from raygrpo.train.correction import Correction
+    from raygrpo.train.trainer import RolloutGRPOTrainer
+
+    return partial(RolloutGRPOTrainer, correction=Correction(mode, **correction))
 
 COMPLETION = "hello world"
 
@@ -68,19 +79,17 @@ def _step(trainer, n: int = 2):
 def test_ratio_is_taken_against_the_behaviour_logprobs(tiny_model_dir, tmp_path):
     from trl import GRPOTrainer
 
-    from raygrpo.train.trainer import BehaviourGRPOTrainer
-
     plain, _ = _trainer(GRPOTrainer, tiny_model_dir, tmp_path / "plain", shift=0.0)
     inputs, plain_loss = _step(plain)
     assert inputs.get("old_per_token_logps") is None  # TRL assumes the batch is on-policy
 
-    fresh, own = _trainer(BehaviourGRPOTrainer, tiny_model_dir, tmp_path / "fresh", shift=0.0)
+    fresh, own = _trainer(_rollout_trainer("behaviour"), tiny_model_dir, tmp_path / "fresh", shift=0.0)
     inputs, fresh_loss = _step(fresh)
     n = len(own)
     assert torch.allclose(inputs["old_per_token_logps"][:, :n], torch.tensor([own, own]), atol=1e-6)
     assert fresh_loss == pytest.approx(plain_loss, abs=1e-5)  # fresh: ratio 1, the same update as TRL's
 
-    stale, own = _trainer(BehaviourGRPOTrainer, tiny_model_dir, tmp_path / "stale", shift=1.0)
+    stale, own = _trainer(_rollout_trainer("behaviour"), tiny_model_dir, tmp_path / "stale", shift=1.0)
     inputs, stale_loss = _step(stale)
     advantages = inputs["advantages"].tolist()
     assert advantages[0] > 0 > advantages[1]
@@ -96,9 +105,7 @@ def test_ratio_is_taken_against_the_behaviour_logprobs(tiny_model_dir, tmp_path)
     ({"steps_per_generation": 2}, 4),  # one generation batch spans two optimizer steps: the same
 ], ids=["num_iterations", "steps_per_generation"])
 def test_the_behaviour_ratio_holds_where_trl_computes_its_own_old_logprobs(tiny_model_dir, tmp_path, grpo, n):
-    from raygrpo.train.trainer import BehaviourGRPOTrainer
-
-    trainer, own = _trainer(BehaviourGRPOTrainer, tiny_model_dir, tmp_path, shift=1.0, **grpo)
+    trainer, own = _trainer(_rollout_trainer("behaviour"), tiny_model_dir, tmp_path, shift=1.0, **grpo)
     inputs = trainer._generate_and_score_completions([{"prompt": "slot"} for _ in range(n)])
     behaviour = torch.tensor([[lp - 1.0 for lp in own]] * n)
     assert torch.allclose(inputs["old_per_token_logps"][:, : len(own)], behaviour, atol=1e-6)
@@ -112,32 +119,31 @@ def _grad_norm(trainer, inputs) -> float:
 
 def test_a_scripted_policy_trains_like_plain_grpo(tiny_model_dir, tmp_path):
     """Scripted turns report log-probs of 0.0 (they are certain): as behaviour log-probs they would make every ratio
-    p_theta(token) and clip the update. The run's trainer for a scripted policy is TRL's own."""
+    p_theta(token) and clip the update. A scripted run's trainer neither corrects for nor compares them."""
+    from functools import partial
+
     from trl import GRPOTrainer
 
     from raygrpo.config import load_config
-    from raygrpo.train.trainer import BehaviourGRPOTrainer, trainer_class
+    from raygrpo.train.correction import correction_for, reports_sampling_logprobs
+    from raygrpo.train.trainer import RolloutGRPOTrainer
 
     scripted = load_config(data={"envs": {"e": {"url": "http://127.0.0.1:1"}},
                                  "policy": {"kind": "scripted", "script": "m:f"}})
-    engine = load_config(data={"envs": {"e": {"url": "http://127.0.0.1:1"}}, "policy": {"kind": "transformers"}})
-    assert trainer_class(engine) is BehaviourGRPOTrainer
-    shift = None  # scripted: every log-prob 0.0
+    assert correction_for(scripted).mode == "none" and not reports_sampling_logprobs(scripted)
 
     def build(cls, name):
         trainer, own = _trainer(cls, tiny_model_dir, tmp_path / name, shift=0.0)
-        nonlocal shift
-        shift = own  # log-probs of 0.0 are the model's own minus themselves
         trainer.rollout_func = _zero_logprobs(trainer.rollout_func)
         return trainer
 
-    run = build(trainer_class(scripted), "run")
+    run = build(partial(RolloutGRPOTrainer, correction=correction_for(scripted), sampling_logprobs=False), "run")
     plain = build(GRPOTrainer, "plain")
-    behaviour = build(BehaviourGRPOTrainer, "behaviour")
+    behaviour = build(_rollout_trainer("behaviour"), "behaviour")
     batch = [{"prompt": "slot"}, {"prompt": "slot"}]
     expected = _grad_norm(plain, plain._generate_and_score_completions(batch))
     assert _grad_norm(run, run._generate_and_score_completions(batch)) == pytest.approx(expected, rel=1e-6)
-    # What the behaviour trainer would have made of it: a different, clipped update.
+    # What the behaviour correction would have made of it: a different, clipped update.
     assert _grad_norm(behaviour, behaviour._generate_and_score_completions(batch)) != pytest.approx(expected, rel=0.1)
 
 
@@ -158,12 +164,10 @@ def _figures(trainer):
 @pytest.mark.parametrize("shift", [0.0, 1.0])
 def test_the_logp_mismatch_of_fresh_samples_is_logged(tiny_model_dir, tmp_path, shift, monkeypatch):
     from raygrpo.train import logp_mismatch
-    from raygrpo.train.trainer import MismatchGRPOTrainer
-
     forwards = []
     monkeypatch.setattr(logp_mismatch, "completion_logps",
                         lambda *a: forwards.append(a[2].tolist()) or _completion_logps(*a))
-    trainer, own = _trainer(MismatchGRPOTrainer, tiny_model_dir, tmp_path, shift=shift, bf16=False)  # as raygrpo
+    trainer, own = _trainer(_rollout_trainer("none"), tiny_model_dir, tmp_path, shift=shift, bf16=False)  # as raygrpo
     trainer.model.train()  # as in training: TRL logs the metrics of train-mode batches under "train"
     trainer.policy_version = 0  # the batch's version: fresh
     inputs = _generate(trainer)
@@ -197,10 +201,8 @@ def test_the_logp_mismatch_reuses_trls_old_logprobs_before_the_behaviour_ratio_r
     tiny_model_dir, tmp_path, monkeypatch
 ):
     from raygrpo.train import logp_mismatch
-    from raygrpo.train.trainer import BehaviourGRPOTrainer
-
     monkeypatch.setattr(logp_mismatch, "completion_logps", lambda *a: pytest.fail("TRL computed them already"))
-    trainer, own = _trainer(BehaviourGRPOTrainer, tiny_model_dir, tmp_path, shift=1.0, num_iterations=2, bf16=False)
+    trainer, own = _trainer(_rollout_trainer("behaviour"), tiny_model_dir, tmp_path, shift=1.0, num_iterations=2, bf16=False)
     trainer.model.train()
     trainer.policy_version = 0
     inputs = _generate(trainer)
@@ -208,23 +210,33 @@ def test_the_logp_mismatch_reuses_trls_old_logprobs_before_the_behaviour_ratio_r
     assert _figures(trainer)["logp_mismatch_mean"] == pytest.approx(1.0, abs=1e-5)  # TRL's, not the behaviour's
 
 
-def test_which_runs_report_sampling_logprobs_and_their_trainers():
-    from trl import GRPOTrainer
-
-    from raygrpo.config import load_config
+def test_which_runs_report_sampling_logprobs_and_how_they_correct_for_staleness():
+    from raygrpo.config import ConfigError, load_config
     from raygrpo.config.policy import PolicyConfig
-    from raygrpo.train.trainer import (BehaviourGRPOTrainer, MismatchGRPOTrainer, reports_sampling_logprobs,
-                                       trainer_class)
+    from raygrpo.train.correction import Correction, correction_for, reports_sampling_logprobs
 
     def cfg(policy, **train):
         return load_config(data={"envs": {"e": {"url": "http://127.0.0.1:1"}}, "policy": policy, "train": train})
 
-    engine = {"kind": "transformers"}
-    assert trainer_class(cfg(engine)) is BehaviourGRPOTrainer
-    assert trainer_class(cfg(engine, behaviour_ratio=False)) is MismatchGRPOTrainer
-    assert trainer_class(cfg({"kind": "vllm", "url": "http://127.0.0.1:1"})) is MismatchGRPOTrainer
-    scripted = cfg({"kind": "scripted", "script": "m:f"})
-    assert not reports_sampling_logprobs(scripted) and trainer_class(scripted) is GRPOTrainer  # log-probs of 0.0
+    engine, server = {"kind": "transformers"}, {"kind": "vllm", "url": "http://127.0.0.1:1"}
+    # Sync, engines current: nothing is stale; PPO against the sampling log-probs as before.
+    assert correction_for(cfg(engine)) == Correction("behaviour")
+    assert correction_for(cfg(engine, behaviour_ratio=False)) == Correction("none")
+    # Data that can be stale: decoupled PPO with truncated importance weights by default.
+    assert correction_for(cfg(engine, mode="async")) == Correction("tis", 0.0, 2.0)
+    assert correction_for(cfg(engine, weight_sync_every=2, max_staleness=1)) == Correction("tis", 0.0, 2.0)
+    assert correction_for(cfg(server, mode="async")) == Correction("tis", 0.0, 2.0)
+    assert correction_for(cfg(engine, off_policy={"mode": "mis"})) == Correction("mis", 0.5, 2.0)
+    assert correction_for(cfg(engine, mode="async", off_policy={"mode": "none"})) == Correction("behaviour")
+    assert correction_for(cfg(engine, mode="async", off_policy={"mode": "tis", "high": 3})) == Correction("tis", 0, 3)
+    scripted = cfg({"kind": "scripted", "script": "m:f"}, mode="async")
+    assert not reports_sampling_logprobs(scripted) and correction_for(scripted) == Correction("none")
+    with pytest.raises(ConfigError, match="train.off_policy.mode 'tis' weights tokens by the log-probs"):
+        cfg({"kind": "scripted", "script": "m:f"}, off_policy={"mode": "tis"})
+    with pytest.raises(ConfigError, match="two corrections of the same staleness"):
+        cfg(engine, behaviour_ratio=True, off_policy={"mode": "tis"})
+    with pytest.raises(ConfigError, match="low .2.0. must be below high"):
+        cfg(engine, off_policy={"mode": "mis", "low": 2.0, "high": 1.0})
     # vLLM engine actors (neither a server URL nor one raygrpo starts) would be engine actors like transformers'.
     assert PolicyConfig.model_construct(kind="vllm").engine_actors
     assert not PolicyConfig(kind="vllm", url="http://127.0.0.1:1").engine_actors
@@ -248,7 +260,7 @@ def test_versions_span_whole_optimizer_steps():
     assert cfg().steps_per_version == 1
     assert cfg(num_iterations=2).steps_per_version == 2
     assert cfg(gradient_accumulation_steps=2, steps_per_generation=4).steps_per_version == 2
-    with pytest.raises(ConfigError, match="trainer.steps_per_generation .3. times trainer.num_iterations"):
+    with pytest.raises(ConfigError, match="steps per generation .3, from steps_per_generation"):
         cfg(gradient_accumulation_steps=2, steps_per_generation=3)
 
 

@@ -88,7 +88,13 @@ def start_policy_engine(
     return ray.remote(cls).options(**options).remote(model_path, weight_store, **engine_kwargs)
 
 
-def start_engines(cfg: PolicyConfig, model_path: str, ready_timeout_s: float = 600.0) -> list:
+def engine_seed(run_seed: int, index: int) -> int:
+    """The sampling seed of engine `index` of a run seeded `run_seed`: distinct per engine, and a run with another
+    seed samples other rollouts."""
+    return run_seed * 1_000 + index
+
+
+def start_engines(cfg: PolicyConfig, model_path: str, ready_timeout_s: float = 600.0, seed: int = 0) -> list:
     """Start `cfg.num_engines` engine actors (transformers, or vLLM's) and wait until each has loaded the model.
 
     Returns an empty list unless the policy generates with engine actors (`cfg.engine_actors`). The engines share
@@ -98,6 +104,7 @@ def start_engines(cfg: PolicyConfig, model_path: str, ready_timeout_s: float = 6
         cfg: The run's policy settings.
         model_path: Model directory (already resolved, e.g. by `resolve_model_path`) or `"tiny"`.
         ready_timeout_s: How long to wait for the engines to load their model.
+        seed: The run's seed (each engine's sampling seed is `engine_seed(seed, index)`).
     """
     if not cfg.engine_actors:
         return []
@@ -118,7 +125,7 @@ def start_engines(cfg: PolicyConfig, model_path: str, ready_timeout_s: float = 6
             num_gpus=num_gpus,
             resources=cfg.engine_resources,
             weight_store=store_name(),
-            seed=i,
+            seed=engine_seed(seed, i),
             **kind_kwargs,
         )
         for i in range(cfg.num_engines)

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from raygrpo.config.policy import PolicyConfig, SamplingConfig
 from raygrpo.config.rollout import RolloutConfig
-from raygrpo.config.train import TrainConfig, check_trainer_mapping
+from raygrpo.config.train import TRAINER_DEFAULTS, TrainConfig, check_trainer_mapping, generation_steps
 from raygrpo.specs import EnvSpec, ProviderSpec
 
 
@@ -166,31 +166,46 @@ class RunConfig(BaseModel):
                              f"vLLM's without policy.url/serve); policy.kind {self.policy.kind!r} here reports none "
                              "(scripted turns are certain; with a vLLM server TRL applies its own importance-sampling "
                              "correction): leave it unset")
-        accumulation = _int(self.trainer.get("gradient_accumulation_steps"), 1)
-        generation = _int(self.trainer.get("steps_per_generation"), accumulation)
-        if (generation * _int(self.trainer.get("num_iterations"), 1)) % accumulation:
-            raise ValueError(f"trainer.steps_per_generation ({generation}) times trainer.num_iterations must be a "
-                             f"multiple of trainer.gradient_accumulation_steps ({accumulation}): raygrpo counts one "
-                             "policy version per generation batch, which must span whole optimizer steps")
+        generation, iterations, accumulation = generation_steps(self.trainer)
+        if (generation * iterations) % accumulation:
+            raise ValueError(f"trainer: steps per generation ({generation}, from steps_per_generation or "
+                             f"generation_batch_size / per_device_train_batch_size) times trainer.num_iterations must "
+                             f"be a multiple of trainer.gradient_accumulation_steps ({accumulation}): raygrpo counts "
+                             "one policy version per generation batch, which must span whole optimizer steps")
+        self._check_off_policy()
+        self._check_save_steps()
         return self
+
+    def _check_off_policy(self) -> None:
+        mode = self.train.off_policy.mode
+        if mode in ("tis", "mis") and not (self.policy.engine_actors or self.policy.kind == "vllm"):
+            raise ValueError(f"train.off_policy.mode {mode!r} weights tokens by the log-probs the policy sampled "
+                             f"with; policy.kind {self.policy.kind!r} reports none (scripted turns are certain): set "
+                             "it to none or leave it out")
+
+    def _check_save_steps(self) -> None:
+        """A checkpoint inside a generation batch cannot be resumed faithfully: TRL regenerates on resume, which
+        shifts every later version label. Refuse checkpoints that do not fall on a generation batch's end."""
+        spv = self.steps_per_version
+        strategy = self.trainer.get("save_strategy", TRAINER_DEFAULTS["save_strategy"])
+        save_steps = self.trainer.get("save_steps", TRAINER_DEFAULTS["save_steps"])
+        if spv > 1 and str(strategy) == "steps" and isinstance(save_steps, (int, float)):
+            steps = float(save_steps)
+            if steps >= 1 and int(steps) % spv:
+                raise ValueError(f"trainer.save_steps ({save_steps}) must be a multiple of the optimizer steps of "
+                                 f"one generation batch ({spv}): a checkpoint inside a generation batch would make a "
+                                 "resumed run generate again and shift every later policy version")
 
     @property
     def steps_per_version(self) -> int:
         """Optimizer steps between two generation batches (TRL's `steps_per_generation * num_iterations /
-        gradient_accumulation_steps`; 1 by default): one policy version spans this many steps."""
-        accumulation = _int(self.trainer.get("gradient_accumulation_steps"), 1)
-        generation = _int(self.trainer.get("steps_per_generation"), accumulation)
-        return generation * _int(self.trainer.get("num_iterations"), 1) // accumulation
+        gradient_accumulation_steps`, `steps_per_generation` derived from `generation_batch_size` where that is
+        given; 1 by default): one policy version spans this many steps. The learner checks it against the
+        arguments TRL built."""
+        generation, iterations, accumulation = generation_steps(self.trainer)
+        return generation * iterations // accumulation
 
     @property
     def base_dir(self) -> str:
         """Folder that relative paths in the config are resolved against (the config file's folder)."""
         return self._base_dir
-
-
-def _int(value: Any, default: int) -> int:
-    """A `trainer:` setting read as an integer (GRPOConfig validates it properly later)."""
-    try:
-        return default if value is None else max(1, int(value))
-    except (TypeError, ValueError):
-        return default

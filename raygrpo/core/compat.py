@@ -245,8 +245,11 @@ def log_trainer_metrics(trainer: Any, metrics: dict[str, float | None]) -> None:
 
 
 def sync_vllm_weights(trainer: Any) -> None:
-    """Push a `GRPOTrainer`'s weights to its vLLM server now (TRL does it before each generation batch, when its
-    private `_last_loaded_step` differs from the step), and record that it did, so TRL does not push them again."""
+    """Push a `GRPOTrainer`'s weights to its vLLM server now, unless they are there already (TRL pushes them before
+    each generation batch, when its private `_last_loaded_step` differs from the step), and record that it did, so
+    TRL does not push them again."""
     require("trl", "syncing a trainer's weights to vLLM outside a generation batch")
+    if getattr(trainer, "_last_loaded_step", None) == trainer.state.global_step:
+        return
     trainer.vllm_generation.sync_weights()
     trainer._last_loaded_step = trainer.state.global_step

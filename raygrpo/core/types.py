@@ -41,6 +41,11 @@ class Status(str, enum.Enum):
         return self in (Status.ENV_ERROR, Status.VERIFIER_ERROR, Status.POLICY_ERROR)
 
     @property
+    def is_models_doing(self) -> bool:
+        """The model caused this ending (`OK`, `NO_ANSWER`, `TRUNCATED`): unscored, it still says how the model did."""
+        return self in (Status.OK, Status.NO_ANSWER, Status.TRUNCATED)
+
+    @property
     def is_failure(self) -> bool:
         """Unscored because something other than the model failed (after any retries), or a deadline passed: what
         a run's exit code counts (`raygrpo.core.outcome`)."""

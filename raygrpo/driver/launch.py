@@ -130,7 +130,7 @@ class RolloutRuntime:
             name = cfg.policy.served_model_name or cfg.policy.serve.served_model_name or cfg.model
             self.policy = cfg.policy.model_copy(update={"url": url, "serve": None, "served_model_name": name})
             logger.info("vLLM server for %s at %s", cfg.model, url)
-        self.engines = start_engines(self.policy, cfg.model)
+        self.engines = start_engines(self.policy, cfg.model, seed=cfg.seed)
 
         # What crashed runs left at remote providers (leases whose owner is stale), before this run's actors start.
         reap_stale_leases(self.lease_dir)

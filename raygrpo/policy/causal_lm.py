@@ -176,7 +176,8 @@ class CausalLMRunner:
         return [Turn(outputs[i], logprobs[i], finish[i] or "length", version) for i in range(n)]
 
     def _sample(self, logits, temperatures, top_ps, generators):
-        """Pick one token per row; return (tokens, their log-probs under logits / temperature)."""
+        """Pick one token per row; return (tokens, their log-probs under the distribution they were drawn from: the
+        softmax of logits / temperature, renormalised over the nucleus where `top_p < 1`)."""
         import torch
 
         greedy = temperatures <= 0
@@ -190,6 +191,9 @@ class CausalLMRunner:
                 # Drop a token when the mass strictly before it already reaches top_p (the top token always stays).
                 drop = (sorted_probs.cumsum(dim=-1) - sorted_probs) >= top_ps[:, None]
                 probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
+                # The behaviour policy is the renormalised nucleus: report the log-probs it sampled with.
+                nucleus = (top_ps < 1.0) & ~greedy
+                logp = torch.where(nucleus[:, None], torch.log(probs / probs.sum(dim=-1, keepdim=True)), logp)
             sampled = (~greedy).nonzero().flatten().tolist()
             shared = [row for row in sampled if generators[row] is self._generator]
             if shared:  # one draw for all rows on the engine's generator

@@ -44,7 +44,7 @@ OWNED_ENGINE_ARGS = {
     "model": "model",
     "tokenizer": "model",
     "max_num_seqs": "policy.max_batch_size",
-    "seed": "(each engine gets its index as seed)",
+    "seed": "seed (each engine samples with the run seed * 1000 + its index)",
     "logprobs_mode": "(raygrpo needs processed_logprobs: the log-probs sampling used)",
 }
 

@@ -59,12 +59,30 @@ def read_state(checkpoint: str | None) -> dict[str, Any]:
 
 
 def write_state(folder: Path, *, step: int, policy_version: int, schedule: dict[str, Any],
-                dropped_groups_total: int) -> None:
-    """Save raygrpo's state in the checkpoint `folder` TRL just wrote (if it did)."""
+                dropped_groups_total: int, reference: bool) -> None:
+    """Save raygrpo's state in the checkpoint `folder` TRL just wrote (if it did). `reference`: whether the run
+    started GRPO from a warmed model saved in `OUT/reference` (its KL reference)."""
     if folder.is_dir():
         (folder / STATE_FILE).write_text(json.dumps({
             "step": step,
             "policy_version": policy_version,
             "schedule": schedule,
             "dropped_groups_total": dropped_groups_total,
+            "reference": reference,
         }))
+
+
+def uses_reference(saved: dict[str, Any], reference: Path) -> bool:
+    """Whether the run a checkpoint's state (`saved`) belongs to started from the warmed model in `reference`. Its
+    record decides, not whether the folder exists (a reused output folder may hold another run's); a checkpoint
+    from before the record was kept falls back to the folder, with a warning. Raises `FileNotFoundError` when the
+    record says the run was warmed and the folder is gone."""
+    if "reference" not in saved:
+        if reference.is_dir():
+            logger.warning("the checkpoint does not record whether its run was warmed up; using %s as its start "
+                           "because it exists", reference)
+        return reference.is_dir()
+    if saved["reference"] and not reference.is_dir():
+        raise FileNotFoundError(f"the run being resumed started GRPO from a warmed-up model in {reference}, which is "
+                                "gone: its KL reference cannot be rebuilt")
+    return bool(saved["reference"])

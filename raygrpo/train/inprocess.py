@@ -1,6 +1,6 @@
 """The learner path in one process, without Ray: for the GPU check and for tests of a real model's training step.
 
-`InProcessRollouts` gives TRL's `GRPOTrainer` (raygrpo's `BehaviourGRPOTrainer`) a `rollout_func` that runs the
+`InProcessRollouts` gives TRL's `GRPOTrainer` (raygrpo's `RolloutGRPOTrainer`) a `rollout_func` that runs the
 plain-asyncio agent loop (`raygrpo.agent.rollout.run_rollout`) against in-process environment adapters and an in-process
 `TransformersEngine`, on an event loop of its own thread. Before each batch it gives the engine the trainer's
 weights (as `raygrpo.train.learner.Learner` does through Ray), picks the batch's tasks with `TaskSchedule`, and returns

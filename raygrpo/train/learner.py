@@ -30,20 +30,21 @@ from raygrpo.config import RunConfig
 from raygrpo.driver.orchestrator import Orchestrator
 from raygrpo.core.outcome import Outcomes
 from raygrpo.policy.tiny import resolve_model_path
-from raygrpo.policy.vllm_serve import trl_server_kwargs
 from raygrpo.driver.pools import ActorSpawner, PoolSet
 from raygrpo.train.checkpoint import (REFERENCE_DIR, checkpoint_step, find_checkpoint, optimizer_fingerprint,
-                                      read_state, write_state)
+                                      read_state, uses_reference, write_state)
 from raygrpo.train.evaluate import evaluate
 from raygrpo.train.groups import to_rollout_output
-from raygrpo.train.grpo_args import build_grpo_config
+from raygrpo.train.grpo_args import learner_grpo_config
 from raygrpo.train.logp_mismatch import FIELDS as LOGP_FIELDS
+from raygrpo.train.off_policy import FIELDS as IS_WEIGHT_FIELDS
 from raygrpo.train.metrics import (MetricsLog, RolloutLog, per_env_stats, plot_rewards, reward_stats,
                                     sandbox_stats)
 from raygrpo.train.schedule import TaskSchedule
 from raygrpo.train.source import RolloutSource
-from raygrpo.train.trainer import trainer_class
-from raygrpo.train.warmup import run_warmup
+from raygrpo.train.correction import correction_for, reports_sampling_logprobs
+from raygrpo.train.trainer import RolloutGRPOTrainer
+from raygrpo.train.warmup import warm_up_on
 from raygrpo.train.weights import engine_summary, push_weights
 from raygrpo.core.types import TaskRef
 from raygrpo.core.workdir import relocate
@@ -106,23 +107,6 @@ class Learner:
 
     # ------------------------------------------------------------------ set-up
 
-    def _grpo_args(self):
-        owned: dict[str, Any] = {
-            "output_dir": str(self.out / "checkpoints"),
-            "num_generations": self.group_size,
-            "temperature": self.cfg.sampling.temperature or 1.0,
-            "use_cpu": self.cfg.train.learner.num_gpus == 0,
-            "seed": self.cfg.seed,
-            "logging_steps": 1,
-        }
-        if self.cfg.policy.kind == "vllm" and not self.cfg.policy.engine_actors:
-            # TRL's server mode: it pushes the weights to the server before each rollout_func call.
-            server = trl_server_kwargs(self.cfg.policy.url)
-            owned.update({k: v for k, v in server.items() if k not in self.cfg.trainer})  # group port, timeout
-        else:
-            owned["use_vllm"] = False
-        return build_grpo_config(self.cfg.trainer, **owned)
-
     def _build(self, checkpoint: str | None):
         import torch
         from datasets import Dataset
@@ -131,7 +115,7 @@ class Learner:
         torch.set_num_threads(max(1, int(round(self.cfg.train.learner.num_cpus))))
         # Unscored rollouts are expected (a model that never calls the scoring tool) and counted in the metrics.
         logging.getLogger("trl.trainer.grpo_trainer").addFilter(_NoUnscoredWarning())
-        args = self._grpo_args()
+        args = learner_grpo_config(self.cfg, str(self.out / "checkpoints"))
         if args.generation_batch_size % self.group_size:
             raise ValueError(
                 f"trainer: the generation batch ({args.generation_batch_size}) must be a multiple of "
@@ -142,11 +126,12 @@ class Learner:
             logger.warning("trainer.bf16 is on while the transformers engines sample in fp32: their log-probs and the "
                            "learner's differ by up to ~1e-2 nats per token, so fresh groups' ratios are not exactly 1")
         self.warmup_stats: dict[str, Any] | None = None
+        saved = read_state(checkpoint)
         reference = self.out / REFERENCE_DIR
-        if checkpoint is not None and reference.is_dir():
-            model_path = str(reference)  # the warmed-up start of GRPO: the KL reference of the run being resumed
-        else:
-            model_path = resolve_model_path(self.cfg.model)
+        #: Whether GRPO starts from a warmed model saved in OUT/reference (also its KL reference): recorded in the
+        #: checkpoint of a resumed run, not read off whatever folder a reused output directory holds.
+        self.warmed = self.cfg.train.warmup is not None if checkpoint is None else uses_reference(saved, reference)
+        model_path = str(reference) if checkpoint is not None and self.warmed else resolve_model_path(self.cfg.model)
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
         if self.cfg.train.warmup is not None and checkpoint is None:
@@ -160,9 +145,6 @@ class Learner:
             model = AutoModelForCausalLM.from_pretrained(reference, dtype=torch.float32)
 
         schedule = TaskSchedule(self.tasks_by_env, self.cfg.train.mixture, seed=self.cfg.seed)
-        saved = read_state(checkpoint)
-        if saved:
-            schedule.load_state_dict(saved["schedule"])
         workers = self.cfg.workers
         self.pools = PoolSet.from_spawners(self.spawners)
         self.pools.start()
@@ -175,12 +157,16 @@ class Learner:
             groups_per_step,
             self.cfg.train.weight_sync_every,
         )
+        if saved:
+            self.source.load_state_dict(saved["schedule"])
         self.source.dropped_total = int(saved.get("dropped_groups_total", 0))
         self._eval_orchestrator = Orchestrator(pools=self.pools, max_retries=workers.max_retries)
         # TRL's sampler only shapes the batches: one placeholder prompt per group slot (see raygrpo.train.groups).
         dataset = Dataset.from_dict({"prompt": [f"raygrpo group slot {i}" for i in range(groups_per_step)]})
-        trainer = trainer_class(self.cfg)(
+        trainer = RolloutGRPOTrainer(
             model=model,
+            correction=correction_for(self.cfg),
+            sampling_logprobs=reports_sampling_logprobs(self.cfg),
             reward_funcs=[env_reward],
             args=args,
             train_dataset=dataset,
@@ -194,8 +180,13 @@ class Learner:
     # ------------------------------------------------------------------ the step
 
     def _warm_up(self, model: Any) -> dict[str, Any]:
-        """The supervised format warm-up, its prompts laid out as the agent loop lays out a rollout's."""
-        return run_warmup(model, self.tokenizer, self.cfg.train.warmup, system_prompt=self.cfg.rollout.system_prompt)
+        """The supervised format warm-up, its prompts laid out as the agent loop lays out a rollout's, on the
+        learner's GPU where it has one (the model goes back to the CPU for saving and for TRL to place)."""
+        import torch
+
+        device = "cuda" if self.cfg.train.learner.num_gpus and torch.cuda.is_available() else "cpu"
+        return warm_up_on(device, model, self.tokenizer, self.cfg.train.warmup,
+                          system_prompt=self.cfg.rollout.system_prompt)
 
     def _push_weights(self, trainer, version: int, *, force: bool = False) -> None:
         """Give the engines the learner's weights as `version`: every `weight_sync_every` versions, or now when
@@ -281,7 +272,10 @@ class Learner:
             "kl": logs.get("kl"),
             "grad_norm": logs.get("grad_norm"),
             "learning_rate": logs.get("learning_rate"),
-            **{name: logs.get(name) for name in LOGP_FIELDS},  # logged by the trainer on generating steps
+            # Logged by the trainer on generating steps (None on the others).
+            **{name: logs.get(name) for name in (*LOGP_FIELDS, *IS_WEIGHT_FIELDS)},
+            # Everything else TRL logged (clip_ratio/*, entropy, frac_reward_zero_std, ...), under TRL's names.
+            **{k: v for k, v in logs.items() if k != "reward"},
             "dropped_groups_total": self.source.dropped_total,
             **self._dispatch_fields(),
             "task_position": self.source.schedule.position,
@@ -389,5 +383,5 @@ class _StepCallback(TrainerCallback):
     def on_save(self, args, state, control, **kwargs):
         source = self.learner.source
         write_state(Path(args.output_dir) / f"checkpoint-{state.global_step}", step=state.global_step,
-                    policy_version=self.learner.version_of(state.global_step), schedule=source.schedule.state_dict(),
-                    dropped_groups_total=source.dropped_total)
+                    policy_version=self.learner.version_of(state.global_step), schedule=source.state_dict(),
+                    dropped_groups_total=source.dropped_total, reference=self.learner.warmed)

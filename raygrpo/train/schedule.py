@@ -78,6 +78,13 @@ class TaskSchedule:
         self.position += 1
         return task
 
+    def task_at(self, index: int) -> TaskRef:
+        """The task of the group at `index` in the sequence (0 = the first), without moving this schedule."""
+        replay = TaskSchedule(self._tasks_by_env, self.weights, self._seed)
+        for _ in range(index):
+            replay.next()
+        return replay.next()
+
     def state_dict(self) -> dict[str, Any]:
         return {"position": self.position}
 

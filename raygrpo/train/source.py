@@ -17,6 +17,10 @@ Lives in the learner's process and drives the env pool actors through an `Orches
   that it is consumed after its destined step (then it is dropped).
 
 In both modes a batch holds only complete groups, in the order they are consumed.
+
+A checkpoint saves the schedule's position and the places in it of the groups dispatched but not yet consumed or
+dropped (`state_dict`): in async mode those are running or waiting when the step ends. A resumed source dispatches
+them first (`load_state_dict`), so no task of the schedule is skipped or run twice across a resume.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from raygrpo.driver.orchestrator import Orchestrator, make_groups
 from raygrpo.train.groups import Group, GroupAssembler
@@ -98,14 +102,43 @@ class RolloutSource:
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        #: Place in the schedule of each group dispatched and not yet consumed or dropped, by group id.
+        self._pending: dict[str, int] = {}
+        #: Places of a resumed run's pending groups, dispatched before the schedule moves on.
+        self._replay: deque[int] = deque()
         if hasattr(orchestrator, "expect"):
             orchestrator.expect(self.expected_rollouts())
 
     def _new_group(self, min_version: int = 0) -> list:
-        """The requests of the next scheduled group, its dispatch version recorded."""
-        requests = make_groups([self.schedule.next()], self.group_size, min_version=min_version)
+        """The requests of the next scheduled group (a resumed run's pending groups first), its dispatch version and
+        place in the schedule recorded."""
+        with self._cond:
+            if self._replay:
+                place = self._replay.popleft()
+                task = self.schedule.task_at(place)
+            else:
+                place = self.schedule.position
+                task = self.schedule.next()
+            requests = make_groups([task], self.group_size, min_version=min_version)
+            self._pending[requests[0].group_id] = place
         self._assembler.dispatched(requests[0].group_id, self._version)
         return requests
+
+    def state_dict(self) -> dict[str, Any]:
+        """The schedule's position and the places of the groups not yet consumed or dropped, for a checkpoint."""
+        with self._cond:
+            pending = sorted([*self._pending.values(), *self._replay])
+            return {**self.schedule.state_dict(), "pending": pending}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint's `state_dict`: its pending groups are dispatched first."""
+        self.schedule.load_state_dict(state)
+        with self._cond:
+            self._replay = deque(int(p) for p in state.get("pending", []))
+
+    def _settled(self, group: Group) -> None:
+        """A group was consumed or dropped: it no longer needs to run after a resume."""
+        self._pending.pop(group.group_id, None)
 
     def _min_version(self, place: int) -> int:
         """The oldest weights a group at `place` in the queue (0 = consumed next) may generate with.
@@ -136,6 +169,8 @@ class RolloutSource:
             group = self._assembler.add(traj)
             if group is not None:
                 done[group.group_id] = group
+                with self._cond:
+                    self._settled(group)
         if len(done) < n_groups:
             raise RuntimeError("rollouts were stopped before the step's groups completed")
         return [done[g] for g in order]
@@ -195,6 +230,7 @@ class RolloutSource:
                     raise RuntimeError("the rollout source was closed")
                 group = self._ready.popleft()
                 self._outstanding -= 1
+                self._settled(group)
                 lag = group.staleness(current_version)
                 if lag > self.max_staleness:
                     dropped += 1

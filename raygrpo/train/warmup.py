@@ -147,3 +147,15 @@ def run_warmup(model: Any, tokenizer: Any, cfg: WarmupConfig, *, system_prompt: 
         optimizer.zero_grad(set_to_none=True)
     return {"steps": cfg.steps, "examples": len(encoded), "final_loss": loss_value, "running_loss": running,
             "seconds": time.perf_counter() - started}
+
+
+def warm_up_on(device: str, model: Any, tokenizer: Any, cfg: WarmupConfig, *,
+               system_prompt: str | None = None) -> dict[str, Any]:
+    """`run_warmup` with the model on `device` (the learner's GPU where it has one: the warm-up is most of a short
+    run's compute), moved back to the CPU afterwards for saving and for TRL to place; the stats say `device`."""
+    model.to(device)
+    try:
+        stats = run_warmup(model, tokenizer, cfg, system_prompt=system_prompt)
+    finally:
+        model.to("cpu")
+    return {**stats, "device": device}
