@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from raygrpo.config import load_config
+from raygrpo.core.types import TaskRef
 from raygrpo.train.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +60,7 @@ def test_sync_steps_then_resume_continue_with_the_same_optimizer_state_version_a
     assert all(0 <= r["logp_mismatch_mean"] < 1e-3 and 0 <= r["logp_mismatch_k3"] < 1e-6 for r in lines), lines
     assert summary["steps"] == 2 and summary["leaked_envs"] == 0 and summary["task_position"] == 4
     ckpt = out / "checkpoints" / "checkpoint-2"
-    assert json.loads((ckpt / "raygrpo_state.json").read_text())["schedule"] == {"position": 4}
+    assert json.loads((ckpt / "raygrpo_state.json").read_text())["schedule"] == {"position": 4, "pending": []}
     saved_fp = optimizer_fingerprint(torch.load(ckpt / "optimizer.pt", weights_only=False)["state"])
     assert (out / "model" / "model.safetensors").exists() and (out / "reward_curve.png").exists()
     rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
@@ -88,6 +89,44 @@ def test_async_steps_with_the_tiny_model_stay_within_max_staleness(ray_local, ti
     assert all(r["step"] - 1 - min(r["policy_versions"]) <= 1 for r in rollouts if r["policy_versions"])
     assert summary["dropped_groups_total"] == sum(r["dropped_groups"] for r in lines)
     assert summary["leaked_envs"] == 0
+
+
+def test_async_generation_batches_of_two_steps_consume_their_groups_and_a_resume_keeps_the_schedule(
+    ray_local, tiny_model_dir, tmp_path
+):
+    """`trainer.generation_batch_size` spanning two optimizer steps: one policy version per generation batch, so
+    the async producer's groups arrive within max_staleness and none is dropped (counted one version per step, every
+    prefetched group was). Stale groups are corrected with truncated importance weights, whose figures and TRL's
+    own reach metrics.jsonl. A resume dispatches the groups the checkpoint left pending: over both runs, the tasks
+    consumed plus those still pending are exactly the schedule's first places."""
+    from raygrpo.train.run import train
+    from raygrpo.train.schedule import TaskSchedule
+
+    out = tmp_path / "run"
+    sections = {"train": {"mode": "async", "max_staleness": 1},
+                "envs": {"echo": {"kind": "ors", "environment": ECHO, "split": "train", "indices": [0, 1, 2, 3, 4]}}}
+    trainer = {"per_device_train_batch_size": 4, "generation_batch_size": 8, "save_steps": 2}
+    summary = train(_config(tiny_model_dir, trainer={**trainer, "max_steps": 4}, **sections), out, progress=False)
+    lines = _train_lines(out)
+    assert [r["policy_version"] for r in lines] == [0, 1, 1, 2]  # after steps 1-4: one version per two steps
+    assert summary["dropped_groups_total"] == 0 and all(r.get("staleness_max", 0) <= 1 for r in lines)
+    generating = [r for r in lines if r.get("generated_by_version") is not None]
+    assert [r["step"] for r in generating] == [1, 3] and all(r["groups"] == 4 for r in generating)
+    assert all(r["is_weight/mean"] is not None and r["is_weight/truncated_frac"] is not None for r in generating)
+    assert all({"clip_ratio/region_mean", "entropy"} <= set(r) for r in lines)  # TRL's, logged with every step
+    assert all(r["frac_reward_zero_std"] is not None for r in generating)  # and with each generation batch
+
+    summary = train(_config(tiny_model_dir, trainer={**trainer, "max_steps": 8}, **sections), out, resume=True,
+                    progress=False)
+    assert summary["resumed"]["step"] == 4 and summary["dropped_groups_total"] == 0
+    state = json.loads((out / "checkpoints" / "checkpoint-8" / "raygrpo_state.json").read_text())["schedule"]
+    rollouts = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
+    consumed = {r["group_id"]: r["task"]["index"] for r in rollouts}
+    assert len(consumed) == 16  # 8 steps of 2 groups
+    schedule = TaskSchedule({"echo": [TaskRef("echo", i) for i in range(5)]}, None, seed=0)
+    expected = sorted(schedule.task_at(p).index for p in range(state["position"]))
+    pending = [schedule.task_at(p).index for p in state["pending"]]
+    assert sorted([*consumed.values(), *pending]) == expected
 
 
 def test_async_drops_a_group_that_comes_back_too_stale_and_counts_it(ray_local, tiny_model_dir, tmp_path):

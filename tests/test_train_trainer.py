@@ -225,7 +225,7 @@ def test_which_runs_report_sampling_logprobs_and_how_they_correct_for_staleness(
     # Data that can be stale: decoupled PPO with truncated importance weights by default.
     assert correction_for(cfg(engine, mode="async")) == Correction("tis", 0.0, 2.0)
     assert correction_for(cfg(engine, weight_sync_every=2, max_staleness=1)) == Correction("tis", 0.0, 2.0)
-    assert correction_for(cfg(server, mode="async")) == Correction("tis", 0.0, 2.0)
+    assert correction_for(cfg(server)) == Correction("tis", 0.0, 2.0)  # vLLM's kernels are not the learner's
     assert correction_for(cfg(engine, off_policy={"mode": "mis"})) == Correction("mis", 0.5, 2.0)
     assert correction_for(cfg(engine, mode="async", off_policy={"mode": "none"})) == Correction("behaviour")
     assert correction_for(cfg(engine, mode="async", off_policy={"mode": "tis", "high": 3})) == Correction("tis", 0, 3)
@@ -270,3 +270,134 @@ def test_dropout_is_off_unless_the_user_turns_it_on():
     assert build_grpo_config({}, output_dir="/tmp/x", use_cpu=True, use_vllm=False).disable_dropout is True
     assert build_grpo_config({"disable_dropout": False}, output_dir="/tmp/x", use_cpu=True,
                              use_vllm=False).disable_dropout is False
+
+
+# ----------------------------------------------------------------- decoupled PPO with bounded importance weights
+
+
+def _grad(trainer, inputs) -> torch.Tensor:
+    trainer.model.zero_grad()
+    trainer.compute_loss(trainer.model, inputs).backward()
+    return torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+
+
+@pytest.mark.parametrize("mode, shift, factor", [
+    ("tis", 1.0, 2.0),  # behaviour one nat below the learner: w = e, truncated to high = 2
+    ("tis", -1.0, math.exp(-1.0)),  # one nat above: w = 1/e, inside the bounds
+    ("mis", 1.0, 0.0),  # w = e is outside [0.5, 2]: masked, the step trains nothing
+])
+def test_stale_groups_are_weighted_by_the_bounded_importance_weight_against_the_proximal_policy(
+    tiny_model_dir, tmp_path, mode, shift, factor
+):
+    """The PPO ratio is taken against the learner's own log-probs (1 on the first pass: no clipping however stale
+    the group), and each token's advantage is weighted by clamp(pi_prox / pi_behaviour): the gradient is the fresh,
+    on-policy one times the bounded weight. Without a bound, w = e would make the step e times the fresh one; with
+    today's behaviour ratio the rewarded rollout was clipped to zero gradient instead."""
+    from trl import GRPOTrainer
+
+    plain, _ = _trainer(GRPOTrainer, tiny_model_dir, tmp_path / "plain", shift=0.0, bf16=False)
+    plain.model.train()
+    plain.current_gradient_accumulation_steps = 1
+    expected = _grad(plain, _generate(plain))
+    low, high = (0.0, 2.0) if mode == "tis" else (0.5, 2.0)
+    trainer, own = _trainer(_rollout_trainer(mode, low=low, high=high), tiny_model_dir, tmp_path / mode, shift=shift,
+                            bf16=False)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    inputs = _generate(trainer)
+    n = len(own)
+    assert torch.allclose(inputs["old_per_token_logps"][:, :n], torch.tensor([own, own]), atol=1e-5)  # proximal
+    assert inputs["advantages"].shape == inputs["completion_ids"].shape  # per token: A * w
+    got = _grad(trainer, inputs)
+    assert torch.allclose(got, expected * factor, rtol=1e-3, atol=1e-7)
+    figures = {k: trainer._metrics["train"][k][-1] for k in ("is_weight/mean", "is_weight/max",
+                                                             "is_weight/truncated_frac", "is_weight/masked_frac")}
+    assert figures["is_weight/mean"] == pytest.approx(math.exp(shift), rel=1e-3)
+    outside = 1.0 if shift > 0 else 0.0
+    assert figures["is_weight/truncated_frac" if mode == "tis" else "is_weight/masked_frac"] == outside
+
+
+def test_importance_weights_leave_padding_tool_tokens_and_unscorable_tokens_alone():
+    from raygrpo.train.off_policy import importance_weights
+
+    proximal = torch.tensor([[-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0]])
+    behaviour = torch.tensor([[-2.0, float("nan"), -1.0], [-0.5, -5.0, -1.0]])
+    mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    weights, figures = importance_weights(proximal, behaviour, mask, "tis", 0.0, 2.0)
+    assert torch.allclose(weights, torch.tensor([[2.0, 1.0, 1.0], [math.exp(-0.5), 1.0, 1.0]]))
+    assert figures["is_weight/max"] == pytest.approx(math.e)
+    assert figures["is_weight/truncated_frac"] == pytest.approx(1 / 4)
+    weights, figures = importance_weights(proximal, behaviour, mask * 0, "mis", 0.5, 2.0)
+    assert torch.equal(weights, torch.ones_like(weights)) and figures["is_weight/mean"] is None
+
+
+# ----------------------------------------------------------------- what stays out of the loss
+
+
+def _trainer_with_rows(tmp_path, model_dir, rows, **grpo):
+    """A trainer whose batch is `rows`: (completion text, reward, status) per rollout, groups of 2; a completion
+    text ending in "<eos>" ends with the tokenizer's eos token."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig
+
+    from raygrpo.train.trainer import RolloutGRPOTrainer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    prompt_ids = tok("Say hello.")["input_ids"]
+
+    def rollout_func(prompts, trainer):
+        ids = [_ids(tok, text) for text, _, _ in rows]
+        return {"prompt_ids": [prompt_ids] * len(rows), "completion_ids": ids,
+                "logprobs": [[-1.0] * len(i) for i in ids], "env_reward": [r for _, r, _ in rows],
+                "status": [s for _, _, s in rows], "policy_version": [0] * len(rows)}
+
+    args = GRPOConfig(**{"output_dir": str(tmp_path), "use_cpu": True, "use_vllm": False, "num_generations": 2,
+                         "per_device_train_batch_size": len(rows), "max_steps": 1, "report_to": "none",
+                         "max_completion_length": 32, "bf16": False, "loss_type": "dapo", **grpo})
+    trainer = RolloutGRPOTrainer(model=model, reward_funcs=[lambda env_reward, **kw: env_reward], args=args,
+                                 processing_class=tok, rollout_func=rollout_func,
+                                 train_dataset=Dataset.from_dict({"prompt": ["slot"] * (len(rows) // 2)}))
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1  # what TRL's training loop sets before a step
+    return trainer, tok
+
+
+def _ids(tok, text: str) -> list[int]:
+    if text.endswith("<eos>"):
+        return tok(text[: -len("<eos>")])["input_ids"] + [tok.eos_token_id]
+    return tok(text)["input_ids"]
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+def test_unscored_rollouts_take_no_part_in_the_step(tiny_model_dir, tmp_path, beta):
+    """Two batches that differ only in what their unscored rollouts wrote make the same update (with dapo's
+    token-count normaliser, and with a KL term). TRL alone counted their tokens and KL-trained them."""
+    scored = [("hello world", 1.0, "ok"), ("hello there", 0.0, "ok")]
+    grads, counts = [], []
+    for i, failed in enumerate(["oops", "a much longer text that an environment failure left behind"]):
+        trainer, tok = _trainer_with_rows(tmp_path / str(i), tiny_model_dir,
+                                          [*scored, (failed, None, "env_error"), (failed, None, "env_error")],
+                                          beta=beta)
+        inputs = trainer._generate_and_score_completions([{"prompt": "slot"} for _ in range(4)])
+        assert inputs["tool_mask"][2:].sum() == 0 and inputs["tool_mask"][:2].sum() > 0
+        counts.append(int(inputs["num_items_in_batch"]))
+        grads.append(_grad(trainer, inputs))
+        assert trainer._metrics["train"]["rows_out_of_loss"][-1] == 2
+    tokens = sum(len(_ids(tok, text)) for text, _, _ in scored)
+    assert counts == [tokens, tokens]
+    assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-6)  # measured: 1.8e-7 apart, largest entry 0.47
+
+
+def test_truncated_rollouts_leave_the_loss_with_mask_truncated_completions(tiny_model_dir, tmp_path):
+    """A rollout raygrpo marked truncated (a turn or token limit) whose last token is an end of turn: TRL's own rule
+    (no eos at the end) keeps it; raygrpo's status takes it out. Without the option it trains as before."""
+    for option, kept in ((True, 2), (False, 4)):
+        trainer, _ = _trainer_with_rows(tmp_path / str(option), tiny_model_dir, [
+            ("hello world<eos>", 1.0, "ok"), ("hello there<eos>", 0.0, "ok"),
+            ("hello<eos>", 0.0, "truncated"), ("bye<eos>", 0.0, "truncated"),
+        ], mask_truncated_completions=option)
+        inputs = trainer._generate_and_score_completions([{"prompt": "slot"} for _ in range(4)])
+        mask = inputs["completion_mask"] * inputs.get("tool_mask", torch.ones_like(inputs["completion_mask"]))
+        assert int((mask.sum(dim=1) > 0).sum()) == kept

@@ -284,3 +284,116 @@ def test_the_reward_interval_stays_within_the_rewards():
     low, high = mean_interval([0.4, 0.6] * 50)
     assert 0.45 < low < 0.5 < high < 0.55
     assert mean_interval([1.0]) is None
+
+
+def test_an_async_resume_neither_skips_nor_repeats_a_task_of_the_schedule():
+    """A checkpoint taken while the producer has groups running or waiting: the resumed source runs those first.
+    Across the two runs every place of the schedule up to the last dispatched is consumed once or still pending."""
+    tasks = {"e": _tasks("e", 200)}  # the first 200 places are distinct tasks: a task names its place
+    order = TaskSchedule(tasks, None, seed=3)
+    place_of = {order.next(): i for i in range(200)}
+    consumed: list[int] = []
+
+    def run(state, steps):
+        source = RolloutSource(_ScriptedOrchestrator(lambda n: 100), TaskSchedule(tasks, None, seed=3), group_size=2,
+                               mode="async", max_staleness=2, groups_per_step=2)
+        if state is not None:
+            source.load_state_dict(state)
+        try:
+            for version in range(steps):
+                batch = source.next_batch(2, current_version=version)
+                consumed.extend(place_of[g.trajectories[0].task] for g in batch.groups)
+            time.sleep(0.3)  # the producer fills its look-ahead: groups dispatched, not consumed
+            return source.state_dict()
+        finally:
+            source.close()
+
+    first = run(None, 3)
+    assert first["pending"] and first["position"] > len(consumed)  # what the old checkpoint skipped
+    last = run(first, 3)
+    assert len(consumed) == len(set(consumed)) == 12  # nothing ran twice
+    assert sorted(consumed + last["pending"]) == list(range(last["position"]))  # nothing skipped
+
+
+def test_eval_reward_counts_every_rollout_the_model_caused():
+    """A model that stops answering (no_answer, unscored with rollout.unanswered_reward: null) must not score higher
+    than one that answers wrong; an environment's failure is not the model's and is left out."""
+    from raygrpo.train.evaluate import evaluate
+
+    class Done:
+        def __init__(self, trajectories):
+            self.trajectories = trajectories
+
+        def run(self, requests):
+            return iter(self.trajectories)
+
+    def traj(reward, status):
+        return Trajectory(task=TaskRef("e", 0), reward=reward, status=status)
+
+    result = evaluate(Done([traj(1.0, Status.OK), traj(None, Status.NO_ANSWER), traj(None, Status.ENV_ERROR),
+                            traj(0.0, Status.TRUNCATED)]), [TaskRef("e", i) for i in range(4)])
+    assert result["eval_reward_mean"] == pytest.approx(1 / 3)
+    assert result["eval_scored_reward_mean"] == pytest.approx(0.5)
+    assert result["eval_scored_fraction"] == 0.5 and result["eval_rollouts"] == 4
+
+
+def test_the_kl_reference_of_a_resumed_run_is_what_the_run_recorded(tmp_path, caplog):
+    from raygrpo.train.checkpoint import uses_reference
+
+    stale = tmp_path / "reference"
+    stale.mkdir()  # another run's warm-up, left in a reused output folder
+    assert uses_reference({"reference": False}, stale) is False
+    assert uses_reference({"reference": True}, stale) is True
+    with pytest.raises(FileNotFoundError, match="started GRPO from a warmed-up model"):
+        uses_reference({"reference": True}, tmp_path / "gone")
+    assert uses_reference({}, stale) is True and "does not record" in caplog.text  # a checkpoint from before
+
+
+def _run_cfg(**kwargs):
+    return load_config(data={"envs": {"e": {"kind": "ors", "url": "http://127.0.0.1:1"}}, **kwargs})
+
+
+def test_policy_versions_count_the_generation_batch_trl_builds_from_generation_batch_size(tmp_path):
+    from raygrpo.train.grpo_args import learner_grpo_config
+
+    cfg = _run_cfg(trainer={"generation_batch_size": 16, "per_device_train_batch_size": 8})
+    assert cfg.steps_per_version == 2  # TRL generates every two optimizer steps
+    args = learner_grpo_config(cfg, str(tmp_path))
+    assert args.steps_per_generation == 2 and args.save_steps == 10
+    cfg = _run_cfg(trainer={"generation_batch_size": 24, "per_device_train_batch_size": 8})
+    assert cfg.steps_per_version == 3 and learner_grpo_config(cfg, str(tmp_path)).save_steps == 12  # on a batch's end
+    with pytest.raises(ConfigError, match=r"trainer.save_steps \(5\) must be a multiple .* \(2\)"):
+        _run_cfg(trainer={"generation_batch_size": 16, "per_device_train_batch_size": 8, "save_steps": 5})
+    with pytest.raises(ConfigError, match=r"trainer.generation_batch_size \(12\) must be a multiple"):
+        _run_cfg(trainer={"generation_batch_size": 12, "per_device_train_batch_size": 8})
+
+
+def test_a_vllm_server_gets_token_level_importance_weights_with_both_bounds(tmp_path):
+    from raygrpo.train.grpo_args import learner_grpo_config
+
+    url = {"kind": "vllm", "url": "http://127.0.0.1:1"}
+    args = learner_grpo_config(_run_cfg(policy=url, train={"mode": "async"}), str(tmp_path))
+    assert args.vllm_importance_sampling_correction
+    assert (args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_min,
+            args.vllm_importance_sampling_clip_max) == ("token_truncate", 0.0, 2.0)  # TRL's own: sequence_mask, 3
+    args = learner_grpo_config(_run_cfg(policy=url, train={"off_policy": {"mode": "mis"}}), str(tmp_path))
+    assert (args.vllm_importance_sampling_mode, args.vllm_importance_sampling_clip_min) == ("token_mask", 0.5)
+    args = learner_grpo_config(_run_cfg(policy=url, train={"off_policy": {"mode": "none"}}), str(tmp_path))
+    assert not args.vllm_importance_sampling_correction
+    with pytest.raises(ConfigError, match="vllm_importance_sampling_mode is set by raygrpo from train.off_policy"):
+        _run_cfg(policy=url, trainer={"vllm_importance_sampling_mode": "sequence_mask"})
+
+
+def test_an_eval_does_not_send_the_weights_trl_already_sent_this_step():
+    from types import SimpleNamespace
+
+    from raygrpo.core.compat import sync_vllm_weights
+
+    sent = []
+    trainer = SimpleNamespace(state=SimpleNamespace(global_step=4), _last_loaded_step=4,
+                              vllm_generation=SimpleNamespace(sync_weights=lambda: sent.append(1)))
+    sync_vllm_weights(trainer)  # TRL pushed step 4's weights before calling the rollout_func
+    assert sent == []
+    trainer.state.global_step = 5  # the final eval, after the last step: not sent yet
+    sync_vllm_weights(trainer)
+    assert sent == [1] and trainer._last_loaded_step == 5

@@ -34,13 +34,25 @@ def _prompt(tok, text: str) -> list[int]:
     )
 
 
-def _reference_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> list[float]:
+def _reference_logprobs(model, prompt: list[int], completion: list[int], temperature: float,
+                        top_p: float = 1.0) -> list[float]:
+    """Log-probs of `completion` under softmax(logits / temperature), renormalised over the nucleus when top_p < 1
+    (the smallest set of most likely tokens whose mass reaches top_p): the distribution a sampler draws from."""
     import torch
 
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([prompt + completion])).logits[0].float()
     logp = torch.log_softmax(logits[len(prompt) - 1 : -1] / (temperature or 1.0), dim=-1)
-    return logp.gather(-1, torch.tensor(completion)[:, None]).squeeze(-1).tolist()
+    out = []
+    for row, token in zip(logp, completion):
+        if temperature > 0 and top_p < 1.0:
+            probs, order = row.exp().sort(descending=True)
+            size = int(((probs.cumsum(0) - probs) < top_p).sum())
+            nucleus = order[:size].tolist()
+            assert token in nucleus, "sampled outside the nucleus"
+            row = row - torch.logsumexp(row[order[:size]], dim=0)
+        out.append(float(row[token]))
+    return out
 
 
 @pytest.mark.timeout(120)
@@ -78,9 +90,14 @@ async def test_logprobs_match_a_separate_forward_pass(engine, reference, tempera
     turns = await asyncio.gather(*[engine.generate(p, sampling) for p in prompts])
     for prompt, turn in zip(prompts, turns):
         assert len(turn.logprobs) == len(turn.output_ids) > 0
+        # The sampling log-probs are the nucleus's (the behaviour policy); `logprobs_of` is the learner's view, the
+        # full softmax, which TRL computes.
+        sampled = _reference_logprobs(reference, prompt, turn.output_ids, temperature, top_p)
+        assert turn.logprobs == pytest.approx(sampled, abs=2e-4)
         expected = _reference_logprobs(reference, prompt, turn.output_ids, temperature)
-        assert turn.logprobs == pytest.approx(expected, abs=2e-4)
         assert await engine.logprobs_of(prompt, turn.output_ids, temperature) == pytest.approx(expected, abs=2e-4)
+        if top_p < 1 and temperature > 0:
+            assert sum(turn.logprobs) > sum(expected) + 1e-3  # renormalised over fewer tokens
         if temperature == 0:  # greedy: each token is the argmax of the reference
             import torch
 
@@ -266,3 +283,25 @@ async def test_a_request_for_newer_weights_waits_for_them(tiny_model_dir):
         assert turn.policy_version == 1
     finally:
         eng.close()
+
+
+@pytest.mark.ray
+@pytest.mark.timeout(300)
+async def test_engines_sample_by_the_runs_seed(ray_local, tiny_model_dir):
+    """Two runs with different seeds sample different rollouts (unseeded requests); the same seed, the same ones."""
+    import ray
+
+    from raygrpo.actors.policy_engine import engine_seed, start_engines, stop_engines
+    from raygrpo.config.policy import PolicyConfig
+
+    cfg = PolicyConfig(kind="transformers", num_engines=1, engine_num_cpus=0.5)
+    outputs = []
+    for seed in (0, 7, 0):
+        handles = start_engines(cfg, tiny_model_dir, seed=seed)
+        try:
+            turn = await handles[0].generate.remote([5, 6, 7], SamplingParams(max_tokens=16, temperature=1.0))
+            outputs.append(turn.output_ids)
+        finally:
+            stop_engines(handles)
+    assert outputs[0] == outputs[2] and outputs[0] != outputs[1]
+    assert len({engine_seed(0, i) for i in range(4)} | {engine_seed(1, i) for i in range(4)}) == 8

@@ -185,10 +185,11 @@ class RunConfig(BaseModel):
 
     def _check_save_steps(self) -> None:
         """A checkpoint inside a generation batch cannot be resumed faithfully: TRL regenerates on resume, which
-        shifts every later version label. Refuse checkpoints that do not fall on a generation batch's end."""
+        shifts every later version label. Refuse a `save_steps` that does not fall on a generation batch's end (a
+        fraction of the run, which TRL also accepts, is left to TRL)."""
         spv = self.steps_per_version
         strategy = self.trainer.get("save_strategy", TRAINER_DEFAULTS["save_strategy"])
-        save_steps = self.trainer.get("save_steps", TRAINER_DEFAULTS["save_steps"])
+        save_steps = self.trainer.get("save_steps")  # unset: raygrpo's default, rounded up by the learner
         if spv > 1 and str(strategy) == "steps" and isinstance(save_steps, (int, float)):
             steps = float(save_steps)
             if steps >= 1 and int(steps) % spv:

@@ -124,8 +124,9 @@ class OffPolicyConfig(BaseModel):
             `"none"`: no importance weight (PPO against the proximal policy only, or `train.behaviour_ratio`).
             `"tis"`: truncated importance sampling, `w` clamped to `[low, high]`. `"mis"`: masked importance sampling
             (IcePop), tokens whose `w` falls outside `[low, high]` get weight 0 and the others `w`. Unset: `"tis"`
-            where the data can be stale (`train.mode: async`, or `train.weight_sync_every > 1`) and the policy
-            reports its sampling log-probs (engine actors, or a vLLM server through `policy.url`), else `"none"`.
+            where the policy reports its sampling log-probs (engine actors, or a vLLM server through `policy.url`)
+            and they can differ from the learner's: the data can be stale (`train.mode: async`, or
+            `train.weight_sync_every > 1`), or vLLM generates (its kernels are not the learner's); else `"none"`.
             With a vLLM server TRL applies the weight itself (`vllm_importance_sampling_mode` `token_truncate` or
             `token_mask`, with these bounds).
         low (`float`, *optional*):

@@ -34,13 +34,14 @@ def reports_sampling_logprobs(cfg: RunConfig) -> bool:
 
 
 def correction_for(cfg: RunConfig) -> Correction:
-    """The run's `Correction`: `train.off_policy.mode` where set; unset, `tis` where the data can be stale and the
-    policy reports its sampling log-probs; otherwise `behaviour` for engine actors unless `train.behaviour_ratio` is
-    false, else `none`."""
+    """The run's `Correction`: `train.off_policy.mode` where set; unset, `tis` where the policy reports its sampling
+    log-probs and they can differ from the learner's (stale data, or vLLM: its kernels are not the learner's);
+    otherwise `behaviour` for engine actors unless `train.behaviour_ratio` is false, else `none`."""
     off_policy = cfg.train.off_policy
     mode = off_policy.mode
     if mode is None:
-        mode = "tis" if reports_sampling_logprobs(cfg) and cfg.train.stale_data else "none"
+        differ = cfg.train.stale_data or cfg.policy.kind == "vllm"
+        mode = "tis" if reports_sampling_logprobs(cfg) and differ else "none"
     if mode in ("tis", "mis"):
         return Correction(mode, *off_policy.bounds(mode))
     if cfg.policy.engine_actors and cfg.train.behaviour_ratio is not False:
