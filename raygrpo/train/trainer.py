@@ -62,28 +62,24 @@ class RolloutGRPOTrainer(GenerationOutputHook, GRPOTrainer):
 
     def adjust_generation_output(self, output: dict[str, Any], inputs: list[dict[str, Any]]) -> dict[str, Any]:
         behaviour = output.get("sampling_per_token_logps") if self.sampling_logprobs else None
+        mode = self.correction.mode if behaviour is not None and not self.use_vllm else "none"
+        if mode in ("tis", "mis") and output.get("old_per_token_logps") is None:
+            # The proximal log-probs: the learner's own, computed once here and reused by the mismatch figures.
+            rows = torch.ones(behaviour.size(0), dtype=torch.bool, device=behaviour.device)
+            output["old_per_token_logps"] = completion_logps(self, output, rows).to(behaviour.dtype)
         if behaviour is not None:
             record_logp_mismatch(self, output, inputs, self.policy_version)
         removed = remove_rows_from_loss(output, rows_out_of_loss(inputs, self.args.mask_truncated_completions))
         log_trainer_metrics(self, {"rows_out_of_loss": float(removed)})
-        if behaviour is None or self.use_vllm:
-            return output
-        mode = self.correction.mode
         if mode == "behaviour":
             # Padding and tool-result positions hold 0.0 (see raygrpo.train.groups); the loss masks them out.
             output["old_per_token_logps"] = behaviour
         elif mode in ("tis", "mis"):
-            proximal = output.get("old_per_token_logps")
-            if proximal is None:
-                rows = torch.ones(behaviour.size(0), dtype=torch.bool, device=behaviour.device)
-                proximal = completion_logps(self, output, rows).to(behaviour.dtype)
-            output["old_per_token_logps"] = proximal
             mask = output["completion_mask"]
             if output.get("tool_mask") is not None:
                 mask = mask * output["tool_mask"]
-            weights, figures = importance_weights(proximal, behaviour, mask, mode, self.correction.low,
-                                                  self.correction.high)
+            weights, figures = importance_weights(output["old_per_token_logps"], behaviour, mask, mode,
+                                                  self.correction.low, self.correction.high)
             output["advantages"] = weighted_advantages(output["advantages"], weights)
             log_trainer_metrics(self, figures)
         return output
-
