@@ -4,7 +4,8 @@ harness, grades it with Harbor's `Verifier` and stops it; and the errors it rais
 Outcomes, as the agent loop (`raygrpo.agent.rollout`) reports them:
 
 - the sandbox fails to start, its healthcheck fails, or it dies mid-episode: `EnvError` -> `env_error` (retried);
-- the task's image does not build (docker: a Dockerfile step fails): `TaskError` -> `task_error`, not retried;
+- the task's image does not build (docker: a Dockerfile step fails) or an image it names cannot be pulled (a compose
+  sidecar's): `TaskError` -> `task_error`, not retried, with the daemon's own line;
 - the verifier crashes (cannot upload the tests, cannot read the results back, ...): `EnvError` -> `env_error`;
 - the verifier runs past its deadline: `TimeoutError` (`HarborVerifierTimeout`) -> `timeout`, not retried;
 - the verifier writes no usable reward (no file, an empty or unparsable one, a missing `reward_key`):
@@ -184,8 +185,8 @@ class HarborAdapter(LiveAdapter):
             self._dead = f"did not start within start_timeout_s={self.spec.start_timeout_s:g}"
             raise HarborStartError(f"{self.label}: the sandbox {self._dead}") from None
         except Exception as exc:  # noqa: BLE001 - every backend fails its own way; all are start failures
-            self._dead = describe(exc)
             docker = self.context.docker
+            self._dead = (docker.explain(exc) if docker is not None else None) or describe(exc)
             broken = await docker.start_failed(self.harbor_task, exc) if docker is not None else None
             if broken is not None:
                 raise broken from exc

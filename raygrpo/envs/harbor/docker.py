@@ -14,8 +14,10 @@
   it and start from what it built: concurrent builds of one image cost the CPU once per sandbox and leave every
   image but the last tagged one dangling.
 - **Broken images are the task's.** A start whose `docker compose build` failed at a Dockerfile step (a `RUN` that
-  needs a network the build cannot reach, a base image that cannot be pulled) is a `TaskError` naming the step:
-  `task_error`, not retried. A failure before any step ran (no daemon, no compose) stays an infrastructure error.
+  needs a network the build cannot reach, a base image that cannot be pulled), or whose `up` could not pull an image
+  the task names (a compose sidecar's), is a `TaskError` naming the step or the image with the daemon's own line
+  (`raygrpo.envs.harbor.compose_failures`): `task_error`, not retried. A failure before any step ran (no daemon, no
+  compose) stays an infrastructure error, its cause the daemon's line, whole.
   Docker's classic builder keeps the container of a failed `RUN` step: it is removed.
 """
 
@@ -32,6 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from raygrpo.envs.harbor.compose_failures import explain as explain_compose
+from raygrpo.envs.harbor.compose_failures import compose_failure, pull_failure
 from raygrpo.envs.harbor.network import static_mode
 from raygrpo.core.errors import TaskError
 from raygrpo.docker import guard as docker_guard
@@ -45,10 +49,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 OVERLAY_NAME = "raygrpo-docker-compose.json"
-#: The message of Harbor's failed compose command (harbor/environments/docker/docker.py).
-_COMPOSE_FAILURE = re.compile(r"Command: (?P<cmd>.*?)\. Return code: (?P<rc>-?\d+)\. Stdout: (?P<out>.*)\. Stderr: ",
-                              re.DOTALL)
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 #: Where the per-node build locks are (one file per image; the Docker engine is the node's own).
 BUILD_LOCK_DIR = Path(tempfile.gettempdir()) / "raygrpo-docker-builds"
 #: How often a start waiting for another process's build of its image looks again.
@@ -90,10 +90,10 @@ class BuildFailure:
 def build_failure(message: str) -> BuildFailure | None:
     """Which Dockerfile step failed and why, from Harbor's error for a failed `docker compose build`; None when the
     error is not a build failure or no step ran (the engine or compose failed: infrastructure)."""
-    match = _COMPOSE_FAILURE.search(message)
-    if match is None or match["cmd"].split()[-1:] != ["build"]:
+    failure = compose_failure(message)
+    if failure is None or failure.command != "build":
         return None
-    out = _ANSI.sub("", match["out"])
+    out = failure.output
     steps = list(_STEP.finditer(out))
     if not steps:
         return None
@@ -109,7 +109,7 @@ def build_failure(message: str) -> BuildFailure | None:
         if _RULE.match(line):
             break  # BuildKit: the step's output ends here, its Dockerfile excerpt follows
         if line and not _NOISE.match(line) and not _EXIT.search(line):
-            detail = _TIMESTAMP.sub("", line)[:300]
+            detail = _TIMESTAMP.sub("", line)  # whole: a cut line ends inside a path
     container = next((m["id"] for m in _RUNNING_IN.finditer(after)), None)
     code = int(exited["code"]) if exited is not None else None
     return BuildFailure(step["n"] or step["bk_n"], instruction, code, detail, container)
@@ -194,17 +194,27 @@ class DockerSupport:
             self._built.add(name)
 
     async def start_failed(self, task: Task | None, exc: BaseException) -> TaskError | None:
-        """The `TaskError` a failed start means (its image does not build), or None for an infrastructure failure.
+        """The `TaskError` a failed start means (its image does not build, or an image it names cannot be pulled),
+        or None for an infrastructure failure.
         A start from a reused image that failed forgets the image, so that the next start builds it again."""
         if task is not None:
             self._built.discard(self._image_names.get(task.paths.environment_dir) or "")
+        name = task.name if task is not None else "?"
+        pulled = pull_failure(str(exc))
+        if pulled is not None:
+            return TaskError(f"{self.label} task {name}: {pulled}")
         failure = build_failure(str(exc))
         if failure is None:
             return None
         if failure.container is not None:
             await asyncio.to_thread(remove, [DockerObject("container", failure.container, failure.container)])
-        name = task.name if task is not None else "?"
         return TaskError(f"{self.label} task {name}: the task's image does not build: {failure}")
+
+    @staticmethod
+    def explain(exc: BaseException) -> str | None:
+        """The daemon's own line for a start that failed in a compose command (`docker compose up failed (exit 1):
+        ...`), whole; None when the failure was not a compose command's."""
+        return explain_compose(str(exc))
 
     async def _image_name(self, task: Task) -> str | None:
         env_dir = task.paths.environment_dir
