@@ -63,11 +63,12 @@ def owner_of(labels: dict[str, str]) -> dict:
 
 
 def compose_overlay(labels: dict[str, str], image: str | None = None, *, bridge: str | None = None,
-                    offline: bool = False) -> dict:
+                    offline: bool = False, sidecars: dict | None = None) -> dict:
     """The extra compose file of a sandbox: its main service under an init, its containers and default network
     labelled, and (when `image` is given) the name its image is built as or started from. `bridge` names the
     default network's interface on the host (`raygrpo.docker.guard.bridge_name`: the node's firewall
-    guards it); `offline` gives the main service no network at all (a `no-network` task)."""
+    guards it); `offline` gives the main service no network at all (a `no-network` task); `sidecars` is what the
+    task's own compose services add (`raygrpo.docker.sidecars.sidecar_overlay`)."""
     main: dict = {"init": True, "labels": labels}
     if image is not None:
         main["image"] = image
@@ -76,14 +77,18 @@ def compose_overlay(labels: dict[str, str], image: str | None = None, *, bridge:
     network: dict = {"labels": labels}
     if bridge is not None:
         network["driver_opts"] = {BRIDGE_NAME_OPTION: bridge}
-    return {"services": {"main": main}, "networks": {"default": network}}
+    overlay: dict = {"services": {"main": main}, "networks": {"default": network}}
+    for section, entries in (sidecars or {}).items():
+        overlay.setdefault(section, {}).update(entries)
+    return overlay
 
 
 def write_overlay(path: Path, labels: dict[str, str], image: str | None = None, *, bridge: str | None = None,
-                  offline: bool = False) -> Path:
+                  offline: bool = False, sidecars: dict | None = None) -> Path:
     """Write `compose_overlay(...)` to `path` (JSON, which compose reads as YAML) and return it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(compose_overlay(labels, image, bridge=bridge, offline=offline), indent=2))
+    overlay = compose_overlay(labels, image, bridge=bridge, offline=offline, sidecars=sidecars)
+    path.write_text(json.dumps(overlay, indent=2))
     return path
 
 
@@ -125,7 +130,7 @@ def reap_docker_orphans() -> list[str]:
 
 
 def run_leftovers(run_id: str) -> list[str]:
-    """The compose projects of run `run_id` that docker still has containers or networks of.
+    """The compose projects of run `run_id` that docker still has containers, networks or volumes of.
 
     Raises:
         DockerUnavailable: The daemon did not answer.

@@ -9,10 +9,14 @@
   more tag per rollout, never removed, since raygrpo stops docker sandboxes without deleting images
   (`HarborSpec.stop_delete`). The compose file names the image `hb__<hash>` instead, and once that image exists on
   the node, later sandboxes of the task start from it as a prebuilt image: no `docker compose build` per rollout.
-  Tasks that name their own image or bring a docker-compose.yaml are left to Harbor. One sandbox per node builds
+  Tasks that name their own image are left to Harbor. One sandbox per node builds
   a missing image (an asyncio lock per actor, a file lock per node for the actors beside it); the others wait for
   it and start from what it built: concurrent builds of one image cost the CPU once per sandbox and leave every
   image but the last tagged one dangling.
+- **Compose sidecars leave nothing.** A task's own compose services, volumes and networks are labelled like the
+  sandbox, the images of the services it builds get one name per task and service, and its volumes are removed
+  once the sandbox stops (`raygrpo.docker.sidecars`): nothing of a rollout stays in docker, and the run's leak count
+  sees whatever would.
 - **Broken images are the task's.** A start whose `docker compose build` failed at a Dockerfile step (a `RUN` that
   needs a network the build cannot reach, a base image that cannot be pulled), or whose `up` could not pull an image
   the task names (a compose sidecar's), is a `TaskError` naming the step or the image with the daemon's own line
@@ -39,8 +43,10 @@ from raygrpo.envs.harbor.compose_failures import compose_failure, pull_failure
 from raygrpo.envs.harbor.network import static_mode
 from raygrpo.core.errors import TaskError
 from raygrpo.docker import guard as docker_guard
-from raygrpo.docker.engine import DockerObject, image_exists, remove
+from raygrpo.docker.engine import DockerObject, DockerUnavailable, find, image_exists, remove
 from raygrpo.docker.owners import owner_labels, write_overlay
+from raygrpo.docker.sidecars import SESSION_LABEL, declares_volumes, read_compose, sidecar_overlay
+from raygrpo.envs.harbor.tasks import COMPOSE_FILE
 
 if TYPE_CHECKING:
     from harbor.models.task.config import EnvironmentConfig
@@ -130,6 +136,8 @@ class DockerSupport:
         self._actor_locks: dict[str, asyncio.Lock] = {}
         #: The image a start is building, by its session id, with the locks it holds until its start ends.
         self._building: dict[str, tuple[asyncio.Lock, NodeLock]] = {}
+        #: Sandboxes whose task's compose file declares volumes (removed once the sandbox stops).
+        self._with_volumes: set[str] = set()
 
     async def prepare(self, task: Task, trial_dir: Path, kwargs: dict[str, Any], session_id: str,
                       ) -> tuple[EnvironmentConfig, dict[str, Any]]:
@@ -149,8 +157,16 @@ class DockerSupport:
         name = await self._image_name(task)
         if name is not None and (await self._exists(name) or not await self._claim_build(name, session_id)):
             config.docker_image = name
-        overlay = write_overlay(trial_dir / OVERLAY_NAME, owner_labels(), image=name,
-                                bridge=docker_guard.bridge_name(session_id), offline=offline)
+        labels = {**owner_labels(), SESSION_LABEL: session_id}
+        sidecars = None
+        compose_file = task.paths.environment_dir / COMPOSE_FILE
+        if compose_file.is_file():
+            compose = await asyncio.to_thread(read_compose, compose_file)
+            sidecars = sidecar_overlay(compose, labels, name)
+            if declares_volumes(compose):
+                self._with_volumes.add(session_id)
+        overlay = write_overlay(trial_dir / OVERLAY_NAME, labels, image=name,
+                                bridge=docker_guard.bridge_name(session_id), offline=offline, sidecars=sidecars)
         extra = [str(p) for p in kwargs.get("extra_docker_compose") or []]
         return config, {**kwargs, "extra_docker_compose": [*extra, str(overlay)]}
 
@@ -186,6 +202,23 @@ class DockerSupport:
             actor_lock, node_lock = held
             node_lock.release()
             actor_lock.release()
+
+    async def stopped(self, session_id: str) -> None:
+        """Sandbox `session_id` was stopped (`docker compose down`, which keeps named volumes): the volumes its
+        task's compose file declared are removed (found by the sandbox's label). Never raises: what is left is
+        counted by the run's leak count and removed by the reaper."""
+        if session_id not in self._with_volumes:
+            return
+        self._with_volumes.discard(session_id)
+        try:
+            volumes = await asyncio.to_thread(find, [f"{SESSION_LABEL}={session_id}"], ("volume",))
+            left = await asyncio.to_thread(remove, volumes)
+        except DockerUnavailable as exc:
+            logger.warning("%s: the volumes of sandbox %s were not removed: %s", self.label, session_id, exc)
+            return
+        if left:
+            logger.warning("%s: volumes of sandbox %s still there: %s", self.label, session_id,
+                           ", ".join(v.name for v in left))
 
     def started(self, task: Task) -> None:
         """A sandbox of `task` started: its image exists on this node now."""
@@ -272,10 +305,11 @@ class NodeLock:
 
 def _image_name(task: Task) -> str | None:
     """`hb__` + the task's environment folder's content hash, as Harbor 0.25 computes it (`environment_id`); None
-    when the task names its own image or brings its own docker-compose.yaml (Harbor then decides what to build)."""
+    when the task names its own image (Harbor then starts from it). A task with compose services gets one too: its
+    own services' images are named after it (`raygrpo.docker.sidecars`)."""
     from harbor.environments.definition import environment_content_hash
 
     env_dir = task.paths.environment_dir
-    if task.config.environment.docker_image or (env_dir / "docker-compose.yaml").exists():
+    if task.config.environment.docker_image:
         return None
     return f"hb__{environment_content_hash(env_dir)}"
