@@ -154,3 +154,31 @@ async def test_each_sidecar_episode_removes_its_volume_at_once_and_reuses_its_im
     tags = subprocess.run(["docker", "images", "--format", "{{.Repository}}", "--filter",
                            "reference=sidecar-named-volume*"], capture_output=True, text=True, check=True).stdout.split()
     assert tags == []  # no per-sandbox `<project>-vault` / `<project>-main` tags (docker_ready removes `hb__*`)
+
+
+@pytest.mark.timeout(60)
+def test_rollout_fails_at_load_naming_every_refused_task_at_once(tmp_path, capsys):
+    """One load names all four tasks the local backend cannot run (before Ray starts: exit 2)."""
+    config = tmp_path / "rollout.yaml"
+    config.write_text(f"envs: {{tasks: {{kind: harbor, path: {TASKS}}}}}\npolicy: {{kind: oracle}}\n")
+    assert main(["rollout", str(config), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "envs.tasks.path: 4 task(s) of the suite cannot be run:" in err
+    for folder, cause in (("refused-bad-toml", "task.toml is invalid"), ("refused-no-tests", "missing tests/test.sh"),
+                          ("sidecar-named-volume", LOCAL_COMPOSE), ("unpullable-sidecar-image", LOCAL_COMPOSE)):
+        assert f"task dir {TASKS / folder}: {cause}" in err, (folder, err)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.timeout(60)
+def test_a_check_of_refused_tasks_only_judges_them_without_running_anything(tmp_path):
+    from raygrpo.driver.check import load_target, run_check
+
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    for folder in ("refused-no-tests", "refused-bad-toml"):
+        (suite / folder).symlink_to(TASKS / folder)
+    result = run_check(load_target(suite))
+    assert [(v.task, v.status) for v in result.verdicts] == [("refused-bad-toml", "refused"),
+                                                            ("verdicts/refused-no-tests", "refused")]
+    assert len(result.broken) == 2 and result.leaked_envs == 0
