@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
 from raygrpo.envs.base import EnvError, RewardMissingError, refuse_call
 from raygrpo.envs.harbor.solution import run_solution
-from raygrpo.envs.harbor.verify import VerifierEvidence, gather, run_verifier
+from raygrpo.envs.harbor.tooling import probe_commands
+from raygrpo.envs.harbor.verify import VerifierEvidence, gather, missing_at_verify, run_verifier
 from raygrpo.envs.live import LiveAdapter, LiveAdapters
 from raygrpo.envs.harbor.rewards import reduce_rewards
 from raygrpo.core.errors import TaskError, VerifierError, describe
@@ -47,6 +49,8 @@ if TYPE_CHECKING:
     from raygrpo.envs.harbor.starts import SandboxStarts
     from raygrpo.envs.harbor.warm import WarmPool
     from raygrpo.envs.harbor.harness import Harness
+
+logger = logging.getLogger(__name__)
 
 
 class HarborStartError(EnvError):
@@ -303,9 +307,9 @@ class HarborAdapter(LiveAdapter):
             try:
                 reward = await self._score(evidence)
             except RewardMissingError as exc:
-                self._check_tooling(None, exc)
+                await self._check_tooling(evidence, None, exc)
                 raise
-            self._check_tooling(reward)
+            await self._check_tooling(evidence, reward)
             return reward
         finally:
             self.timings["verify"] = time.perf_counter() - began
@@ -314,15 +318,29 @@ class HarborAdapter(LiveAdapter):
                 await gather(self.env, self._trial_paths, evidence, keep_logs=keep,
                              keep_logs_kib=self.spec.keep_logs_kib, label=self.label)
 
-    def _check_tooling(self, reward: float | None, cause: BaseException | None = None) -> None:
+    async def _check_tooling(self, evidence: VerifierEvidence, reward: float | None,
+                             cause: BaseException | None = None) -> None:
         """The verdict stands unless the probe at start showed the verifier's tooling missing and the verifier then
-        did not award full reward: then it is not the model's (`VerifierError`, status `verifier_error`)."""
+        did not award full reward: then it is not the model's (`VerifierError`, status `verifier_error`). A missing
+        command counts only when the verifier's shell also failed to find it while it ran
+        (`raygrpo.envs.harbor.verify_missing`): a word the probe took for a command never sets a verdict aside."""
         if not self._tooling_missing or (reward is not None and reward >= 1.0):
+            return
+        missing = list(self._tooling_missing)
+        commands = probe_commands(missing)
+        if commands:
+            evidence.missing_at_verify = await missing_at_verify(self.env, self._trial_paths)
+            unconfirmed = [c for c in commands if c not in evidence.missing_at_verify]
+            missing = [m for m in missing if not set(probe_commands([m])) & set(unconfirmed)]
+            if unconfirmed:
+                logger.info("%s: the probe found %s missing before the model acted, but the verifier's shell did "
+                            "not miss it: not held against the verdict", self.label, ", ".join(unconfirmed))
+        if not missing:
             return
         verdict = f"reward {reward:g}" if reward is not None else "no reward"
         raise VerifierError(
             f"{self.label}: the verifier's tooling was missing before the model acted: "
-            f"{', '.join(self._tooling_missing)}; its verdict ({verdict}) is not the model's") from cause
+            f"{', '.join(missing)}; its verdict ({verdict}) is not the model's") from cause
 
     async def _score(self, evidence: VerifierEvidence) -> float:
         from harbor.verifier.verifier import RewardFileEmptyError, RewardFileNotFoundError, VerifierOutputParseError
@@ -332,7 +350,8 @@ class HarborAdapter(LiveAdapter):
         try:
             result = await asyncio.wait_for(
                 run_verifier(self.env, self.harbor_task, self._trial_paths, evidence,
-                             offline_tooling=self.spec.offline_tooling), timeout)
+                             offline_tooling=self.spec.offline_tooling,
+                             watch_missing=bool(probe_commands(self._tooling_missing))), timeout)
         except TimeoutError:
             raise HarborVerifierTimeout(f"{self.label}: the verifier did not finish within {timeout:g} s") from None
         except (RewardFileNotFoundError, RewardFileEmptyError, VerifierOutputParseError, ValidationError) as exc:
