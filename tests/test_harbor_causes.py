@@ -26,7 +26,8 @@ def harbor_compose_error(subcommand: str, stdout: str) -> str:
 UNPULLABLE_UP = """ Network t__x_default Creating
  Network t__x_default Created
  Image ghcr.io/example-org/nonexistent-db:1.2 Pulling
- Image ghcr.io/example-org/nonexistent-db:1.2 Error Get "https://ghcr.io/v2/": dial tcp: lookup ghcr.io on 10.255.255.53:53: no such host
+ Image ghcr.io/example-org/nonexistent-db:1.2 Error Get "https://ghcr.io/v2/": dial tcp: lookup ghcr.io on \
+10.255.255.53:53: no such host
 Error response from daemon: Get "https://ghcr.io/v2/": dial tcp: lookup ghcr.io on 10.255.255.53:53: no such host
 """
 UNHEALTHY_UP = """ Container t__x-db-1 Started
@@ -68,8 +69,9 @@ def test_a_base_image_that_cannot_be_pulled_is_a_build_step_whose_line_is_kept_w
     failure = build_failure(message)
     assert failure is not None and failure.step == "1/3" and failure.detail.endswith("no such host")
     long_line = "E: Unable to locate package " + "x" * 400
-    failure = build_failure(harbor_compose_error("build", f"Step 2/3 : RUN apt-get install -y x\n{long_line}\n"
-                                                           "The command '/bin/sh -c x' returned a non-zero code: 100\n"))
+    output = (f"Step 2/3 : RUN apt-get install -y x\n{long_line}\n"
+              "The command '/bin/sh -c x' returned a non-zero code: 100\n")
+    failure = build_failure(harbor_compose_error("build", output))
     assert failure.detail == long_line and failure.exit_code == 100
 
 

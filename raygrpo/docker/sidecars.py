@@ -65,4 +65,5 @@ def sidecar_overlay(compose: dict[str, Any], labels: dict[str, str], image: str 
 
 def declares_volumes(compose: dict[str, Any]) -> bool:
     """Whether the task's compose file declares volumes of its own (removed after each sandbox)."""
-    return any(not (isinstance(spec, dict) and spec.get("external")) for spec in (compose.get("volumes") or {}).values())
+    volumes = (compose.get("volumes") or {}).values()
+    return any(not (isinstance(spec, dict) and spec.get("external")) for spec in volumes)
