@@ -137,7 +137,10 @@ class HarborAdapter(LiveAdapter):
 
     @property
     def label(self) -> str:
-        name = f" task {self.harbor_task.name}" if self.harbor_task is not None else ""
+        # The run's name of the task (its folder's when tasks of the suite share a `[task] name`), else Harbor's.
+        known = self.task.metadata.get("task_name") if self.task is not None else None
+        name = known or (self.harbor_task.name if self.harbor_task is not None else None)
+        name = f" task {name}" if name else ""
         return f"{self.context.label}{name}"
 
     @property
