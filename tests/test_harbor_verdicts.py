@@ -12,6 +12,9 @@ local backend and on docker.
   docker with docker's listings the same before and after, `refused` on the local backend by name;
 - `shared-name-upper` / `shared-name-lower`: one `[task] name`, named by their folders;
 - `refused-no-tests`, `refused-bad-toml`: each its own `refused` verdict; the others are judged all the same (exit 1).
+
+Also on docker: each sidecar episode leaves nothing the moment it is closed, and bash itself reports the commands
+the verifier missed (the verify-time half of the tooling rule).
 """
 
 from __future__ import annotations
@@ -182,3 +185,44 @@ def test_a_check_of_refused_tasks_only_judges_them_without_running_anything(tmp_
     assert [(v.task, v.status) for v in result.verdicts] == [("refused-bad-toml", "refused"),
                                                             ("verdicts/refused-no-tests", "refused")]
     assert len(result.broken) == 2 and result.leaked_envs == 0
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(300)
+async def test_on_docker_bash_reports_the_commands_the_verifier_missed(docker_ready, tmp_path):  # noqa: F811
+    """The verify-time half of the tooling rule in a docker sandbox: `report-tool`, missing before the model acted,
+    counts against the verdict only on the path where test.sh runs it (bash's `command_not_found_handle`)."""
+    from raygrpo.core.errors import VerifierError
+    from raygrpo.envs.harbor.provider import HarborProvider
+    from raygrpo.envs.harbor.tasks import list_harbor_tasks
+    from raygrpo.specs.harbor import HarborSpec
+    from tests.harbor_utils import make_task
+
+    test_sh = ('#!/bin/bash\necho 0 > /logs/verifier/reward.txt\n'
+               'if [ -f /app/debug ]; then report-tool /app/out.txt 2>/dev/null; fi\n')
+    make_task(tmp_path / "suite", "t", test_sh=test_sh, dockerfile="FROM python:3.12-slim\nWORKDIR /app\n")
+    spec = HarborSpec(path=str(tmp_path / "suite"), environment_type="docker")
+    [ref] = list_harbor_tasks(spec, "suite")
+    provider = HarborProvider(spec, name="suite")
+    try:
+        outcomes = []
+        for debug in (False, True):
+            adapter = provider.adapter()
+            try:
+                await adapter.start(ref)
+                if debug:
+                    await adapter.call("bash", {"command": "touch /app/debug"})
+                try:
+                    outcomes.append(await adapter.score())
+                except VerifierError as exc:
+                    outcomes.append(str(exc))
+                outcomes.append(adapter.verifier)
+            finally:
+                await adapter.close()
+    finally:
+        await provider.aclose()
+    quiet_reward, quiet, loud_error, loud = outcomes
+    assert quiet_reward == 0.0 and quiet["tooling_missing"] == ["the command `report-tool`"]
+    assert "missing_at_verify" not in quiet
+    # Its stderr went to /dev/null: bash's handler, not the output, is what saw it.
+    assert "before the model acted" in loud_error and loud["missing_at_verify"] == ["report-tool"]
