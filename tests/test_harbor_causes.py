@@ -97,3 +97,13 @@ def test_a_missing_command_becomes_the_cause_solve_sh_first():
     assert missing_command_cause("a: command not found\nb: command not found\n", None) == \
         "solve.sh: a: command not found (and 1 more: b)"
     assert missing_command_cause("fine\n", None) is None
+
+
+def test_a_long_cause_is_cut_between_words_never_inside_a_path():
+    from raygrpo.core.errors import describe
+
+    message = f"compose failed at {LONG_PATH} because the daemon said no"
+    text = describe(RuntimeError(message), limit=120)
+    assert len(text) <= 120 and text.endswith(" [...]")
+    assert text == "RuntimeError: compose failed at [...]"  # the path is left out whole, never cut inside
+    assert describe(RuntimeError("short"), limit=120) == "RuntimeError: short"
