@@ -107,7 +107,10 @@ def test_on_docker_sidecars_run_unpullable_images_are_the_tasks_and_nothing_is_l
     assert unpullable["status"] == "oracle_task_error", unpullable
     assert f"the image {UNPULLABLE} cannot be pulled: Error response from daemon: " in unpullable["cause"]
     assert "-f /" not in unpullable["cause"]  # the daemon's line, not the start of the compose command
-    assert docker_listings() == before
+    after = docker_listings()
+    changed = {kind: {"gone": sorted(set(before[kind]) - set(after[kind])),
+                      "new": sorted(set(after[kind]) - set(before[kind]))} for kind in before}
+    assert after == before, changed
 
 
 @pytest.mark.docker

@@ -166,7 +166,8 @@ class DockerSupport:
             if declares_volumes(compose):
                 self._with_volumes.add(session_id)
         overlay = write_overlay(trial_dir / OVERLAY_NAME, labels, image=name,
-                                bridge=docker_guard.bridge_name(session_id), offline=offline, sidecars=sidecars)
+                                bridge=docker_guard.bridge_name(session_id), offline=offline, sidecars=sidecars,
+                                built_once=name is not None and config.docker_image != name)
         extra = [str(p) for p in kwargs.get("extra_docker_compose") or []]
         return config, {**kwargs, "extra_docker_compose": [*extra, str(overlay)]}
 
