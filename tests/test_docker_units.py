@@ -152,6 +152,29 @@ def test_the_compose_overlay_runs_an_init_and_labels_containers_and_network():
     overlay = compose_overlay(labels)
     assert overlay == {"services": {"main": {"init": True, "labels": labels}}, "networks": {"default": {"labels": labels}}}
     assert compose_overlay(labels, image="hb__abc")["services"]["main"]["image"] == "hb__abc"
+    # A start that builds the image builds it once: `up` must not build it again (Harbor says `pull_policy: build`).
+    assert compose_overlay(labels, image="hb__abc", built_once=True)["services"]["main"]["pull_policy"] == "missing"
+    assert "pull_policy" not in compose_overlay(labels, image="hb__abc")["services"]["main"]
+
+
+def test_a_tasks_own_compose_services_volumes_and_networks_are_labelled_and_their_images_named_once():
+    from raygrpo.docker.sidecars import declares_volumes, sidecar_overlay
+
+    compose = {"services": {"main": {"volumes": ["shared:/shared"]}, "vault": {"build": {"context": "./vault"}},
+                            "db": {"image": "postgres:16"}, "Web_UI": {"build": "."}},
+               "volumes": {"shared": None, "outside": {"external": True}},
+               "networks": {"back": {}, "default": {}}}
+    labels = owner_labels("r")
+    sidecars = sidecar_overlay(compose, labels, "hb__abc")
+    assert sidecars == {
+        "services": {"vault": {"labels": labels, "image": "hb__abc-vault"}, "db": {"labels": labels},
+                     "Web_UI": {"labels": labels, "image": "hb__abc-web_ui"}},
+        "volumes": {"shared": {"labels": labels}},  # not the external one: it is not the sandbox's
+        "networks": {"back": {"labels": labels}},
+    }
+    merged = compose_overlay(labels, image="hb__abc", sidecars=sidecars)
+    assert merged["services"]["main"]["init"] is True and merged["networks"]["default"] == {"labels": labels}
+    assert declares_volumes(compose) and not declares_volumes({"volumes": {"x": {"external": True}}})
 
 
 # ── the wheelhouse ────────────────────────────────────────────────────────────────────────────────────────────────

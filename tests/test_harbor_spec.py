@@ -19,7 +19,7 @@ from raygrpo.envs.kinds import HarborKind
 from raygrpo.core.errors import ResolveError
 from raygrpo.specs.harbor import HarborSpec
 from raygrpo.specs.provider import ProviderSpec
-from tests.harbor_utils import EXAMPLE_DIR, EXAMPLE_TASKS, example_task_names, make_task
+from tests.harbor_utils import EXAMPLE_DIR, EXAMPLE_TASKS, TASK_TOML, example_task_names, make_task
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -260,10 +260,10 @@ def _break(task, how: str) -> None:
 @pytest.mark.parametrize(
     "how, expected",
     [
-        ("task.toml", "is missing task.toml"),
-        ("instruction.md", "is missing instruction.md"),
-        ("tests/test.sh", "is missing tests/test.sh"),
-        ("environment/", "is missing environment/"),
+        ("task.toml", ": missing task.toml"),
+        ("instruction.md", ": missing instruction.md"),
+        ("tests/test.sh", ": missing tests/test.sh"),
+        ("environment/", ": missing environment/"),
         ("invalid", "task.toml is invalid"),
         ("steps", "is a multi-step task (1 [[steps]]"),
     ],
@@ -275,6 +275,42 @@ def test_bad_task_dir_fails_naming_it(tmp_path, how, expected):
     message = resolve_error({"path": "suite"}, base_dir=tmp_path)
     assert f"task dir {bad}" in message and expected in message
     assert message.startswith("envs.local.path: ")  # the error names the `path` field
+
+
+@pytest.mark.timeout(30)
+def test_a_run_fails_at_load_listing_every_refused_task_at_once(tmp_path):
+    """Issue 43: four refused tasks took five loads to find. One load names every one, with its own cause; a task
+    with compose services is refused by the local backend by name, and runs on docker."""
+    make_task(tmp_path / "suite", "good")
+    _break(make_task(tmp_path / "suite", "no-tests"), "tests/test.sh")
+    _break(make_task(tmp_path / "suite", "bad-toml"), "invalid")
+    sidecar = make_task(tmp_path / "suite", "sidecar")
+    (sidecar / "environment" / "docker-compose.yaml").write_text("services:\n  db:\n    image: debian:bookworm\n")
+    message = resolve_error({"path": "suite"}, base_dir=tmp_path)
+    assert message.startswith("envs.local.path: 3 task(s) of the suite cannot be run:")
+    assert f"task dir {tmp_path / 'suite' / 'no-tests'}: missing tests/test.sh" in message
+    assert f"task dir {tmp_path / 'suite' / 'bad-toml'}: task.toml is invalid" in message
+    assert f"task dir {sidecar}: compose services are not run by the local backend" in message
+    # Kept instead of raised (what `raygrpo check` does): the loadable task, and the refusals with their causes.
+    refused = []
+    tasks = HarborKind().resolve(load({"path": "suite"}, tmp_path), "local", refused)
+    assert [Path(t.metadata["task_dir"]).name for t in tasks] == ["good"]
+    assert [(r.index, Path(r.task_dir).name, r.task) for r in refused] == [
+        (0, "bad-toml", "bad-toml"), (2, "no-tests", "tests/no-tests"), (3, "sidecar", "tests/sidecar")]
+    # On docker the compose task loads.
+    docker = HarborKind().resolve(load({"path": "suite", "environment_type": "docker"}, tmp_path), "d", [])
+    assert sorted(Path(t.metadata["task_dir"]).name for t in docker) == ["good", "sidecar"]
+
+
+@pytest.mark.timeout(30)
+def test_tasks_sharing_a_name_are_named_by_their_folder(tmp_path):
+    for folder in ("copy-a", "copy-b"):
+        make_task(tmp_path / "suite", folder, toml=TASK_TOML.format(name="shared", metadata="", verifier_timeout=60,
+                                                                   environment="").replace("tests/shared", "acme/same"))
+    make_task(tmp_path / "suite", "unique")
+    tasks = HarborKind().resolve(load({"path": "suite"}, tmp_path), "local")
+    assert [t.metadata["task_name"] for t in tasks] == ["copy-a", "copy-b", "tests/unique"]
+    assert [t.metadata.get("harbor_name") for t in tasks] == ["acme/same", "acme/same", None]
 
 
 @pytest.mark.parametrize("shape, expected", [

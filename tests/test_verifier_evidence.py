@@ -173,6 +173,31 @@ async def test_tooling_missing_at_start_is_a_verifier_error_not_a_zero(renderer,
     await nothing_left(root)
 
 
+ONLY_WHEN_DEBUGGING = """#!/bin/bash
+if [ "$(cat /app/out.txt 2>/dev/null)" = ok ]; then echo 1 > /logs/verifier/reward.txt
+else echo 0 > /logs/verifier/reward.txt; fi
+if [ -n "$VERIFIER_DEBUG" ]; then report-tool /app/out.txt; fi
+"""
+
+
+@pytest.mark.timeout(120)
+async def test_a_missing_command_the_verifier_never_ran_into_does_not_set_its_verdict_aside(renderer, root, tmp_path):
+    """Issue 43: the pre-agent probe finds `report-tool` missing, but test.sh only runs it when debugging. The
+    verifier's shell never missed it (bash's `command_not_found_handle`), so a wrong answer's 0.0 stands; run with
+    the debugging switch on, bash misses it, and the 0.0 is set aside as before."""
+    make_task(tmp_path / "suite", "t", test_sh=ONLY_WHEN_DEBUGGING)
+    spec = spec_for(tmp_path / "suite", root)
+    wrong = await rollout(spec, renderer, bash_script("echo no > /app/out.txt"))
+    assert wrong.status.value == "ok" and wrong.reward == 0.0, wrong.error
+    assert wrong.verifier["tooling_missing"] == ["the command `report-tool`"]
+    assert "missing_at_verify" not in wrong.verifier
+    make_task(tmp_path / "debug", "t", test_sh=ONLY_WHEN_DEBUGGING.replace('-n "$VERIFIER_DEBUG"', "1 = 1"))
+    hit = await rollout(spec_for(tmp_path / "debug", root), renderer, bash_script("echo no > /app/out.txt"))
+    assert hit.status.value == "verifier_error" and hit.reward is None
+    assert hit.verifier["missing_at_verify"] == ["report-tool"]
+    await nothing_left(root)
+
+
 # ── the local backend's verifier toolbox ──────────────────────────────────────────────────────────────────────────
 
 PYTEST_CTRF = """#!/bin/bash

@@ -38,6 +38,10 @@ from raygrpo.core.types import ANSWER_STEP, Status, TaskRef, ToolCall, ToolResul
 
 logger = logging.getLogger(__name__)
 
+#: Characters of a task error's cause kept (more than other errors': a broken task's cause, such as the line in which
+#: the Docker daemon says why an image cannot be had, is what its author must read whole).
+TASK_ERROR_CHARS = 2000
+
 
 class _Phases:
     """Accumulates seconds per phase of a rollout, and remembers the phase it entered last."""
@@ -119,8 +123,8 @@ async def run_rollout(
         traj.status, traj.reward, traj.error = Status.ENV_ERROR, None, describe(exc)
     except PolicyError as exc:
         traj.status, traj.reward, traj.error = Status.POLICY_ERROR, None, describe(exc)
-    except TaskError as exc:  # e.g. the task's image does not build
-        traj.status, traj.reward, traj.error = Status.TASK_ERROR, None, describe(exc)
+    except TaskError as exc:  # e.g. the task's image does not build: its cause is kept whole (the daemon's line)
+        traj.status, traj.reward, traj.error = Status.TASK_ERROR, None, describe(exc, limit=TASK_ERROR_CHARS)
     except asyncio.CancelledError:
         traj.status, traj.reward, traj.error = Status.CANCELLED, None, "cancelled"
         raise

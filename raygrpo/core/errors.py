@@ -59,7 +59,8 @@ def first_line(text: object) -> str:
 
 
 def describe(exc: BaseException, limit: int = 500) -> str:
-    """`Type: first line of the message`, at most `limit` characters.
+    """`Type: first line of the message`, at most `limit` characters; a longer one is cut between words and marked
+    (` [...]`), never inside a word such as a path.
 
     An exception that carries the attempts behind it (the openreward SDK's `MaxRetriesError.errors`) is described by
     its last attempt, with the number of attempts; one that wraps its cause (Ray's `RayTaskError.cause`, whose own
@@ -74,4 +75,14 @@ def describe(exc: BaseException, limit: int = 500) -> str:
     else:
         line = first_line(exc)
         text = f"{type(exc).__name__}: {line}" if line else type(exc).__name__
-    return text[:limit]
+    return shorten(text, limit)
+
+
+def shorten(text: str, limit: int) -> str:
+    """`text` when it fits in `limit` characters, else its start cut at the last space that fits, with ` [...]`."""
+    if len(text) <= limit:
+        return text
+    mark = " [...]"
+    head = text[:max(0, limit - len(mark))]
+    space = head.rfind(" ")
+    return (head[:space] if space > 0 else head) + mark

@@ -1,5 +1,5 @@
-"""What the Docker engine itself says: whether it answers, which containers and networks carry given labels, and
-removing them. Through the `docker` CLI (the same client Harbor's docker backend calls), synchronously: callers are
+"""What the Docker engine itself says: whether it answers, which containers, networks and volumes carry given labels,
+and removing them. Through the `docker` CLI (the same client Harbor's docker backend calls), synchronously: callers are
 the reaper's thread, the driver's leak count and test fixtures, never an event loop.
 """
 
@@ -18,7 +18,9 @@ logger = logging.getLogger(__name__)
 #: The compose project label Docker Compose puts on every container and network of a project.
 COMPOSE_PROJECT = "com.docker.compose.project"
 
-Kind = Literal["container", "network"]
+Kind = Literal["container", "network", "volume"]
+#: Every kind `find` looks for by default.
+KINDS: tuple[Kind, ...] = ("container", "network", "volume")
 
 
 class DockerUnavailable(RuntimeError):
@@ -27,11 +29,11 @@ class DockerUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class DockerObject:
-    """A container or network as `docker inspect` reports it.
+    """A container, network or volume as `docker inspect` reports it.
 
     Args:
-        kind: `"container"` or `"network"`.
-        id: Docker's id.
+        kind: `"container"`, `"network"` or `"volume"`.
+        id: Docker's id (a volume's name: volumes have no other).
         name: Its name.
         labels: Its labels.
     """
@@ -93,13 +95,14 @@ def _inspect(kind: Kind, ids: list[str]) -> list[DockerObject]:
     out = []
     for r in records:
         labels = (r.get("Config") or {}).get("Labels") if kind == "container" else r.get("Labels")
-        out.append(DockerObject(kind, r["Id"], r.get("Name", "").lstrip("/"), dict(labels or {})))
+        name = r.get("Name", "").lstrip("/")
+        out.append(DockerObject(kind, r.get("Id") or name, name, dict(labels or {})))
     return out
 
 
-def find(labels: list[str], kinds: tuple[Kind, ...] = ("container", "network")) -> list[DockerObject]:
-    """Containers (running or not) and networks carrying every label filter in `labels` (`key` or `key=value`,
-    as `docker ps --filter label=...` takes them).
+def find(labels: list[str], kinds: tuple[Kind, ...] = KINDS) -> list[DockerObject]:
+    """Containers (running or not), networks and volumes carrying every label filter in `labels` (`key` or
+    `key=value`, as `docker ps --filter label=...` takes them).
 
     Raises:
         DockerUnavailable: The daemon did not answer.
@@ -112,21 +115,29 @@ def find(labels: list[str], kinds: tuple[Kind, ...] = ("container", "network")) 
     if "network" in kinds:
         ids = _docker("network", "ls", "-q", "--no-trunc", *filters).stdout.split()
         out += _inspect("network", ids)
+    if "volume" in kinds:
+        names = _docker("volume", "ls", "-q", *filters).stdout.split()
+        out += _inspect("volume", names)
     return out
 
 
 def remove(objects: list[DockerObject]) -> list[DockerObject]:
-    """Force-remove containers (with their anonymous volumes), then networks; returns what is still there.
-    Objects already gone count as removed."""
+    """Force-remove containers (with their anonymous volumes), then networks and volumes; returns what is still
+    there. Objects already gone count as removed."""
     containers = [o.id for o in objects if o.kind == "container"]
     networks = [o.id for o in objects if o.kind == "network"]
+    volumes = [o.id for o in objects if o.kind == "volume"]
     if containers:
         _docker("rm", "-f", "-v", *containers, check=False, timeout_s=120)
     if networks:
         _docker("network", "rm", *networks, check=False)
+    if volumes:
+        _docker("volume", "rm", "-f", *volumes, check=False)
     left = set(_docker("ps", "-a", "-q", "--no-trunc").stdout.split()) if containers else set()
     if networks:
         left |= set(_docker("network", "ls", "-q", "--no-trunc").stdout.split())
+    if volumes:
+        left |= set(_docker("volume", "ls", "-q").stdout.split())
     return [o for o in objects if o.id in left]
 
 

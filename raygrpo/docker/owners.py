@@ -63,27 +63,37 @@ def owner_of(labels: dict[str, str]) -> dict:
 
 
 def compose_overlay(labels: dict[str, str], image: str | None = None, *, bridge: str | None = None,
-                    offline: bool = False) -> dict:
+                    offline: bool = False, sidecars: dict | None = None, built_once: bool = False) -> dict:
     """The extra compose file of a sandbox: its main service under an init, its containers and default network
     labelled, and (when `image` is given) the name its image is built as or started from. `bridge` names the
     default network's interface on the host (`raygrpo.docker.guard.bridge_name`: the node's firewall
-    guards it); `offline` gives the main service no network at all (a `no-network` task)."""
+    guards it); `offline` gives the main service no network at all (a `no-network` task); `sidecars` is what the
+    task's own compose services add (`raygrpo.docker.sidecars.sidecar_overlay`). `built_once`: the start builds the
+    image (`docker compose build`), and `up` must not build it again (Harbor's compose file says `pull_policy:
+    build`): a second build of the same content may take the cached layers of another task's identical image and
+    move the tag, leaving the first build dangling."""
     main: dict = {"init": True, "labels": labels}
     if image is not None:
         main["image"] = image
+        if built_once:
+            main["pull_policy"] = "missing"
     if offline:
         main["network_mode"] = "none"
     network: dict = {"labels": labels}
     if bridge is not None:
         network["driver_opts"] = {BRIDGE_NAME_OPTION: bridge}
-    return {"services": {"main": main}, "networks": {"default": network}}
+    overlay: dict = {"services": {"main": main}, "networks": {"default": network}}
+    for section, entries in (sidecars or {}).items():
+        overlay.setdefault(section, {}).update(entries)
+    return overlay
 
 
 def write_overlay(path: Path, labels: dict[str, str], image: str | None = None, *, bridge: str | None = None,
-                  offline: bool = False) -> Path:
+                  offline: bool = False, sidecars: dict | None = None, built_once: bool = False) -> Path:
     """Write `compose_overlay(...)` to `path` (JSON, which compose reads as YAML) and return it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(compose_overlay(labels, image, bridge=bridge, offline=offline), indent=2))
+    overlay = compose_overlay(labels, image, bridge=bridge, offline=offline, sidecars=sidecars, built_once=built_once)
+    path.write_text(json.dumps(overlay, indent=2))
     return path
 
 
@@ -125,7 +135,7 @@ def reap_docker_orphans() -> list[str]:
 
 
 def run_leftovers(run_id: str) -> list[str]:
-    """The compose projects of run `run_id` that docker still has containers or networks of.
+    """The compose projects of run `run_id` that docker still has containers, networks or volumes of.
 
     Raises:
         DockerUnavailable: The daemon did not answer.

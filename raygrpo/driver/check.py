@@ -12,7 +12,14 @@ ends `ok` below it; anything else is broken, with the first line of the cause:
   an image that does not build; `oracle_env_error`, `oracle_timeout`, ...);
 - `noop_passes`: the untouched sandbox scores at least the threshold: the verifier does not tell doing nothing from
   solving;
-- `noop_<status>`: the noop rollout did not end `ok` (e.g. the verifier writes no reward when nothing was done).
+- `noop_<status>`: the noop rollout did not end `ok` (e.g. the verifier writes no reward when nothing was done);
+- `refused`: the task cannot be loaded or run on the suite's backend (an invalid `task.toml`, a missing
+  `tests/test.sh`, a shape raygrpo does not run yet, compose services on the local backend): nothing ran, and
+  every other task is still judged.
+
+When the reference solution scores below the threshold and its output, or the verifier's, says a command was not
+found (`cargo: command not found`), that line is the cause (`solve.sh: cargo: command not found`): a toolchain the
+image lacks, not a wrong verifier.
 
 A folder instead of a config (one task dir, or a suite folder) is checked with a default config on the local
 backend (`default_config`). `CheckResult.write` saves the verdicts as JSON (`"kind": "raygrpo-check"`), which
@@ -37,6 +44,8 @@ from raygrpo.driver.resolve import resolve_run
 from raygrpo.driver.runtime import init_ray, shutdown_ray
 from raygrpo.driver.summary import TrajectoryWriter
 from raygrpo.core.types import SOLUTION_STEP, Status, TaskRef, Trajectory
+from raygrpo.envs.harbor.missing_commands import missing_command_cause
+from raygrpo.envs.harbor.refusals import Refusal
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +54,8 @@ CHECK_KIND = "raygrpo-check"
 CHECK_VERSION = 1
 #: The policies a check runs on every task, in this order.
 CHECK_POLICIES = ("oracle", "noop")
+#: The status of a task that cannot be loaded or run (see the module docstring).
+REFUSED = "refused"
 
 
 @dataclass
@@ -91,7 +102,10 @@ def judge(ref: TaskRef, oracle: Trajectory, noop: Trajectory, pass_threshold: fl
         status, cause = f"oracle_{oracle.status.value}", first_line(oracle.error or oracle.status.value)
     elif oracle.reward is None or oracle.reward < pass_threshold:
         status = "oracle_below_threshold"
-        if exit_code not in (None, 0):
+        missing = missing_command_cause(meta.get("output_tail"), (oracle.verifier or {}).get("output_tail"))
+        if missing is not None:
+            cause = missing
+        elif exit_code not in (None, 0):
             last = _last_line(meta.get("output_tail") or "")
             cause = f"solve.sh exited {exit_code}" + (f": {last}" if last else "")
         else:
@@ -110,6 +124,13 @@ def judge(ref: TaskRef, oracle: Trajectory, noop: Trajectory, pass_threshold: fl
         oracle_reward=oracle.reward, oracle_exit_code=exit_code, noop_status=noop.status.value,
         noop_reward=noop.reward, status=status, cause=cause,
     )
+
+
+def refused_verdict(env: str, refusal: Refusal) -> TaskVerdict:
+    """The verdict on a task that cannot be loaded or run: nothing ran, `status` `refused`, the refusal's cause."""
+    return TaskVerdict(env=env, index=refusal.index, task=refusal.task, task_dir=refusal.task_dir,
+                       oracle_status=REFUSED, oracle_reward=None, oracle_exit_code=None, noop_status=REFUSED,
+                       noop_reward=None, status=REFUSED, cause=refusal.cause)
 
 
 def _last_line(text: str) -> str:
@@ -218,16 +239,28 @@ def run_check(cfg: RunConfig, pass_threshold: float = 1.0, *, out_dir: str | Pat
         out_dir: Where to write the check's trajectories (`trajectories.jsonl`), if anywhere.
         progress: `"bar"` (or True), `"log"` or False.
 
+    A task that cannot be loaded or run gets a `refused` verdict; the others are judged all the same (no Ray is
+    started when no task can run).
+
     Raises:
-        ResolveError: An environment is not a Harbor suite, or something the config names cannot be used.
+        ResolveError: An environment is not a Harbor suite, or something the config names cannot be used (a suite
+            folder that holds no task, a backend that does not load).
     """
     for name, spec in cfg.envs.items():
         if spec.kind != "harbor":
             raise ResolveError(f"envs.{name}: raygrpo check runs Harbor tasks (their reference solution and "
                                f"verifier); this is an {spec.kind.upper()} environment")
     cfg = cfg.model_copy(update={"policy": PolicyConfig(kind="oracle"), "eval_envs": {}})
-    resolved = resolve_run(cfg)
+    resolved = resolve_run(cfg, keep_refused=True)
     began = time.perf_counter()
+    refused = [refused_verdict(env, r) for env, kept in resolved.refused.items() for r in kept]
+    for verdict in refused:
+        logger.warning("refused task %s (%s): %s", verdict.task, verdict.task_dir, verdict.cause)
+    runnable = {env: tasks for env, tasks in resolved.tasks_by_env.items() if tasks}
+    if not runnable:
+        result = CheckResult(pass_threshold=pass_threshold, verdicts=_in_order(cfg, refused))
+        result.wall_seconds = time.perf_counter() - began
+        return result
     requests: list[RolloutRequest] = []
     refs: dict[str, tuple[TaskRef, str]] = {}
     trajectories: dict[tuple[str, int, str], Trajectory] = {}
@@ -238,7 +271,7 @@ def run_check(cfg: RunConfig, pass_threshold: float = 1.0, *, out_dir: str | Pat
         init_ray(address=cfg.ray.address, num_cpus=cfg.ray.num_cpus)
     writer = TrajectoryWriter(Path(out_dir) / "trajectories.jsonl") if out_dir is not None else None
     try:
-        runtime = RolloutRuntime(cfg, resolved.tasks_by_env, actor_prefix="raygrpo-check-envpool")
+        runtime = RolloutRuntime(cfg, runnable, actor_prefix="raygrpo-check-envpool")
         with runtime:
             for ref in runtime.tasks:
                 for policy in CHECK_POLICIES:
@@ -265,14 +298,22 @@ def run_check(cfg: RunConfig, pass_threshold: float = 1.0, *, out_dir: str | Pat
         oracle = trajectories[(ref.env, ref.index, "oracle")]
         noop = trajectories[(ref.env, ref.index, "noop")]
         result.verdicts.append(judge(ref, oracle, noop, pass_threshold))
+    result.verdicts = _in_order(cfg, result.verdicts + refused)
     result.wall_seconds = time.perf_counter() - began
     for verdict in result.broken:
         logger.info("broken task %s (%s): %s: %s", verdict.task, verdict.task_dir, verdict.status, verdict.cause)
     return result
 
 
+def _in_order(cfg: RunConfig, verdicts: list[TaskVerdict]) -> list[TaskVerdict]:
+    """`verdicts` in the config's order: by environment, then by the task's place in its suite."""
+    order = {name: i for i, name in enumerate(cfg.envs)}
+    return sorted(verdicts, key=lambda v: (order.get(v.env, len(order)), v.index))
+
+
 def render_table(result: CheckResult) -> Any:
     """A rich table of the verdicts: task, oracle reward, noop reward, status, first line of the cause."""
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=f"raygrpo check: {len(result.verdicts) - len(result.broken)} of {len(result.verdicts)} "
@@ -284,7 +325,7 @@ def render_table(result: CheckResult) -> Any:
             v.task if len({x.env for x in result.verdicts}) == 1 else f"{v.env}/{v.task}",
             _reward(v.oracle_reward, v.oracle_status), _reward(v.noop_reward, v.noop_status),
             f"[green]{v.status}[/green]" if not v.broken else f"[red]{v.status}[/red]",
-            v.cause,
+            escape(v.cause),
         )
     return table
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from raygrpo.config import RunConfig
+from raygrpo.envs.harbor.refusals import Refusal, TaskRefusals
 from raygrpo.envs.kinds import kind_of
 from raygrpo.core.errors import ResolveError
 from raygrpo.core.imports import load_function
@@ -37,15 +38,19 @@ class ResolvedRun:
             for an `environment` spec, whose tasks are listed once raygrpo serves it.
         model_path: The model folder (the tiny model's cache folder for `"tiny"`).
         skipped: Tasks left out because they were asked to be skipped (`raygrpo train --skip-broken`).
+        refused: Tasks that cannot be loaded or run, by environment (only with `resolve_run(keep_refused=True)`;
+            otherwise they fail the resolve).
     """
 
     cfg: RunConfig
     tasks_by_env: dict[str, list[TaskRef] | None]
     model_path: str
     skipped: list[TaskRef] = field(default_factory=list)
+    refused: dict[str, list[Refusal]] = field(default_factory=dict)
 
 
-def resolve_run(cfg: RunConfig, *, train: bool = False, skip_task_dirs: Collection[str] = ()) -> ResolvedRun:
+def resolve_run(cfg: RunConfig, *, train: bool = False, skip_task_dirs: Collection[str] = (),
+                keep_refused: bool = False) -> ResolvedRun:
     """Resolve what `cfg` names (see the module docstring).
 
     Args:
@@ -53,6 +58,9 @@ def resolve_run(cfg: RunConfig, *, train: bool = False, skip_task_dirs: Collecti
         train: Resolve for `raygrpo train`: the `eval_envs` and the warm-up too.
         skip_task_dirs: Task folders to leave out of every environment (the broken tasks of a `raygrpo check`);
             each one left out is logged by name.
+        keep_refused: Tasks that cannot be loaded or run are kept in `ResolvedRun.refused` instead of failing the
+            resolve (`raygrpo check` judges them); without it, the resolve fails naming every one of them, of every
+            environment, at once.
 
     Raises:
         ResolveError: Something the config names cannot be used; the message starts with the config field.
@@ -60,8 +68,17 @@ def resolve_run(cfg: RunConfig, *, train: bool = False, skip_task_dirs: Collecti
     envs = {**cfg.envs, **(cfg.eval_envs if train else {})}
     check_policy(cfg, train=train)
     tasks_by_env: dict[str, list[TaskRef] | None] = {}
+    refused: dict[str, list[Refusal]] = {}
     for name, spec in envs.items():
-        tasks_by_env[name] = kind_of(spec).resolve(spec, name)
+        kept: list[Refusal] = []
+        tasks_by_env[name] = kind_of(spec).resolve(spec, name, kept)
+        if kept:
+            refused[name] = kept
+    if skip_task_dirs:
+        _skip_refused(refused, skip_task_dirs)
+    if refused and not keep_refused:
+        raise ResolveError("\n".join(f"{envs[name].field_path(name)}: {TaskRefusals(kept)}"
+                                     for name, kept in refused.items()))
     skipped = _skip_tasks(tasks_by_env, skip_task_dirs) if skip_task_dirs else []
     if cfg.policy.kind == "scripted":
         script_function(cfg.policy)
@@ -76,7 +93,7 @@ def resolve_run(cfg: RunConfig, *, train: bool = False, skip_task_dirs: Collecti
     if cfg.policy.kind == "vllm" and cfg.policy.engine_actors:
         check_vllm_engines(cfg)
     logger.info("resolved %d environment(s): %s", len(envs), ", ".join(envs))
-    return ResolvedRun(cfg=cfg, tasks_by_env=tasks_by_env, model_path=model_path, skipped=skipped)
+    return ResolvedRun(cfg=cfg, tasks_by_env=tasks_by_env, model_path=model_path, skipped=skipped, refused=refused)
 
 
 def _skip_tasks(tasks_by_env: dict[str, list[TaskRef] | None], task_dirs: Collection[str]) -> list[TaskRef]:
@@ -100,6 +117,20 @@ def _skip_tasks(tasks_by_env: dict[str, list[TaskRef] | None], task_dirs: Collec
         logger.warning("--skip-broken: leaving out %d broken task(s) of envs.%s: %s", len(out), name,
                        ", ".join(str(t.metadata.get("task_name") or t.index) for t in out))
     return skipped
+
+
+def _skip_refused(refused: dict[str, list[Refusal]], task_dirs: Collection[str]) -> None:
+    """Drop the refused tasks whose folder is in `task_dirs` from `refused` (in place) and log them: a check result
+    lists them as broken (`status: refused`), and `--skip-broken` leaves them out like the others."""
+    wanted = {str(Path(d).resolve()) for d in task_dirs if d}
+    for name in list(refused):
+        out = [r for r in refused[name] if str(Path(r.task_dir).resolve()) in wanted]
+        if out:
+            logger.warning("--skip-broken: leaving out %d refused task(s) of envs.%s: %s", len(out), name,
+                           ", ".join(r.task for r in out))
+        refused[name] = [r for r in refused[name] if r not in out]
+        if not refused[name]:
+            del refused[name]
 
 
 def check_vllm_engines(cfg: RunConfig) -> None:

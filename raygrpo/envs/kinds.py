@@ -3,10 +3,11 @@ maps an environment type to a backend class).
 
 Each kind answers these questions about its specs:
 
-- `resolve(spec, name)`, on the driver before Ray starts: does what the spec names exist and load (task folders,
-  harness and backend classes, environment classes, a server that answers)? It fails with a `ResolveError` naming the
-  config field, and returns the spec's tasks when it could list them already (None when they can only be listed
-  later: an `environment` is served on Ray first);
+- `resolve(spec, name, refused=None)`, on the driver before Ray starts: does what the spec names exist and load
+  (task folders, harness and backend classes, environment classes, a server that answers)? It fails with a
+  `ResolveError` naming the config field, and returns the spec's tasks when it could list them already (None when
+  they can only be listed later: an `environment` is served on Ray first). Tasks that cannot be loaded or run fail
+  it all at once, each named; given a `refused` list, they are added to it instead (`raygrpo check` judges them);
 - `list_tasks(spec, name)`, on the driver: the tasks the spec selects;
 - `limits(spec, providers)`, on the driver and in the actors: the sandbox provider the spec's sandboxes count against
   and its entry of the run config's `providers:` (None: no limits), which the driver hands to the provider's governor;
@@ -24,7 +25,7 @@ suites the openreward SDK.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from raygrpo.core.errors import ResolveError
 from raygrpo.envs.base import EnvProvider
@@ -32,11 +33,14 @@ from raygrpo.governor.client import GovernorClientFactory
 from raygrpo.specs import HarborSpec, ORSSpec, ProviderSpec
 from raygrpo.core.types import TaskRef
 
+if TYPE_CHECKING:
+    from raygrpo.envs.harbor.refusals import Refusal
+
 
 class EnvKind(Protocol):
     """How raygrpo handles one kind of environment spec (see the module docstring)."""
 
-    def resolve(self, spec: Any, name: str) -> list[TaskRef] | None: ...
+    def resolve(self, spec: Any, name: str, refused: list[Refusal] | None = None) -> list[TaskRef] | None: ...
 
     def list_tasks(self, spec: Any, name: str) -> list[TaskRef]: ...
 
@@ -53,7 +57,7 @@ class ORSKind:
     """OpenReward Standard environments: a server by `url`, a `catalog` name, or an `environment` class served for
     the run."""
 
-    def resolve(self, spec: ORSSpec, name: str) -> list[TaskRef] | None:
+    def resolve(self, spec: ORSSpec, name: str, refused: list[Refusal] | None = None) -> list[TaskRef] | None:
         if spec.environment is not None:
             from raygrpo.envs.ors.server import environment_class
 
@@ -85,7 +89,7 @@ class ORSKind:
 class HarborKind:
     """Harbor task suites: a folder of task dirs, run in sandboxes of any Harbor backend."""
 
-    def resolve(self, spec: HarborSpec, name: str) -> list[TaskRef] | None:
+    def resolve(self, spec: HarborSpec, name: str, refused: list[Refusal] | None = None) -> list[TaskRef] | None:
         from raygrpo.envs.harbor.harness import load_harness
         from raygrpo.envs.harbor.tasks import load_environment_class
 
@@ -98,7 +102,16 @@ class HarborKind:
                 load_environment_class(spec.import_path)
             except ValueError as exc:
                 raise ResolveError(f"{spec.field_path(name, 'import_path')}: {exc}") from None
-        return self.list_tasks(spec, name)
+        if refused is None:
+            return self.list_tasks(spec, name)
+        from raygrpo.envs.harbor.tasks import scan_harbor_tasks
+
+        try:
+            tasks, refusals = scan_harbor_tasks(spec, name)
+        except ValueError as exc:
+            raise self._error(spec, name, exc) from None
+        refused.extend(refusals)
+        return tasks
 
     def list_tasks(self, spec: HarborSpec, name: str) -> list[TaskRef]:
         from raygrpo.envs.harbor.tasks import list_harbor_tasks
@@ -106,8 +119,12 @@ class HarborKind:
         try:
             return list_harbor_tasks(spec, name)
         except ValueError as exc:
-            field = "indices" if str(exc).startswith("`indices`") else "path"
-            raise ResolveError(f"{spec.field_path(name, field)}: {exc}") from None
+            raise self._error(spec, name, exc) from None
+
+    @staticmethod
+    def _error(spec: HarborSpec, name: str, exc: ValueError) -> ResolveError:
+        field = "indices" if str(exc).startswith("`indices`") else "path"
+        return ResolveError(f"{spec.field_path(name, field)}: {exc}")
 
     def limits(self, spec: HarborSpec, providers: Mapping[str, ProviderSpec]) -> tuple[str, ProviderSpec] | None:
         """The suite's provider (`provider_key`) and its `providers:` entry; None when it has none (no limits)."""

@@ -218,10 +218,12 @@ class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment
             raise ValueError(f"network_mode='allowlist' is not supported by {self.type()} environment: "
                              "slirp4netns cannot filter by host name; refused rather than run with a wider network")
         env_dir = Path(self.environment_dir)
-        if not (env_dir / "Dockerfile").exists() and (env_dir / "docker-compose.yaml").exists():
+        if (env_dir / "docker-compose.yaml").exists():
+            # Refused at load too (`raygrpo.envs.harbor.tasks.check_task_dir`): sidecars would not be there, and the
+            # task would fail later as an unexplained healthcheck or verifier error.
             raise ValueError(
-                f"{env_dir}: docker-compose environments (several containers) are not supported by the raygrpo "
-                "local sandbox; give the task an environment/Dockerfile"
+                f"{env_dir}: compose services are not run by the local backend: environment/docker-compose.yaml "
+                "starts containers beside the sandbox; run the task with environment_type: docker"
             )
         self._plan = _df.load_plan(env_dir)  # raises DockerfileError naming the file and line
         for mount in getattr(self, "_host_mounts", None) or []:

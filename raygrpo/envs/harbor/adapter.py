@@ -4,7 +4,8 @@ harness, grades it with Harbor's `Verifier` and stops it; and the errors it rais
 Outcomes, as the agent loop (`raygrpo.agent.rollout`) reports them:
 
 - the sandbox fails to start, its healthcheck fails, or it dies mid-episode: `EnvError` -> `env_error` (retried);
-- the task's image does not build (docker: a Dockerfile step fails): `TaskError` -> `task_error`, not retried;
+- the task's image does not build (docker: a Dockerfile step fails) or an image it names cannot be pulled (a compose
+  sidecar's): `TaskError` -> `task_error`, not retried, with the daemon's own line;
 - the verifier crashes (cannot upload the tests, cannot read the results back, ...): `EnvError` -> `env_error`;
 - the verifier runs past its deadline: `TimeoutError` (`HarborVerifierTimeout`) -> `timeout`, not retried;
 - the verifier writes no usable reward (no file, an empty or unparsable one, a missing `reward_key`):
@@ -25,12 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 import time
 from typing import TYPE_CHECKING, Any
 
 from raygrpo.envs.base import EnvError, RewardMissingError, refuse_call
 from raygrpo.envs.harbor.solution import run_solution
-from raygrpo.envs.harbor.verify import VerifierEvidence, gather, run_verifier
+from raygrpo.envs.harbor.tooling import probe_commands
+from raygrpo.envs.harbor.verify import VerifierEvidence, gather, missing_at_verify, run_verifier
 from raygrpo.envs.live import LiveAdapter, LiveAdapters
 from raygrpo.envs.harbor.rewards import reduce_rewards
 from raygrpo.core.errors import TaskError, VerifierError, describe
@@ -46,6 +49,8 @@ if TYPE_CHECKING:
     from raygrpo.envs.harbor.starts import SandboxStarts
     from raygrpo.envs.harbor.warm import WarmPool
     from raygrpo.envs.harbor.harness import Harness
+
+logger = logging.getLogger(__name__)
 
 
 class HarborStartError(EnvError):
@@ -132,7 +137,10 @@ class HarborAdapter(LiveAdapter):
 
     @property
     def label(self) -> str:
-        name = f" task {self.harbor_task.name}" if self.harbor_task is not None else ""
+        # The run's name of the task (its folder's when tasks of the suite share a `[task] name`), else Harbor's.
+        known = self.task.metadata.get("task_name") if self.task is not None else None
+        name = known or (self.harbor_task.name if self.harbor_task is not None else None)
+        name = f" task {name}" if name else ""
         return f"{self.context.label}{name}"
 
     @property
@@ -184,8 +192,8 @@ class HarborAdapter(LiveAdapter):
             self._dead = f"did not start within start_timeout_s={self.spec.start_timeout_s:g}"
             raise HarborStartError(f"{self.label}: the sandbox {self._dead}") from None
         except Exception as exc:  # noqa: BLE001 - every backend fails its own way; all are start failures
-            self._dead = describe(exc)
             docker = self.context.docker
+            self._dead = (docker.explain(exc) if docker is not None else None) or describe(exc)
             broken = await docker.start_failed(self.harbor_task, exc) if docker is not None else None
             if broken is not None:
                 raise broken from exc
@@ -302,9 +310,9 @@ class HarborAdapter(LiveAdapter):
             try:
                 reward = await self._score(evidence)
             except RewardMissingError as exc:
-                self._check_tooling(None, exc)
+                await self._check_tooling(evidence, None, exc)
                 raise
-            self._check_tooling(reward)
+            await self._check_tooling(evidence, reward)
             return reward
         finally:
             self.timings["verify"] = time.perf_counter() - began
@@ -313,15 +321,29 @@ class HarborAdapter(LiveAdapter):
                 await gather(self.env, self._trial_paths, evidence, keep_logs=keep,
                              keep_logs_kib=self.spec.keep_logs_kib, label=self.label)
 
-    def _check_tooling(self, reward: float | None, cause: BaseException | None = None) -> None:
+    async def _check_tooling(self, evidence: VerifierEvidence, reward: float | None,
+                             cause: BaseException | None = None) -> None:
         """The verdict stands unless the probe at start showed the verifier's tooling missing and the verifier then
-        did not award full reward: then it is not the model's (`VerifierError`, status `verifier_error`)."""
+        did not award full reward: then it is not the model's (`VerifierError`, status `verifier_error`). A missing
+        command counts only when the verifier's shell also failed to find it while it ran
+        (`raygrpo.envs.harbor.verify_missing`): a word the probe took for a command never sets a verdict aside."""
         if not self._tooling_missing or (reward is not None and reward >= 1.0):
+            return
+        missing = list(self._tooling_missing)
+        commands = probe_commands(missing)
+        if commands:
+            evidence.missing_at_verify = await missing_at_verify(self.env, self._trial_paths)
+            unconfirmed = [c for c in commands if c not in evidence.missing_at_verify]
+            missing = [m for m in missing if not set(probe_commands([m])) & set(unconfirmed)]
+            if unconfirmed:
+                logger.info("%s: the probe found %s missing before the model acted, but the verifier's shell did "
+                            "not miss it: not held against the verdict", self.label, ", ".join(unconfirmed))
+        if not missing:
             return
         verdict = f"reward {reward:g}" if reward is not None else "no reward"
         raise VerifierError(
             f"{self.label}: the verifier's tooling was missing before the model acted: "
-            f"{', '.join(self._tooling_missing)}; its verdict ({verdict}) is not the model's") from cause
+            f"{', '.join(missing)}; its verdict ({verdict}) is not the model's") from cause
 
     async def _score(self, evidence: VerifierEvidence) -> float:
         from harbor.verifier.verifier import RewardFileEmptyError, RewardFileNotFoundError, VerifierOutputParseError
@@ -331,7 +353,8 @@ class HarborAdapter(LiveAdapter):
         try:
             result = await asyncio.wait_for(
                 run_verifier(self.env, self.harbor_task, self._trial_paths, evidence,
-                             offline_tooling=self.spec.offline_tooling), timeout)
+                             offline_tooling=self.spec.offline_tooling,
+                             watch_missing=bool(probe_commands(self._tooling_missing))), timeout)
         except TimeoutError:
             raise HarborVerifierTimeout(f"{self.label}: the verifier did not finish within {timeout:g} s") from None
         except (RewardFileNotFoundError, RewardFileEmptyError, VerifierOutputParseError, ValidationError) as exc:

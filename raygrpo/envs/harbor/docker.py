@@ -9,13 +9,19 @@
   more tag per rollout, never removed, since raygrpo stops docker sandboxes without deleting images
   (`HarborSpec.stop_delete`). The compose file names the image `hb__<hash>` instead, and once that image exists on
   the node, later sandboxes of the task start from it as a prebuilt image: no `docker compose build` per rollout.
-  Tasks that name their own image or bring a docker-compose.yaml are left to Harbor. One sandbox per node builds
+  Tasks that name their own image are left to Harbor. One sandbox per node builds
   a missing image (an asyncio lock per actor, a file lock per node for the actors beside it); the others wait for
   it and start from what it built: concurrent builds of one image cost the CPU once per sandbox and leave every
   image but the last tagged one dangling.
+- **Compose sidecars leave nothing.** A task's own compose services, volumes and networks are labelled like the
+  sandbox, the images of the services it builds get one name per task and service, and its volumes are removed
+  once the sandbox stops (`raygrpo.docker.sidecars`): nothing of a rollout stays in docker, and the run's leak count
+  sees whatever would.
 - **Broken images are the task's.** A start whose `docker compose build` failed at a Dockerfile step (a `RUN` that
-  needs a network the build cannot reach, a base image that cannot be pulled) is a `TaskError` naming the step:
-  `task_error`, not retried. A failure before any step ran (no daemon, no compose) stays an infrastructure error.
+  needs a network the build cannot reach, a base image that cannot be pulled), or whose `up` could not pull an image
+  the task names (a compose sidecar's), is a `TaskError` naming the step or the image with the daemon's own line
+  (`raygrpo.envs.harbor.compose_failures`): `task_error`, not retried. A failure before any step ran (no daemon, no
+  compose) stays an infrastructure error, its cause the daemon's line, whole.
   Docker's classic builder keeps the container of a failed `RUN` step: it is removed.
 """
 
@@ -32,11 +38,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from raygrpo.envs.harbor.compose_failures import explain as explain_compose
+from raygrpo.envs.harbor.compose_failures import compose_failure, pull_failure
 from raygrpo.envs.harbor.network import static_mode
 from raygrpo.core.errors import TaskError
 from raygrpo.docker import guard as docker_guard
-from raygrpo.docker.engine import DockerObject, image_exists, remove
+from raygrpo.docker.engine import DockerObject, DockerUnavailable, find, image_exists, remove
 from raygrpo.docker.owners import owner_labels, write_overlay
+from raygrpo.docker.sidecars import SESSION_LABEL, declares_volumes, read_compose, sidecar_overlay
+from raygrpo.envs.harbor.tasks import COMPOSE_FILE
 
 if TYPE_CHECKING:
     from harbor.models.task.config import EnvironmentConfig
@@ -45,10 +55,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 OVERLAY_NAME = "raygrpo-docker-compose.json"
-#: The message of Harbor's failed compose command (harbor/environments/docker/docker.py).
-_COMPOSE_FAILURE = re.compile(r"Command: (?P<cmd>.*?)\. Return code: (?P<rc>-?\d+)\. Stdout: (?P<out>.*)\. Stderr: ",
-                              re.DOTALL)
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 #: Where the per-node build locks are (one file per image; the Docker engine is the node's own).
 BUILD_LOCK_DIR = Path(tempfile.gettempdir()) / "raygrpo-docker-builds"
 #: How often a start waiting for another process's build of its image looks again.
@@ -90,10 +96,10 @@ class BuildFailure:
 def build_failure(message: str) -> BuildFailure | None:
     """Which Dockerfile step failed and why, from Harbor's error for a failed `docker compose build`; None when the
     error is not a build failure or no step ran (the engine or compose failed: infrastructure)."""
-    match = _COMPOSE_FAILURE.search(message)
-    if match is None or match["cmd"].split()[-1:] != ["build"]:
+    failure = compose_failure(message)
+    if failure is None or failure.command != "build":
         return None
-    out = _ANSI.sub("", match["out"])
+    out = failure.output
     steps = list(_STEP.finditer(out))
     if not steps:
         return None
@@ -109,7 +115,7 @@ def build_failure(message: str) -> BuildFailure | None:
         if _RULE.match(line):
             break  # BuildKit: the step's output ends here, its Dockerfile excerpt follows
         if line and not _NOISE.match(line) and not _EXIT.search(line):
-            detail = _TIMESTAMP.sub("", line)[:300]
+            detail = _TIMESTAMP.sub("", line)  # whole: a cut line ends inside a path
     container = next((m["id"] for m in _RUNNING_IN.finditer(after)), None)
     code = int(exited["code"]) if exited is not None else None
     return BuildFailure(step["n"] or step["bk_n"], instruction, code, detail, container)
@@ -130,6 +136,8 @@ class DockerSupport:
         self._actor_locks: dict[str, asyncio.Lock] = {}
         #: The image a start is building, by its session id, with the locks it holds until its start ends.
         self._building: dict[str, tuple[asyncio.Lock, NodeLock]] = {}
+        #: Sandboxes whose task's compose file declares volumes (removed once the sandbox stops).
+        self._with_volumes: set[str] = set()
 
     async def prepare(self, task: Task, trial_dir: Path, kwargs: dict[str, Any], session_id: str,
                       ) -> tuple[EnvironmentConfig, dict[str, Any]]:
@@ -149,8 +157,17 @@ class DockerSupport:
         name = await self._image_name(task)
         if name is not None and (await self._exists(name) or not await self._claim_build(name, session_id)):
             config.docker_image = name
-        overlay = write_overlay(trial_dir / OVERLAY_NAME, owner_labels(), image=name,
-                                bridge=docker_guard.bridge_name(session_id), offline=offline)
+        labels = {**owner_labels(), SESSION_LABEL: session_id}
+        sidecars = None
+        compose_file = task.paths.environment_dir / COMPOSE_FILE
+        if compose_file.is_file():
+            compose = await asyncio.to_thread(read_compose, compose_file)
+            sidecars = sidecar_overlay(compose, labels, name)
+            if declares_volumes(compose):
+                self._with_volumes.add(session_id)
+        overlay = write_overlay(trial_dir / OVERLAY_NAME, labels, image=name,
+                                bridge=docker_guard.bridge_name(session_id), offline=offline, sidecars=sidecars,
+                                built_once=name is not None and config.docker_image != name)
         extra = [str(p) for p in kwargs.get("extra_docker_compose") or []]
         return config, {**kwargs, "extra_docker_compose": [*extra, str(overlay)]}
 
@@ -187,6 +204,23 @@ class DockerSupport:
             node_lock.release()
             actor_lock.release()
 
+    async def stopped(self, session_id: str) -> None:
+        """Sandbox `session_id` was stopped (`docker compose down`, which keeps named volumes): the volumes its
+        task's compose file declared are removed (found by the sandbox's label). Never raises: what is left is
+        counted by the run's leak count and removed by the reaper."""
+        if session_id not in self._with_volumes:
+            return
+        self._with_volumes.discard(session_id)
+        try:
+            volumes = await asyncio.to_thread(find, [f"{SESSION_LABEL}={session_id}"], ("volume",))
+            left = await asyncio.to_thread(remove, volumes)
+        except DockerUnavailable as exc:
+            logger.warning("%s: the volumes of sandbox %s were not removed: %s", self.label, session_id, exc)
+            return
+        if left:
+            logger.warning("%s: volumes of sandbox %s still there: %s", self.label, session_id,
+                           ", ".join(v.name for v in left))
+
     def started(self, task: Task) -> None:
         """A sandbox of `task` started: its image exists on this node now."""
         name = self._image_names.get(task.paths.environment_dir)
@@ -194,17 +228,27 @@ class DockerSupport:
             self._built.add(name)
 
     async def start_failed(self, task: Task | None, exc: BaseException) -> TaskError | None:
-        """The `TaskError` a failed start means (its image does not build), or None for an infrastructure failure.
+        """The `TaskError` a failed start means (its image does not build, or an image it names cannot be pulled),
+        or None for an infrastructure failure.
         A start from a reused image that failed forgets the image, so that the next start builds it again."""
         if task is not None:
             self._built.discard(self._image_names.get(task.paths.environment_dir) or "")
+        name = task.name if task is not None else "?"
+        pulled = pull_failure(str(exc))
+        if pulled is not None:
+            return TaskError(f"{self.label} task {name}: {pulled}")
         failure = build_failure(str(exc))
         if failure is None:
             return None
         if failure.container is not None:
             await asyncio.to_thread(remove, [DockerObject("container", failure.container, failure.container)])
-        name = task.name if task is not None else "?"
         return TaskError(f"{self.label} task {name}: the task's image does not build: {failure}")
+
+    @staticmethod
+    def explain(exc: BaseException) -> str | None:
+        """The daemon's own line for a start that failed in a compose command (`docker compose up failed (exit 1):
+        ...`), whole; None when the failure was not a compose command's."""
+        return explain_compose(str(exc))
 
     async def _image_name(self, task: Task) -> str | None:
         env_dir = task.paths.environment_dir
@@ -262,10 +306,11 @@ class NodeLock:
 
 def _image_name(task: Task) -> str | None:
     """`hb__` + the task's environment folder's content hash, as Harbor 0.25 computes it (`environment_id`); None
-    when the task names its own image or brings its own docker-compose.yaml (Harbor then decides what to build)."""
+    when the task names its own image (Harbor then starts from it). A task with compose services gets one too: its
+    own services' images are named after it (`raygrpo.docker.sidecars`)."""
     from harbor.environments.definition import environment_content_hash
 
     env_dir = task.paths.environment_dir
-    if task.config.environment.docker_image or (env_dir / "docker-compose.yaml").exists():
+    if task.config.environment.docker_image:
         return None
     return f"hb__{environment_content_hash(env_dir)}"

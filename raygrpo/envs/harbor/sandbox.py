@@ -256,6 +256,8 @@ class HarborSandbox(LiveAdapter):
             if self.env is not None and self._start_called:
                 await asyncio.wait_for(self.env.stop(delete=self.spec.stop_delete), self.spec.stop_timeout_s)
                 logger.debug("%s: sandbox %s stopped", self.label, self.session_id)
+                if self.context.docker is not None:
+                    await asyncio.wait_for(self.context.docker.stopped(self.session_id), self.spec.stop_timeout_s)
                 if self._lease is not None:
                     await asyncio.wait_for(self._lease_release(), self.spec.stop_timeout_s)
             elif self._lease is not None:  # written, but the create was never sent (cancelled waiting for its slot)

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raygrpo.core.errors import first_line
 from raygrpo.core.imports import ImportSpecError, load_object
+from raygrpo.envs.harbor.refusals import Refusal, TaskDirError, TaskRefusals
 from raygrpo.specs.harbor import HarborSpec
 from raygrpo.core.types import TaskRef
 
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 #: TaskRef.metadata keys raygrpo sets itself; task.toml `[metadata]` keys with these names are left out.
-RESERVED_METADATA = ("task_dir", "task_name", "instruction")
+RESERVED_METADATA = ("task_dir", "task_name", "instruction", "harbor_name")
 
 
 def discover_task_dirs(folder: Path) -> list[Path]:
@@ -50,40 +52,54 @@ def discover_task_dirs(folder: Path) -> list[Path]:
     return dirs
 
 
-def check_task_dir(task_dir: Path) -> None:
+#: What the local backend answers for a task whose environment brings compose services (sidecars).
+LOCAL_COMPOSE_REFUSAL = ("compose services are not run by the local backend: environment/docker-compose.yaml "
+                         "starts containers beside the sandbox; run the task with environment_type: docker")
+#: The task-dir file that declares compose services (Harbor's docker backend merges it into its own).
+COMPOSE_FILE = "docker-compose.yaml"
+
+
+def check_task_dir(task_dir: Path, backend: str | None = None) -> None:
     """Validate one task dir with Harbor's own loader, plus what raygrpo needs on top.
 
+    Args:
+        task_dir: The task folder.
+        backend: The suite's backend (`HarborSpec.backend`); `"local"` refuses tasks with compose services.
+
     Raises:
-        ValueError: The message names the task dir and what is wrong (a missing `task.toml`, `instruction.md`,
-            `tests/test.sh` or `environment/`, an invalid `task.toml`, or a feature raygrpo does not run: multi-step
-            tasks and separate verifier environments).
+        TaskDirError: The message names the task dir and what is wrong (a missing `task.toml`, `instruction.md`,
+            `tests/test.sh` or `environment/`, an invalid `task.toml`, a feature raygrpo does not run: multi-step
+            tasks and separate verifier environments, or compose services on the local backend).
     """
     from harbor.models.task.config import TaskConfig
     from harbor.utils.scripts import discover_script
 
     if not (task_dir / "task.toml").is_file():
-        raise ValueError(f"task dir {task_dir} is missing task.toml")
+        raise TaskDirError(task_dir, "missing task.toml")
     try:
         config = TaskConfig.model_validate_toml((task_dir / "task.toml").read_text())
     except Exception as exc:  # noqa: BLE001 - TOML syntax and pydantic errors alike
-        raise ValueError(f"task dir {task_dir}: task.toml is invalid: {_toml_error(exc)}") from None
+        raise TaskDirError(task_dir, f"task.toml is invalid: {_toml_error(exc)}") from None
+    name = config.task.name if config.task is not None else None
     # Shapes raygrpo does not run yet are named before the files they lay out differently are looked for (a
     # multi-step task has no top-level instruction.md).
     unsupported = unsupported_shape(config)
     if unsupported is not None:
-        raise ValueError(f"task dir {task_dir}: {unsupported}")
+        raise TaskDirError(task_dir, unsupported, name)
     if not (task_dir / "instruction.md").is_file():
-        raise ValueError(f"task dir {task_dir} is missing instruction.md")
+        raise TaskDirError(task_dir, "missing instruction.md", name)
     if discover_script(task_dir / "tests", "test") is None:
-        raise ValueError(f"task dir {task_dir} is missing tests/test.sh")
+        raise TaskDirError(task_dir, "missing tests/test.sh", name)
     try:
         task = load_task(str(task_dir))
     except Exception as exc:  # noqa: BLE001 - Harbor's own checks (missing files, unsafe paths)
-        raise ValueError(f"task dir {task_dir}: {first_line(exc) or type(exc).__name__}") from None
+        raise TaskDirError(task_dir, first_line(exc) or type(exc).__name__, name) from None
     if task.paths.discovered_test_path_for(task.config.environment.os) is None:
-        raise ValueError(f"task dir {task_dir} is missing tests/test.sh")
+        raise TaskDirError(task_dir, "missing tests/test.sh", name)
     if not task.paths.environment_dir.is_dir() and not task.config.environment.docker_image:
-        raise ValueError(f"task dir {task_dir} is missing environment/ (or [environment].docker_image in task.toml)")
+        raise TaskDirError(task_dir, "missing environment/ (or [environment].docker_image in task.toml)", name)
+    if backend == "local" and (task.paths.environment_dir / COMPOSE_FILE).is_file():
+        raise TaskDirError(task_dir, LOCAL_COMPOSE_REFUSAL, name)
 
 
 def unsupported_shape(config: Any) -> str | None:
@@ -171,26 +187,64 @@ def selected_dirs(spec: HarborSpec, dirs: list[str]) -> list[tuple[int, str]]:
 
 
 def list_harbor_tasks(spec: HarborSpec, name: str) -> list[TaskRef]:
-    """Check every task dir of the suite and return the selected tasks as `TaskRef`s.
+    """Check every task dir of the suite and return the selected tasks as `TaskRef`s (see `scan_harbor_tasks`).
+
+    Raises:
+        TaskRefusals: Task dirs of the suite cannot be loaded or run (every one is listed).
+        ValueError: The folder is broken, or an index is out of range.
+    """
+    refs, refused = scan_harbor_tasks(spec, name)
+    if refused:
+        raise TaskRefusals(refused)
+    return refs
+
+
+def scan_harbor_tasks(spec: HarborSpec, name: str) -> tuple[list[TaskRef], list[Refusal]]:
+    """Check every task dir of the suite: the selected tasks that load as `TaskRef`s, and every task dir of the
+    suite that cannot be loaded or run on the suite's backend (selected or not: a broken task dir never vanishes
+    from a suite) as a `Refusal`.
 
     `TaskRef.index` is the task's position in the sorted suite (what `indices` selects); `metadata` holds `task_dir`,
     `task_name`, `instruction` and the task.toml `[metadata]` table (keys clashing with those three are left out).
+    `task_name` is Harbor's name of the task, or the folder's name when another task of the suite has the same
+    `[task] name` (summaries and verdicts must tell them apart).
 
     Raises:
-        ValueError: The folder or a task dir is broken, or an index is out of range.
+        ValueError: The folder holds no task dir, or an index is out of range.
     """
     dirs = discover_task_dirs(Path(spec.path))
-    for task_dir in dirs:
-        check_task_dir(task_dir)
+    refused: dict[str, Refusal] = {}
+    for index, task_dir in enumerate(dirs):
+        try:
+            check_task_dir(task_dir, spec.backend)
+        except TaskDirError as exc:
+            refused[str(task_dir)] = Refusal(index=index, task_dir=str(task_dir), task=exc.task or task_dir.name,
+                                             cause=exc.cause)
     refs = []
     for index, task_dir in selected_dirs(spec, [str(d) for d in dirs]):
+        if task_dir in refused:
+            continue
         task = load_task(task_dir)
         meta: dict[str, Any] = {"task_dir": task_dir, "task_name": task.name, "instruction": task.instruction}
         for key, value in (task.config.metadata or {}).items():
             if key not in RESERVED_METADATA:
                 meta[key] = value
         refs.append(TaskRef(env=name, index=index, split="train", metadata=meta))
-    return refs
+    _name_collisions_by_folder(refs, name)
+    return refs, list(refused.values())
+
+
+def _name_collisions_by_folder(refs: list[TaskRef], env: str) -> None:
+    """Tasks sharing a `[task] name` are named by their folder instead (in place), with a warning."""
+    counts = Counter(ref.metadata["task_name"] for ref in refs)
+    shared = sorted(n for n, c in counts.items() if c > 1)
+    if not shared:
+        return
+    for ref in refs:
+        if ref.metadata["task_name"] in shared:
+            ref.metadata["harbor_name"] = ref.metadata["task_name"]
+            ref.metadata["task_name"] = Path(ref.metadata["task_dir"]).name
+    logger.warning("envs.%s: tasks share a [task] name (%s); they are named by their folder", env, ", ".join(shared))
 
 
 def load_environment_class(spec: str) -> type:

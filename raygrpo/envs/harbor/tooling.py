@@ -229,3 +229,11 @@ def read_probe(stdout: str) -> list[str]:
         elif "url" in item:
             found.append(f"the download {item['url']} (unreachable)")
     return found
+
+
+_COMMAND_PHRASE = re.compile(r"^the command `(?P<command>.+)`$")
+
+
+def probe_commands(phrases: list[str]) -> list[str]:
+    """The commands among what `read_probe` found missing (its `the command `X`` phrases), in order."""
+    return [m["command"] for m in map(_COMMAND_PHRASE.match, phrases) if m is not None]

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from raygrpo.envs.harbor import verify_missing
+from raygrpo.envs.harbor.missing_commands import missing_commands
 from raygrpo.envs.harbor.offline import SERVED, SERVED_URL_PART, install_shims, with_shims
 from raygrpo.envs.harbor.tooling import probe_command, read_probe, scan_test_script
 from raygrpo.core.errors import describe
@@ -50,6 +52,8 @@ class VerifierEvidence:
         logs_omitted: Files of `/logs` left out because the `keep_logs_kib` budget was spent.
         tooling_missing: What `test.sh` needs and the sandbox lacked when it started, before the model acted
             (`raygrpo.envs.harbor.tooling`); empty when nothing was missing or nothing was probed.
+        missing_at_verify: The commands the verifier's shell could not find while it ran (looked for only when the
+            probe found commands missing; `raygrpo.envs.harbor.verify_missing`).
     """
 
     exit_code: int | None = None
@@ -58,11 +62,14 @@ class VerifierEvidence:
     logs: dict[str, str] | None = None
     logs_omitted: list[str] = field(default_factory=list)
     tooling_missing: list[str] = field(default_factory=list)
+    missing_at_verify: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"exit_code": self.exit_code, "output_tail": self.output_tail, "rewards": self.rewards}
         if self.tooling_missing:
             out["tooling_missing"] = self.tooling_missing
+        if self.missing_at_verify:
+            out["missing_at_verify"] = self.missing_at_verify
         if self.logs is not None:
             out["logs"] = self.logs
             if self.logs_omitted:
@@ -74,11 +81,13 @@ class _RecordingEnvironment:
     """What Harbor's verifier is given instead of the sandbox: the sandbox itself for everything, except that the
     exit code of the `exec` running `test_command` is kept in `evidence`. The sandbox is not modified."""
 
-    def __init__(self, env: BaseEnvironment, test_command: str, evidence: VerifierEvidence, offline: bool) -> None:
+    def __init__(self, env: BaseEnvironment, test_command: str, evidence: VerifierEvidence, offline: bool,
+                 watch: bool = False) -> None:
         self._env = env
         self._test_command = test_command
         self._evidence = evidence
         self._offline = offline
+        self._watch = watch
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._env, name)
@@ -86,22 +95,30 @@ class _RecordingEnvironment:
     async def exec(self, command: str, *args: Any, **kwargs: Any) -> Any:
         if command != self._test_command:
             return await self._env.exec(command, *args, **kwargs)
-        result = await self._env.exec(with_shims(command) if self._offline else command, *args, **kwargs)
+        if self._offline:
+            command = with_shims(command)
+        if self._watch:
+            command = verify_missing.watched(command)
+        result = await self._env.exec(command, *args, **kwargs)
         self._evidence.exit_code = result.return_code
         return result
 
 
 async def run_verifier(env: BaseEnvironment, task: Task, trial_paths: TrialPaths, evidence: VerifierEvidence, *,
-                       offline_tooling: bool = False) -> Any:
+                       offline_tooling: bool = False, watch_missing: bool = False) -> Any:
     """Run Harbor's verifier for `task` in `env` as the task's verifier user, recording the exit code and the raw
     rewards in `evidence` (with `offline_tooling`, `test.sh` runs with `raygrpo.envs.harbor.offline`'s shims first on
-    its `PATH`); returns Harbor's `VerifierResult` and raises what Harbor raises."""
+    its `PATH`; with `watch_missing`, bash records the commands it cannot find: `missing_at_verify` reads them);
+    returns Harbor's `VerifierResult` and raises what Harbor raises."""
     if offline_tooling:
         await install_shims(env, trial_paths.trial_dir)
+    if watch_missing:
+        await env.exec(verify_missing.install_command(), user="root", timeout_sec=int(GATHER_TIMEOUT_S))
     from harbor.models.trial.config import VerifierConfig
     from harbor.verifier.factory import VerifierFactory
 
-    recording = _RecordingEnvironment(env, _test_command(env, task, trial_paths), evidence, offline_tooling)
+    recording = _RecordingEnvironment(env, _test_command(env, task, trial_paths), evidence, offline_tooling,
+                                      watch_missing)
     verifier = VerifierFactory.create_verifier_from_config(
         VerifierConfig(),
         task=task,
@@ -163,6 +180,23 @@ async def probe_tooling(env: BaseEnvironment, task: Task, *, offline_tooling: bo
     with env.with_default_user(task.config.verifier.user):
         result = await env.exec(command, timeout_sec=int(GATHER_TIMEOUT_S))
     return read_probe(result.stdout or "")
+
+
+async def missing_at_verify(env: BaseEnvironment, trial_paths: TrialPaths) -> list[str]:
+    """The commands the verifier's shell could not find (`raygrpo.envs.harbor.verify_missing`: bash's record of a
+    watched verification, and the `not found` lines of `test.sh`'s output). Never raises: what cannot be read is
+    logged and left out."""
+    found: list[str] = []
+    try:
+        async with asyncio.timeout(GATHER_TIMEOUT_S):
+            result = await env.exec(verify_missing.read_command(), user="root")
+            found += verify_missing.read_record(result.stdout)
+            found += missing_commands(await _output_tail(env, trial_paths))
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - evidence is best effort
+        logger.warning("could not read the commands the verifier missed: %s", describe(exc))
+    return list(dict.fromkeys(found))
 
 
 async def gather(

@@ -1,0 +1,3 @@
+#!/bin/bash
+mkdir -p /logs/verifier
+echo 0 > /logs/verifier/reward.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+echo lower > /app/out.txt

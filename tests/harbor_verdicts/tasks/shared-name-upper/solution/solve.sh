@@ -1,0 +1,2 @@
+#!/bin/bash
+echo UPPER > /app/out.txt

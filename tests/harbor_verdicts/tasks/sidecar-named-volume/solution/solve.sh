@@ -1,0 +1,2 @@
+#!/bin/bash
+cp /shared/token /app/answer.txt

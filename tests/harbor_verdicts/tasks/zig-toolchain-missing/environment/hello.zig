@@ -1,0 +1,4 @@
+const std = @import("std");
+pub fn main() !void {
+    std.debug.print("hello\n", .{});
+}

@@ -1,0 +1,3 @@
+#!/bin/bash
+cd /app
+zig build-exe hello.zig -femit-bin=/app/hello
