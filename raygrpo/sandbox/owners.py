@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -41,6 +42,14 @@ HEARTBEAT_INTERVAL_S = 2.0
 CLAIM_PREFIX = ".reaping-"
 #: Marks a stopped sandbox whose directory is kept for inspection (never reaped).
 STOPPED_MARK = "stopped.json"
+#: A run id as the driver makes it (`run-` and 12 hex digits): the name of a run's folder under the sandbox root
+#: (`raygrpo.sandbox.run_folders`). A sandbox id never has this form (it ends in `-` and 8 hex digits).
+RUN_ID = re.compile(r"^run-[0-9a-f]{12}$")
+
+
+def is_run_folder(path: Path) -> bool:
+    """Whether a directory under the sandbox root is a run's folder (not a sandbox's own directory)."""
+    return bool(RUN_ID.match(path.name)) and not (path / "owner.json").exists()
 
 
 def sandbox_root(root: str | os.PathLike | None = None) -> Path:
