@@ -45,7 +45,8 @@ class Run:
     def __init__(self, folder: Path, base: Path) -> None:
         self.folder = folder
         self.log = open(folder / "driver.log", "w")  # noqa: SIM115 - closed in stop()
-        env = {**os.environ, "RAYGRPO_SANDBOX_ROOT": str(base), "PYTHONUNBUFFERED": "1"}
+        # PYTHONPATH: this checkout's raygrpo, whatever the environment has installed.
+        env = {**os.environ, "RAYGRPO_SANDBOX_ROOT": str(base), "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
         env.pop("RAY_ADDRESS", None)
         sets = [arg for s in SETS for arg in ("--set", s)]
         self.proc = subprocess.Popen(
@@ -109,7 +110,7 @@ def test_reap_removes_a_killed_runs_sandboxes_and_a_concurrent_run_completes(tmp
         assert _sandboxes(b_folder)
 
         done = subprocess.run([sys.executable, "-m", "raygrpo.cli", "reap", "--sandbox-root", str(base),
-                               "--lease-dir", str(tmp_path / "no-leases")],
+                               "--lease-dir", str(tmp_path / "no-leases")], cwd=REPO,
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, done.stdout + done.stderr
         assert survivor.proc.poll() is None, "the survivor finished before the reap: make its run longer"
