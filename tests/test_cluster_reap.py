@@ -1,9 +1,9 @@
-"""Nothing of a crashed run stays on any node of a real multi-node cluster (`tests/netns_cluster.py`), and a run's
-leftovers are counted on the node where they are.
+"""Nothing of a crashed run stays on any node of a real multi-node cluster (`tests/netns_cluster.py`), a run's
+leftovers are counted on the node where they are, and a node whose actors fail to start is kept out of placement.
 
-The cluster: a head where the drivers run, and two workers carrying `sandbox_host: 1`, each node with a sandbox
-root of its own (`RAYGRPO_SANDBOX_ROOT` in its `ray start` environment). The example Harbor suite runs on the local
-backend in a pool of two actors, one per worker. A "planter" process stands for a sandbox that outlives its run
+The cluster: a head where the drivers run, two workers carrying `sandbox_host: 1`, and a third whose sandbox root is
+unusable; each node has a sandbox root of its own (`RAYGRPO_SANDBOX_ROOT` in its `ray start` environment). The
+example Harbor suite runs on the local backend in a pool of two actors, one per worker. A "planter" process stands for a sandbox that outlives its run
 on purpose: it puts a live sandbox (its own, beating) in every run folder that appears on the second worker.
 
 1. A run whose commands sleep is `kill -9`ed (its driver) with sandboxes on both workers: their folders stay.
@@ -11,6 +11,10 @@ on purpose: it puts a live sandbox (its own, beating) in every run folder that a
    whose owner lives, is left alone); it completes, and its summary counts the one sandbox it left, on that worker.
 3. The planter is killed and `raygrpo reap --address` (a task per node) removes the planted sandboxes and the run
    folders, saying what it removed: nothing is left on any node.
+
+Then a pool of two actors on `cool_host` (the second worker and the broken node carry it): the actor placed on the
+broken node fails to start, and its replacement keeps off that node (`workers.node_cooldown_s`) instead of failing
+there again: one start failure, every rollout run on the good node.
 """
 
 from __future__ import annotations
@@ -70,8 +74,8 @@ POOL = ('envs.local.pool={"num_actors": 2, "max_concurrent_per_actor": 4, "num_c
         '"resources": {"sandbox_host": 1}}')
 
 
-def _run(cluster: NetnsCluster, folder: Path, policy: str) -> subprocess.Popen:
-    sets = [arg for s in (POOL, "policy.kind=scripted", f"policy.script={policy}") for arg in ("--set", s)]
+def _run(cluster: NetnsCluster, folder: Path, policy: str, pool: str = POOL) -> subprocess.Popen:
+    sets = [arg for s in (pool, "policy.kind=scripted", f"policy.script={policy}") for arg in ("--set", s)]
     log = open(folder / "driver.log", "w")  # noqa: SIM115 - the child holds it
     with log:
         return cluster.exec("head", [sys.executable, "-m", "raygrpo.cli", "rollout", "rollout.yaml", "--out", "out",
@@ -99,12 +103,29 @@ def _runs(base: Path) -> list[str]:
     return sorted(f.name for f in base.glob("run-*"))
 
 
-@pytest.mark.timeout(420)
-def test_crashed_runs_are_reaped_on_every_node_and_leftovers_counted_where_they_are(tmp_path):
-    bases = {name: tmp_path / f"root-{name}" for name in ("head", "w1", "w2")}
-    workers = [NodeSpec(n, num_cpus=1, resources={"sandbox_host": 1}, env={"RAYGRPO_SANDBOX_ROOT": str(bases[n])})
-               for n in ("w1", "w2")]
+#: The broken node's sandbox root: a path under a file, which no actor can create.
+BROKEN_ROOT = "/dev/null/raygrpo-sandboxes"
+
+
+@pytest.fixture(scope="module")
+def bases(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("roots")
+    return {name: root / name for name in ("head", "w1", "w2")}
+
+
+@pytest.fixture(scope="module")
+def cluster(bases):
+    workers = [NodeSpec("w1", num_cpus=1, resources={"sandbox_host": 1}, env={"RAYGRPO_SANDBOX_ROOT": str(bases["w1"])}),
+               NodeSpec("w2", num_cpus=1, resources={"sandbox_host": 1, "cool_host": 2},
+                        env={"RAYGRPO_SANDBOX_ROOT": str(bases["w2"])}),
+               NodeSpec("bad", num_cpus=1, resources={"cool_host": 2}, env={"RAYGRPO_SANDBOX_ROOT": BROKEN_ROOT})]
     head = NodeSpec("head", num_cpus=1, env={"RAYGRPO_SANDBOX_ROOT": str(bases["head"])})
+    with NetnsCluster(workers, head=head, system_config=HEALTH_CHECKS) as c:
+        yield c
+
+
+@pytest.mark.timeout(420)
+def test_crashed_runs_are_reaped_on_every_node_and_leftovers_counted_where_they_are(tmp_path, cluster, bases):
     folders = {}
     for name in ("first", "second"):
         folders[name] = Path(shutil.copytree(REPO / "examples" / "harbor_local", tmp_path / name))
@@ -112,52 +133,51 @@ def test_crashed_runs_are_reaped_on_every_node_and_leftovers_counted_where_they_
     planter = subprocess.Popen([sys.executable, "-c", PLANTER, str(bases["w2"])], cwd=REPO, text=True,
                                stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
-        with NetnsCluster(workers, head=head, system_config=HEALTH_CHECKS) as cluster:
-            ips = {name: cluster.node_ip(name) for name in ("w1", "w2")}
-            first = _run(cluster, folders["first"], "slow.py:slow")
-            assert wait_until(lambda: all(_real(bases[n]) for n in ("w1", "w2")) or first.poll() is not None,
-                              240, interval_s=0.2), _tail(folders["first"])
-            (run1,) = _runs(bases["w1"])
-            owners = {(o["pid"], o["pid_start"]) for n in ("w1", "w2") for s in _real(bases[n])
-                      if (o := read_json(bases[n] / s / "owner.json"))}
-            os.kill(first.pid, signal.SIGKILL)  # the driver: its actors go with it (a sandbox may outlive them)
-            first.wait(30)
-            assert wait_until(lambda: not any(pid_alive(*o) for o in owners), 60), owners
-            assert all(_real(bases[n]) for n in ("w1", "w2"))  # the folders stay
-            planted_1 = [s for s in _sandboxes(bases["w2"], run1) if "planted-" in s]
-            assert len(planted_1) == 1
+        ips = {name: cluster.node_ip(name) for name in ("w1", "w2")}
+        first = _run(cluster, folders["first"], "slow.py:slow")
+        assert wait_until(lambda: all(_real(bases[n]) for n in ("w1", "w2")) or first.poll() is not None,
+                          240, interval_s=0.2), _tail(folders["first"])
+        (run1,) = _runs(bases["w1"])
+        owners = {(o["pid"], o["pid_start"]) for n in ("w1", "w2") for s in _real(bases[n])
+                  if (o := read_json(bases[n] / s / "owner.json"))}
+        os.kill(first.pid, signal.SIGKILL)  # the driver: its actors go with it (a sandbox may outlive them)
+        first.wait(30)
+        assert wait_until(lambda: not any(pid_alive(*o) for o in owners), 60), owners
+        assert all(_real(bases[n]) for n in ("w1", "w2"))  # the folders stay
+        planted_1 = [s for s in _sandboxes(bases["w2"], run1) if "planted-" in s]
+        assert len(planted_1) == 1
 
-            second = _run(cluster, folders["second"], "policies.py:wrong")
-            began = time.monotonic()
-            # The second run's actors reap what the first left on their nodes as they start; the planted sandbox
-            # (its owner alive) stays.
-            assert wait_until(lambda: _sandboxes(bases["w2"], run1) == planted_1 and not (bases["w1"] / run1).exists(),
-                              120, interval_s=0.2), (_sandboxes(bases["w1"]), _sandboxes(bases["w2"]))
-            startup_reap_s = time.monotonic() - began
-            assert sandbox_processes(bases["w1"] / run1) == [] and sandbox_processes(bases["w2"] / run1) == []
-            assert second.wait(240) == 0, _tail(folders["second"])
-            summary = json.loads((folders["second"] / "out" / "summary.json").read_text())
-            assert summary["status_counts"] == {"ok": 18}, summary
-            assert summary["leaked_envs"] == 1 and summary["leaked_envs_by_node"] == {ips["w2"]: 1}, summary
-            assert _runs(bases["w1"]) == []  # the second run's folder went at its end, the first's at its start
-            planted = _sandboxes(bases["w2"])
-            assert len(planted) == 2 and all("planted-" in s for s in planted), planted
+        second = _run(cluster, folders["second"], "policies.py:wrong")
+        began = time.monotonic()
+        # The second run's actors reap what the first left on their nodes as they start; the planted sandbox
+        # (its owner alive) stays.
+        assert wait_until(lambda: _sandboxes(bases["w2"], run1) == planted_1 and not (bases["w1"] / run1).exists(),
+                          120, interval_s=0.2), (_sandboxes(bases["w1"]), _sandboxes(bases["w2"]))
+        startup_reap_s = time.monotonic() - began
+        assert sandbox_processes(bases["w1"] / run1) == [] and sandbox_processes(bases["w2"] / run1) == []
+        assert second.wait(240) == 0, _tail(folders["second"])
+        summary = json.loads((folders["second"] / "out" / "summary.json").read_text())
+        assert summary["status_counts"] == {"ok": 18}, summary
+        assert summary["leaked_envs"] == 1 and summary["leaked_envs_by_node"] == {ips["w2"]: 1}, summary
+        assert _runs(bases["w1"]) == []  # the second run's folder went at its end, the first's at its start
+        planted = _sandboxes(bases["w2"])
+        assert len(planted) == 2 and all("planted-" in s for s in planted), planted
 
-            planter.kill()
-            planter.wait(10)
-            began = time.monotonic()
-            done = subprocess.run([sys.executable, "-m", "raygrpo.cli", "reap", "--address", cluster.gcs_address],
-                                  env=cluster.env(cluster.gcs_address), cwd=REPO, capture_output=True, text=True,
-                                  timeout=120)
-            reap_s = time.monotonic() - began
-            assert done.returncode == 0, done.stdout + done.stderr
-            for sandbox in planted:
-                assert f"{ips['w2']}: removed sandbox {sandbox} under {bases['w2']}" in done.stdout, done.stdout
-                assert f"{ips['w2']}: removed run folder {bases['w2']}/{sandbox.split('/')[0]}" in done.stdout
-            assert "removed on 3 node(s)" in done.stdout, done.stdout
-            print(done.stdout)
-            print(f"start-up reap of the crashed run: {startup_reap_s:.1f} s after the second run began; "
-                  f"raygrpo reap on 3 nodes: {reap_s:.1f} s; leaked_envs_by_node {summary['leaked_envs_by_node']}")
+        planter.kill()
+        planter.wait(10)
+        began = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "raygrpo.cli", "reap", "--address", cluster.gcs_address],
+                              env=cluster.env(cluster.gcs_address), cwd=REPO, capture_output=True, text=True,
+                              timeout=120)
+        reap_s = time.monotonic() - began
+        assert done.returncode == 0, done.stdout + done.stderr
+        for sandbox in planted:
+            assert f"{ips['w2']}: removed sandbox {sandbox} under {bases['w2']}" in done.stdout, done.stdout
+            assert f"{ips['w2']}: removed run folder {bases['w2']}/{sandbox.split('/')[0]}" in done.stdout
+        assert "removed on 4 node(s)" in done.stdout, done.stdout
+        print(done.stdout)
+        print(f"start-up reap of the crashed run: {startup_reap_s:.1f} s after the second run began; "
+              f"raygrpo reap on 4 nodes: {reap_s:.1f} s; leaked_envs_by_node {summary['leaked_envs_by_node']}")
     finally:
         if planter.poll() is None:
             planter.kill()
@@ -166,3 +186,22 @@ def test_crashed_runs_are_reaped_on_every_node_and_leftovers_counted_where_they_
             reap_base(base, stale_after_s=0)
     for base in bases.values():
         assert not base.exists() or list(base.iterdir()) == [], (base, list(base.iterdir()))
+
+
+@pytest.mark.timeout(300)
+def test_replacements_keep_off_a_node_whose_actor_failed_to_start(tmp_path, cluster):
+    folder = Path(shutil.copytree(REPO / "examples" / "harbor_local", tmp_path / "run"))
+    pool = POOL.replace('"sandbox_host"', '"cool_host"')
+    began = time.monotonic()
+    run = _run(cluster, folder, "policies.py:wrong", pool)
+    assert run.wait(240) == 0, _tail(folder)
+    wall_s = time.monotonic() - began
+    summary = json.loads((folder / "out" / "summary.json").read_text())
+    trajs = [json.loads(x) for x in (folder / "out" / "trajectories.jsonl").read_text().splitlines()]
+    (snapshot,) = summary["pools"].values()
+    log = _tail(folder)
+    # SPREAD put one of the two actors on each node; the broken node's failed, once.
+    assert snapshot["start_failures"] == 1 and snapshot["started"] == 3, (snapshot, log)
+    assert "keep off node" in (folder / "driver.log").read_text(), log
+    assert summary["status_counts"] == {"ok": 18} and {t["node"] for t in trajs} == {cluster.node_ip("w2")}
+    print(f"one failed start, replaced on the good node; run took {wall_s:.1f} s")
