@@ -35,13 +35,12 @@ from raygrpo.sandbox.owners import read_json
 from raygrpo.sandbox.run_folders import reap_base
 from tests.netns_cluster import NetnsCluster, NodeSpec, netns_ready  # noqa: F401 - a fixture
 from tests.ors_utils import wait_until
+from tests.test_netns_cluster import FAST_HEALTH_CHECKS
 
 REPO = Path(__file__).resolve().parent.parent
 
 pytestmark = [pytest.mark.cluster, pytest.mark.usefixtures("netns_ready")]
 
-HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_timeout_ms": 2000,
-                 "health_check_failure_threshold": 4}
 
 SLOW = '''
 from raygrpo.agent.toolcalls import format_tool_call
@@ -120,7 +119,7 @@ def cluster(bases):
                         env={"RAYGRPO_SANDBOX_ROOT": str(bases["w2"])}),
                NodeSpec("bad", num_cpus=1, resources={"cool_host": 2}, env={"RAYGRPO_SANDBOX_ROOT": BROKEN_ROOT})]
     head = NodeSpec("head", num_cpus=1, env={"RAYGRPO_SANDBOX_ROOT": str(bases["head"])})
-    with NetnsCluster(workers, head=head, system_config=HEALTH_CHECKS) as c:
+    with NetnsCluster(workers, head=head, system_config=FAST_HEALTH_CHECKS) as c:
         yield c
 
 

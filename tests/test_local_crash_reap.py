@@ -14,13 +14,14 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from raygrpo.sandbox.os_probe import pid_alive, sandbox_processes
 from raygrpo.sandbox.owners import read_json
+from tests.ors_utils import wait_until
+from tests.test_lease_crash import Run, wait_for
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.ray]
 
@@ -39,47 +40,6 @@ SETS = ["policy.kind=scripted", "policy.script=slow.py:slow", "workers.num_env_a
         "workers.max_concurrent_per_actor=4", "ray.num_cpus=2"]
 
 
-class Run:
-    """`raygrpo rollout` in a process group of its own (its local Ray's processes are in it too)."""
-
-    def __init__(self, folder: Path, base: Path) -> None:
-        self.folder = folder
-        self.log = open(folder / "driver.log", "w")  # noqa: SIM115 - closed in stop()
-        # PYTHONPATH: this checkout's raygrpo, whatever the environment has installed.
-        env = {**os.environ, "RAYGRPO_SANDBOX_ROOT": str(base), "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
-        env.pop("RAY_ADDRESS", None)
-        sets = [arg for s in SETS for arg in ("--set", s)]
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "raygrpo.cli", "rollout", "rollout.yaml", "--out", "out", "--no-progress", *sets],
-            cwd=folder, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-
-    def output(self) -> str:
-        self.log.flush()
-        return (self.folder / "driver.log").read_text()[-4000:]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait(30)
-        self.log.close()
-
-
-def _wait(what: str, check, timeout_s: float, run: Run):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        if run.proc.poll() is not None:
-            raise AssertionError(f"the run exited ({run.proc.returncode}) before {what}:\n{run.output()}")
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}:\n{run.output()}")
-
-
 def _sandboxes(folder: Path) -> list[Path]:
     return [d for d in folder.iterdir() if (d / "owner.json").exists()] if folder.is_dir() else []
 
@@ -94,19 +54,21 @@ def test_reap_removes_a_killed_runs_sandboxes_and_a_concurrent_run_completes(tmp
     for name in ("A", "B"):
         folders[name] = Path(shutil.copytree(REPO / "examples" / "harbor_local", tmp_path / name))
         (folders[name] / "slow.py").write_text(SLOW)
-    survivor = Run(folders["A"], base)
+    env = {"RAYGRPO_SANDBOX_ROOT": str(base), "PYTHONPATH": str(REPO)}  # this checkout's raygrpo, whatever is installed
+    sets = tuple(arg for s in SETS for arg in ("--set", s))
+    survivor = Run(folders["A"], tmp_path / "leases", env, sets)
     victim = None
     try:
-        (a_folder,) = _wait("the survivor's run folder", lambda: _run_folders(base), 150, survivor)
-        _wait("the survivor's sandboxes", lambda: _sandboxes(a_folder), 150, survivor)
-        victim = Run(folders["B"], base)
-        (b_folder,) = _wait("the victim's run folder", lambda: _run_folders(base) - {a_folder}, 150, victim)
-        victims = _wait("the victim's sandboxes", lambda: _sandboxes(b_folder), 150, victim)
+        (a_folder,) = wait_for("the survivor's run folder", lambda: _run_folders(base), 150, survivor)
+        wait_for("the survivor's sandboxes", lambda: _sandboxes(a_folder), 150, survivor)
+        victim = Run(folders["B"], tmp_path / "leases", env, sets)
+        (b_folder,) = wait_for("the victim's run folder", lambda: _run_folders(base) - {a_folder}, 150, victim)
+        victims = wait_for("the victim's sandboxes", lambda: _sandboxes(b_folder), 150, victim)
         owners = {(o["pid"], o["pid_start"]) for d in victims if (o := read_json(d / "owner.json"))}
         os.kill(victim.proc.pid, signal.SIGKILL)  # the driver alone, as a crash would
         victim.proc.wait(30)
         # Its actors go with its Ray, and their sandboxes with them; the folders stay.
-        assert _wait_gone(lambda: not any(pid_alive(p, s) for p, s in owners), 60), owners
+        assert wait_until(lambda: not any(pid_alive(p, s) for p, s in owners), 60), owners
         assert _sandboxes(b_folder)
 
         done = subprocess.run([sys.executable, "-m", "raygrpo.cli", "reap", "--sandbox-root", str(base),
@@ -130,11 +92,3 @@ def test_reap_removes_a_killed_runs_sandboxes_and_a_concurrent_run_completes(tmp
     assert summary["status_counts"] == {"ok": 18} and summary["leaked_envs"] == 0
     assert list(base.iterdir()) == []  # the survivor's folder went at its end
 
-
-def _wait_gone(check, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.2)
-    return False
