@@ -59,6 +59,7 @@ class EnvPool:
         self._reaper: OrphanReaper | None = None
         self._startup_reap: dict[str, Any] | None = None
         self._startup_done = threading.Event()
+        self._startup_thread: threading.Thread | None = None
         self._run_folder = self._enter_run_folder()
 
     def _enter_run_folder(self) -> RunFolder | None:
@@ -72,7 +73,9 @@ class EnvPool:
         base = str(base_root())
         folder = RunFolder(base, run)
         os.environ[ROOT_ENV] = str(folder.enter())
-        threading.Thread(target=self._reap_at_start, args=(base,), name="raygrpo-startup-reap", daemon=True).start()
+        self._startup_thread = threading.Thread(target=self._reap_at_start, args=(base,), name="raygrpo-startup-reap",
+                                                daemon=True)
+        self._startup_thread.start()
         return folder
 
     def _reap_at_start(self, base: str) -> None:
@@ -161,7 +164,10 @@ class EnvPool:
     async def shutdown(self) -> dict[str, Any]:
         """Cancel running rollouts, close every environment and provider, remove the actor's scratch folder (the
         kill that follows runs no exit handler), and leave the run's folder (removed when nothing else is in it);
-        returns the final stats."""
+        returns the final stats. A start-up reap still going is given up to 30 s to finish first (the kill would
+        leave its claims for the next reaper)."""
+        if self._startup_thread is not None:
+            await asyncio.to_thread(self._startup_thread.join, 30.0)
         if self._reaper is not None:
             await asyncio.to_thread(self._reaper.close)
         if self._worker is None:

@@ -29,8 +29,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
-
 from raygrpo.sandbox.os_probe import DEFAULT_ROOT, ROOT_ENV, pid_alive, proc_start_time, process_env_marks
 
 logger = logging.getLogger(__name__)
@@ -331,18 +329,20 @@ def kill_sandbox_processes(
     for pid, (sroot, sid) in process_env_marks().items() if stragglers else ():
         if sid == sandbox_id and sroot == str(root):
             targets.append(pid)
+    started = {pid: proc_start_time(pid) for pid in targets}
     for pid in targets:
         try:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    procs = []
-    for pid in targets:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
-    alive = [p.pid for p in alive if proc_start_time(p.pid) is not None]
+    # Polled rather than `psutil.wait_procs`: a killed process whose parent is gone (a monitor that outlived its
+    # owner) stays a zombie until init reaps it, and psutil waits out the whole time-out for such a zombie.
+    deadline = time.monotonic() + timeout_s
+    alive = [pid for pid, start in started.items() if start is not None]
+    while alive:
+        alive = [pid for pid in alive if proc_start_time(pid) == started[pid]]
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     if alive:
         logger.warning("sandbox %s: processes %s still alive %.1fs after SIGKILL", sandbox_id, alive, timeout_s)
