@@ -1,8 +1,8 @@
 """Nothing of a crashed run stays on any node of a real multi-node cluster (`tests/netns_cluster.py`), a run's
 leftovers are counted on the node where they are, and a node whose actors fail to start is kept out of placement.
 
-The cluster: a head where the drivers run, two workers carrying `sandbox_host: 1`, and a third whose sandbox root is
-unusable; each node has a sandbox root of its own (`RAYGRPO_SANDBOX_ROOT` in its `ray start` environment). The
+The cluster: a head where the drivers run, whose sandbox root is unusable, and two workers carrying
+`sandbox_host: 1`; each node has a sandbox root of its own (`RAYGRPO_SANDBOX_ROOT` in its `ray start` environment). The
 example Harbor suite runs on the local backend in a pool of two actors, one per worker. A "planter" process stands for a sandbox that outlives its run
 on purpose: it puts a live sandbox (its own, beating) in every run folder that appears on the second worker.
 
@@ -12,8 +12,8 @@ on purpose: it puts a live sandbox (its own, beating) in every run folder that a
 3. The planter is killed and `raygrpo reap --address` (a task per node) removes the planted sandboxes and the run
    folders, saying what it removed: nothing is left on any node.
 
-Then a pool of two actors on `cool_host` (the second worker and the broken node carry it): the actor placed on the
-broken node fails to start, and its replacement keeps off that node (`workers.node_cooldown_s`) instead of failing
+Then a pool of two actors on `cool_host` (the second worker and the head carry it): the actor placed on the head
+fails to start, and its replacement keeps off that node (`workers.node_cooldown_s`) instead of failing
 there again: one start failure, every rollout run on the good node.
 """
 
@@ -102,23 +102,22 @@ def _runs(base: Path) -> list[str]:
     return sorted(f.name for f in base.glob("run-*"))
 
 
-#: The broken node's sandbox root: a path under a file, which no actor can create.
+#: The head's sandbox root: a path under a file, which no actor can create.
 BROKEN_ROOT = "/dev/null/raygrpo-sandboxes"
 
 
 @pytest.fixture(scope="module")
 def bases(tmp_path_factory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("roots")
-    return {name: root / name for name in ("head", "w1", "w2")}
+    return {name: root / name for name in ("w1", "w2")}
 
 
 @pytest.fixture(scope="module")
 def cluster(bases):
     workers = [NodeSpec("w1", num_cpus=1, resources={"sandbox_host": 1}, env={"RAYGRPO_SANDBOX_ROOT": str(bases["w1"])}),
                NodeSpec("w2", num_cpus=1, resources={"sandbox_host": 1, "cool_host": 2},
-                        env={"RAYGRPO_SANDBOX_ROOT": str(bases["w2"])}),
-               NodeSpec("bad", num_cpus=1, resources={"cool_host": 2}, env={"RAYGRPO_SANDBOX_ROOT": BROKEN_ROOT})]
-    head = NodeSpec("head", num_cpus=1, env={"RAYGRPO_SANDBOX_ROOT": str(bases["head"])})
+                        env={"RAYGRPO_SANDBOX_ROOT": str(bases["w2"])})]
+    head = NodeSpec("head", num_cpus=1, resources={"cool_host": 2}, env={"RAYGRPO_SANDBOX_ROOT": BROKEN_ROOT})
     with NetnsCluster(workers, head=head, system_config=FAST_HEALTH_CHECKS) as c:
         yield c
 
@@ -173,10 +172,10 @@ def test_crashed_runs_are_reaped_on_every_node_and_leftovers_counted_where_they_
         for sandbox in planted:
             assert f"{ips['w2']}: removed sandbox {sandbox} under {bases['w2']}" in done.stdout, done.stdout
             assert f"{ips['w2']}: removed run folder {bases['w2']}/{sandbox.split('/')[0]}" in done.stdout
-        assert "removed on 4 node(s)" in done.stdout, done.stdout
+        assert "removed on 3 node(s)" in done.stdout, done.stdout
         print(done.stdout)
         print(f"start-up reap of the crashed run: {startup_reap_s:.1f} s after the second run began; "
-              f"raygrpo reap on 4 nodes: {reap_s:.1f} s; leaked_envs_by_node {summary['leaked_envs_by_node']}")
+              f"raygrpo reap on 3 nodes: {reap_s:.1f} s; leaked_envs_by_node {summary['leaked_envs_by_node']}")
     finally:
         if planter.poll() is None:
             planter.kill()
@@ -199,7 +198,7 @@ def test_replacements_keep_off_a_node_whose_actor_failed_to_start(tmp_path, clus
     trajs = [json.loads(x) for x in (folder / "out" / "trajectories.jsonl").read_text().splitlines()]
     (snapshot,) = summary["pools"].values()
     log = _tail(folder)
-    # SPREAD put one of the two actors on each node; the broken node's failed, once.
+    # SPREAD put one of the two actors on each node; the head's failed, once.
     assert snapshot["start_failures"] == 1 and snapshot["started"] == 3, (snapshot, log)
     assert "keep off node" in (folder / "driver.log").read_text(), log
     assert summary["status_counts"] == {"ok": 18} and {t["node"] for t in trajs} == {cluster.node_ip("w2")}
