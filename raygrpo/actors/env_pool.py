@@ -5,9 +5,9 @@ on first use; only the `WorkerSettings` are pickled to it. Being an async actor,
 calls at once on one loop; the worker's semaphore bounds the rollouts. It wires the worker to the cluster: sandbox
 starts ask their providers' cluster-wide governors (`raygrpo.governor.actor`), and a reaper thread stops
 sandboxes on this node whose owner died. Its local sandboxes go to the run's folder under its node's sandbox root,
-which it marks as in use while it lives (`raygrpo.sandbox.run_folders`); at start-up a thread reaps what crashed runs
-left on its node (`raygrpo.sandbox.node_reap.reap_node`), so a node that lost a run's actors is cleaned by the next
-run that uses it. Where its environments lease remote sandboxes (`raygrpo.leases.ledger`), the
+which it marks as in use while it lives (`raygrpo.sandbox.run_folders`); at start-up a thread reaps the local
+sandboxes crashed runs left under its node's root (`raygrpo.sandbox.run_folders.reap_base`; docker ones go with the
+reaper thread's passes), so a node that lost a run's actors is cleaned by the next run that uses it. Where its environments lease remote sandboxes (`raygrpo.leases.ledger`), the
 actor's process is their owner: its heartbeat starts with the worker's providers and its record goes at shutdown,
 once every sandbox is stopped. On a cluster it maps the config's paths into its node's copy of the job's
 working_dir (`raygrpo.core.workdir`) and records its node in every trajectory.
@@ -27,11 +27,10 @@ from raygrpo.actors.heap import freeze_heap
 from raygrpo.governor.actor import RayGovernorClient
 from raygrpo.core.environ import apply_process_env
 from raygrpo.leases.ledger import disown_all
-from raygrpo.sandbox.node_reap import reap_node
 from raygrpo.sandbox.orphans import OrphanReaper
 from raygrpo.sandbox.os_probe import ROOT_ENV
 from raygrpo.sandbox.owners import RUN_ENV
-from raygrpo.sandbox.run_folders import RunFolder, base_root
+from raygrpo.sandbox.run_folders import RunFolder, base_root, reap_base
 from raygrpo.core.scratch import remove_process_scratch
 from raygrpo.core.types import RolloutCall, Status, TaskRef, Trajectory
 from raygrpo.core.workdir import relocate
@@ -80,14 +79,14 @@ class EnvPool:
 
     def _reap_at_start(self, base: str) -> None:
         try:
-            self._startup_reap = reap_node(base).to_dict()
+            self._startup_reap = reap_base(base, stale_after_s=60.0).to_dict()
         except Exception:  # noqa: BLE001 - the actor serves its run whatever earlier runs left
             logger.warning("start-up reap of %s failed", base, exc_info=True)
         finally:
             self._startup_done.set()
 
     async def reaped_at_start(self, timeout_s: float = 60.0) -> dict[str, Any] | None:
-        """What the start-up reap of this node removed (`NodeReap.to_dict`), once it is done (None: not within
+        """What the start-up reap of this node removed (`BaseReap.to_dict`), once it is done (None: not within
         `timeout_s`, or it failed)."""
         done = await asyncio.to_thread(self._startup_done.wait, timeout_s)
         return self._startup_reap if done else None

@@ -153,11 +153,12 @@ class BaseReap:
                 "folders": self.folders, "live_runs": self.live_runs}
 
 
-def _stray_processes(folder: Path) -> list[int]:
-    """Pids marked with a sandbox of `folder` whose sandbox directory (or a reaper's claim of it) is gone."""
+def _stray_processes(folder: Path, marks: dict[int, tuple[str | None, str | None]]) -> list[int]:
+    """Pids among `marks` (`process_env_marks()`) marked with a sandbox of `folder` whose sandbox directory (or a
+    reaper's claim of it) is gone."""
     root = str(folder)
     out = []
-    for pid, (sroot, sid) in process_env_marks().items():
+    for pid, (sroot, sid) in marks.items():
         if sroot != root or not sid or (folder / sid).exists():
             continue
         if any(folder.glob(f"{CLAIM_PREFIX}{sid}.*")):
@@ -188,13 +189,16 @@ def reap_base(root: str | os.PathLike | None = None, stale_after_s: float = 10.0
         folders = [Path(e.path) for e in os.scandir(base) if e.is_dir(follow_symlinks=False)]
     else:
         folders = [base / only_run]
+    marks: dict[int, tuple[str | None, str | None]] | None = None  # every process's sandbox marks, read once
     for folder in sorted(f for f in folders if is_run_folder(f) and f.is_dir()):
         run = folder.name
         report.sandboxes += [f"{run}/{sid}" for sid in reap_orphans(folder, stale_after_s)]
-        marks = list(folder.glob(f"{USER_PREFIX}*.json"))
-        gone = [m for m in marks if _user_gone(m, STALE_AFTER_S)]
-        if len(gone) == len(marks):  # nobody uses this run here any more
-            for pid in _stray_processes(folder):
+        users = list(folder.glob(f"{USER_PREFIX}*.json"))
+        gone = [m for m in users if _user_gone(m, STALE_AFTER_S)]
+        if len(gone) == len(users):  # nobody uses this run here any more
+            if marks is None:
+                marks = process_env_marks()
+            for pid in _stray_processes(folder, marks):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
                     report.processes.append(pid)
