@@ -56,8 +56,6 @@ class EnvPool:
         self._worker: RolloutWorker | None = None
         self._lock: asyncio.Lock | None = None
         self._reaper: OrphanReaper | None = None
-        self._startup_reap: dict[str, Any] | None = None
-        self._startup_done = threading.Event()
         self._startup_thread: threading.Thread | None = None
         self._run_folder = self._enter_run_folder()
 
@@ -67,7 +65,6 @@ class EnvPool:
         actor's start does not wait for it). None outside a run (no `$RAYGRPO_RUN_ID`): the root is used as it is."""
         run = os.environ.get(RUN_ENV)
         if not run:
-            self._startup_done.set()
             return None
         base = str(base_root())
         folder = RunFolder(base, run)
@@ -77,19 +74,13 @@ class EnvPool:
         self._startup_thread.start()
         return folder
 
-    def _reap_at_start(self, base: str) -> None:
+    @staticmethod
+    def _reap_at_start(base: str) -> None:
+        """Reap what crashed runs left under `base` (each thing removed is logged as a warning)."""
         try:
-            self._startup_reap = reap_base(base, stale_after_s=60.0).to_dict()
+            reap_base(base, stale_after_s=60.0)
         except Exception:  # noqa: BLE001 - the actor serves its run whatever earlier runs left
             logger.warning("start-up reap of %s failed", base, exc_info=True)
-        finally:
-            self._startup_done.set()
-
-    async def reaped_at_start(self, timeout_s: float = 60.0) -> dict[str, Any] | None:
-        """What the start-up reap of this node removed (`BaseReap.to_dict`), once it is done (None: not within
-        `timeout_s`, or it failed)."""
-        done = await asyncio.to_thread(self._startup_done.wait, timeout_s)
-        return self._startup_reap if done else None
 
     async def _ready(self) -> RolloutWorker:
         if self._worker is not None:
