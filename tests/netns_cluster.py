@@ -73,6 +73,7 @@ STRIPPED_ENV = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_ADDRESS", "RAY_AUTH_TO
                 "RAY_AUTH_TOKEN", "RAY_AUTH_MODE")
 _NODE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,15}$")
 _PROBE_PORT = 39_999
+_REPO = Path(__file__).resolve().parent.parent
 _CMD_TIMEOUT = 30.0
 
 
@@ -90,6 +91,8 @@ class NodeSpec:
     labels: Mapping[str, str] = field(default_factory=dict)
     #: Object store size in bytes (Ray's minimum is ~75 MiB); small keeps four nodes cheap on a small machine.
     object_store_memory: int = 100 * 1024 * 1024
+    #: Extra environment of the node's `ray start` (its workers inherit it), e.g. a sandbox root of its own.
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -557,6 +560,8 @@ class NetnsCluster:
         env.update({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token, "RAY_USAGE_STATS_ENABLED": "0"})
         # `python` in job entrypoints and node-side commands is this interpreter (as if its venv were active).
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", os.defpath)])
+        # Every node and driver imports this checkout's raygrpo, not whatever the interpreter has installed.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO), env.get("PYTHONPATH", "")) if p)
         return env
 
     def env(self, address: str | None = None) -> dict[str, str]:
@@ -604,7 +609,7 @@ class NetnsCluster:
         log = open(self.temp_root / f"{node.spec.name}.start.log", "w")  # noqa: SIM115 - closed with the Popen
         with log:
             return self.exec(node.spec.name, [*argv, *self._node_args(node)], stdout=log, stderr=subprocess.STDOUT,
-                             env=self._ray_env())
+                             env={**self._ray_env(), **node.spec.env})
 
     def _ray_start(self, node: _Node, argv: list[str], deadline: float) -> None:
         self._ray_start_wait(node, self._ray_start_popen(node, argv), deadline)

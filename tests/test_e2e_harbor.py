@@ -59,8 +59,9 @@ def test_harbor_example_scores_and_leaves_nothing(tmp_path, sandbox_base, overri
     assert summary["reward_mean"] == reward and summary["scored"] == 18
     workers = cfg.workers
     assert summary["max_concurrent_envs"] == min(18, workers.num_env_actors * workers.max_concurrent_per_actor)
-    assert summary["leaked_envs"] == 0
+    assert summary["leaked_envs"] == 0 and summary["leaked_envs_by_node"] == {}
     assert no_os_leaks(sandbox_base), os_leaks(sandbox_base)
+    assert list(sandbox_base.iterdir()) == []  # the run's folder went at its end
 
 
 @pytest.mark.timeout(240)

@@ -68,13 +68,14 @@ def _folder(tmp_path: Path, name: str, url: str, group_size: int) -> Path:
 class Run:
     """`raygrpo rollout` in a process group of its own (its local Ray's processes are in it too)."""
 
-    def __init__(self, folder: Path, lease_dir: Path) -> None:
+    def __init__(self, folder: Path, lease_dir: Path, env: dict[str, str] | None = None,
+                 args: tuple[str, ...] = ()) -> None:
         self.folder = folder
         self.log = open(folder / "driver.log", "w")  # noqa: SIM115 - closed in stop()
-        env = {**os.environ, LEASE_DIR_ENV: str(lease_dir), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, LEASE_DIR_ENV: str(lease_dir), "PYTHONUNBUFFERED": "1", **(env or {})}
         env.pop("RAY_ADDRESS", None)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "raygrpo.cli", "rollout", "rollout.yaml", "--out", "out", "--no-progress"],
+            [sys.executable, "-m", "raygrpo.cli", "rollout", "rollout.yaml", "--out", "out", "--no-progress", *args],
             cwd=folder, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def kill_driver(self) -> None:

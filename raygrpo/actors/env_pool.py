@@ -4,7 +4,10 @@ Everything loop-bound (the openreward client, the policy's HTTP client) is creat
 on first use; only the `WorkerSettings` are pickled to it. Being an async actor, it runs up to `max_concurrency`
 calls at once on one loop; the worker's semaphore bounds the rollouts. It wires the worker to the cluster: sandbox
 starts ask their providers' cluster-wide governors (`raygrpo.governor.actor`), and a reaper thread stops
-sandboxes on this node whose owner died. Where its environments lease remote sandboxes (`raygrpo.leases.ledger`), the
+sandboxes on this node whose owner died. Its local sandboxes go to the run's folder under its node's sandbox root,
+which it marks as in use while it lives (`raygrpo.sandbox.run_folders`); at start-up a thread reaps the local
+sandboxes crashed runs left under its node's root (`raygrpo.sandbox.run_folders.reap_base`; docker ones go with the
+reaper thread's passes), so a node that lost a run's actors is cleaned by the next run that uses it. Where its environments lease remote sandboxes (`raygrpo.leases.ledger`), the
 actor's process is their owner: its heartbeat starts with the worker's providers and its record goes at shutdown,
 once every sandbox is stopped. On a cluster it maps the config's paths into its node's copy of the job's
 working_dir (`raygrpo.core.workdir`) and records its node in every trajectory.
@@ -15,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from typing import Any
 
 import ray
@@ -24,6 +28,9 @@ from raygrpo.governor.actor import RayGovernorClient
 from raygrpo.core.environ import apply_process_env
 from raygrpo.leases.ledger import disown_all
 from raygrpo.sandbox.orphans import OrphanReaper
+from raygrpo.sandbox.os_probe import ROOT_ENV
+from raygrpo.sandbox.owners import RUN_ENV
+from raygrpo.sandbox.run_folders import RunFolder, base_root, reap_base
 from raygrpo.core.scratch import remove_process_scratch
 from raygrpo.core.types import RolloutCall, Status, TaskRef, Trajectory
 from raygrpo.core.workdir import relocate
@@ -49,6 +56,31 @@ class EnvPool:
         self._worker: RolloutWorker | None = None
         self._lock: asyncio.Lock | None = None
         self._reaper: OrphanReaper | None = None
+        self._startup_thread: threading.Thread | None = None
+        self._run_folder = self._enter_run_folder()
+
+    def _enter_run_folder(self) -> RunFolder | None:
+        """Mark the run's folder under this node's sandbox root as in use and point this process's sandboxes into
+        it (`$RAYGRPO_SANDBOX_ROOT`); start the reap of what crashed runs left under that root, in a thread (the
+        actor's start does not wait for it). None outside a run (no `$RAYGRPO_RUN_ID`): the root is used as it is."""
+        run = os.environ.get(RUN_ENV)
+        if not run:
+            return None
+        base = str(base_root())
+        folder = RunFolder(base, run)
+        os.environ[ROOT_ENV] = str(folder.enter())
+        self._startup_thread = threading.Thread(target=self._reap_at_start, args=(base,), name="raygrpo-startup-reap",
+                                                daemon=True)
+        self._startup_thread.start()
+        return folder
+
+    @staticmethod
+    def _reap_at_start(base: str) -> None:
+        """Reap what crashed runs left under `base` (each thing removed is logged as a warning)."""
+        try:
+            reap_base(base, stale_after_s=60.0)
+        except Exception:  # noqa: BLE001 - the actor serves its run whatever earlier runs left
+            logger.warning("start-up reap of %s failed", base, exc_info=True)
 
     async def _ready(self) -> RolloutWorker:
         if self._worker is not None:
@@ -121,14 +153,21 @@ class EnvPool:
 
     async def shutdown(self) -> dict[str, Any]:
         """Cancel running rollouts, close every environment and provider, remove the actor's scratch folder (the
-        kill that follows runs no exit handler); returns the final stats."""
+        kill that follows runs no exit handler), and leave the run's folder (removed when nothing else is in it);
+        returns the final stats. A start-up reap still going is given up to 30 s to finish first (the kill would
+        leave its claims for the next reaper)."""
+        if self._startup_thread is not None:
+            await asyncio.to_thread(self._startup_thread.join, 30.0)
         if self._reaper is not None:
             await asyncio.to_thread(self._reaper.close)
         if self._worker is None:
-            return await self.stats()
-        stats = await self._worker.aclose()
-        await asyncio.to_thread(disown_all)
-        await asyncio.to_thread(remove_process_scratch)
+            stats = await self.stats()
+        else:
+            stats = await self._worker.aclose()
+            await asyncio.to_thread(disown_all)
+            await asyncio.to_thread(remove_process_scratch)
+        if self._run_folder is not None:
+            await asyncio.to_thread(self._run_folder.leave)
         return stats
 
 

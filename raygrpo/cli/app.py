@@ -1,6 +1,7 @@
 """Command line: `raygrpo rollout CONFIG ...` (collect trajectories), `raygrpo train CONFIG ...` (GRPO),
 `raygrpo check CONFIG | TASK_DIR` (does each Harbor task's verifier pass its reference solution and fail doing
-nothing?), `raygrpo reap` (stop the remote sandboxes crashed runs left, from the lease ledger) and
+nothing?), `raygrpo reap` (remove what crashed runs left: local and docker sandboxes on this machine or on every
+node of a cluster, remote sandboxes through the lease ledger) and
 `raygrpo export RUN_DIR --format parquet|hf|atif` (a run's trajectories as Parquet, a Hugging Face dataset or Harbor
 ATIF files)."""
 
@@ -57,15 +58,24 @@ def _parser() -> argparse.ArgumentParser:
                        help="override a config field, e.g. --set envs.tasks.environment_type=docker (repeatable)")
     check.add_argument("--no-progress", action="store_true", help="no progress output")
     reap = sub.add_parser(
-        "reap", help="stop the remote sandboxes of crashed runs (leases whose owner is stale) and drop their leases",
-        description="Go through the lease ledger and stop, at its provider, the sandbox of every lease whose owner's "
-                    "heartbeat is stale (or whose owner process on this host is dead); leases of live owners, such as "
-                    "a concurrent run's, are never touched. Exit 0 when every stale lease was reaped, 1 when some "
-                    "could not be (listed, and kept in the ledger), 2 for a bad argument.")
-    reap.add_argument("--run", help="only this run's leases (its run id, e.g. run-0123456789ab)")
+        "reap", help="remove what crashed runs left: local and docker sandboxes, on this machine or every node, and "
+                     "remote sandboxes of stale leases",
+        description="Remove the local sandboxes (folders, processes, mounts) and docker sandboxes of every run whose "
+                    "owner is gone, and the run folders that leaves empty, under the sandbox root of this machine "
+                    "or, with --address (or $RAY_ADDRESS), of every node of the cluster (a task per node); then go "
+                    "through the lease ledger and stop, at its provider, the sandbox of every lease whose owner's "
+                    "heartbeat is stale (or whose owner process on this host is dead). A live run, such as a "
+                    "concurrent one, is never touched. Prints what it removed. Exit 0 when everything stale was "
+                    "reaped, 1 when some could not be (listed; leases kept in the ledger), 2 for a bad argument.")
+    reap.add_argument("--run", help="only this run's sandboxes and leases (its run id, e.g. run-0123456789ab)")
+    reap.add_argument("--sandbox-root", help="the local sandboxes' root on every node reaped (default: each node's "
+                                             "$RAYGRPO_SANDBOX_ROOT, else /tmp/raygrpo-sandboxes)")
+    reap.add_argument("--address", help="reap every node of the Ray cluster at ADDRESS (default: $RAY_ADDRESS when "
+                                        "set, else this machine only)")
     reap.add_argument("--lease-dir", help="the lease ledger (default: $RAYGRPO_LEASE_DIR, else ~/.raygrpo/leases)")
     reap.add_argument("--stale-after", type=float, default=None, metavar="S",
-                      help="an owner whose heartbeat is older than S seconds is stale (default 30)")
+                      help="an owner whose heartbeat is older than S seconds is stale (default 30 for leases, 60 for "
+                           "local sandboxes)")
     reap.add_argument("--json", dest="json_out", action="store_true",
                       help="print one JSON object (each stale lease's outcome and the sandboxes stopped) instead")
     export = sub.add_parser(
@@ -184,29 +194,39 @@ def _guarded(work: Callable[[], Any], verbose: bool, interrupted: str) -> tuple[
 
 
 def _reap(args: argparse.Namespace) -> int:
-    """`raygrpo reap`: a line per stale lease and a summary on stdout; exit 0 (all reaped), 1 (some kept) or 2."""
+    """`raygrpo reap`: a line per thing removed and a summary per kind on stdout (or one JSON object); exit 0 (all
+    reaped), 1 (some could not be) or 2."""
+    from raygrpo.driver.node_reaps import reap_cluster, reap_here
+    from raygrpo.driver.runtime import target_address
     from raygrpo.leases.reaper import reap_leases
     from raygrpo.leases.ledger import STALE_AFTER_S, LeaseLedger
 
-    stale_after = STALE_AFTER_S if args.stale_after is None else args.stale_after
-    if not stale_after > 0:
+    if args.stale_after is not None and not args.stale_after > 0:
         print("raygrpo: --stale-after must be a positive number of seconds", file=sys.stderr)
         return 2
+    address = target_address(args.address)
+    kwargs = {"run": args.run, **({} if args.stale_after is None else {"stale_after_s": args.stale_after})}
+    nodes = reap_cluster(address, args.sandbox_root, **kwargs) if address else reap_here(args.sandbox_root, **kwargs)
     ledger = LeaseLedger(args.lease_dir)
-    if not ledger.root.is_dir():
-        print(f"no lease ledger at {ledger.root}: nothing to reap")
-        return 0
-    report = reap_leases(ledger, run=args.run, stale_after_s=stale_after)
+    leases = None
+    if ledger.root.is_dir():
+        leases = reap_leases(ledger, run=args.run, stale_after_s=args.stale_after or STALE_AFTER_S)
     if args.json_out:
-        print(json.dumps(report.to_dict()))
+        print(json.dumps({**(leases.to_dict() if leases else {}), **nodes.to_dict()}))
     else:
-        for line in report.lines():
+        for line in nodes.lines():
             print(line)
-    if report.kept:
-        print(f"raygrpo: {len(report.kept)} stale lease(s) could not be reaped; they stay in {ledger.root}",
+        for line in leases.lines() if leases else [f"no lease ledger at {ledger.root}: no remote sandbox to reap"]:
+            print(line)
+    code = 0
+    if nodes.failed:
+        print(f"raygrpo: {len(nodes.failed)} node(s) could not be reaped", file=sys.stderr)
+        code = 1
+    if leases and leases.kept:
+        print(f"raygrpo: {len(leases.kept)} stale lease(s) could not be reaped; they stay in {ledger.root}",
               file=sys.stderr)
-        return 1
-    return 0
+        code = 1
+    return code
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -34,6 +34,9 @@ class WorkersConfig(BaseModel):
             closes its environments, exits), so an autoscaler can release its node.
         actor_start_timeout_s: A pool with no live actor fails the run when its actors have not started within this
             long (an autoscaler that cannot add the node they ask for). Lost actors are replaced meanwhile.
+        node_cooldown_s: Seconds new env pool actors keep off the node of an actor that was lost or failed to start
+            (while another node can take them): a dying node that Ray still counts alive, or one whose disk or
+            sandbox root is unusable, would fail them too. 0 turns it off.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -46,6 +49,7 @@ class WorkersConfig(BaseModel):
     max_env_actors: int | None = Field(None, ge=1)
     idle_timeout_s: float = Field(60.0, gt=0)
     actor_start_timeout_s: float = Field(600.0, gt=0)
+    node_cooldown_s: float = Field(60.0, ge=0)
 
     @model_validator(mode="after")
     def _sizes(self) -> WorkersConfig:

@@ -10,6 +10,7 @@ driver's resolve step listed (None for an `environment` that is listed once it i
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from typing import Any
 
@@ -23,11 +24,11 @@ from raygrpo.config import RunConfig
 from raygrpo.envs.kinds import kind_of
 from raygrpo.driver.placement import actor_resources, check_fits
 from raygrpo.driver.pools import ActorSpawner, PoolGroup, PoolSet
-from raygrpo.driver.runtime import ray_info
-from raygrpo.docker.engine import DockerUnavailable, may_have_docker
-from raygrpo.docker.owners import run_leftovers
+from raygrpo.driver.node_tasks import on_every_node
+from raygrpo.driver.runtime import in_ray_job, ray_info
 from raygrpo.leases.reaper import LeaseWatch, reap_stale_leases
 from raygrpo.leases.ledger import LEASE_DIR_ENV, lease_dir
+from raygrpo.sandbox.node_reap import RunLeftovers, run_leftovers_here
 from raygrpo.sandbox.orphans import OrphanReaper
 from raygrpo.sandbox.owners import ROOT_ENV, RUN_ENV, sandbox_root
 from raygrpo.specs import ORSSpec, ProviderSpec
@@ -72,12 +73,19 @@ class RolloutRuntime:
         #: The pools' last snapshot after they closed: actors started, drained and lost per pool.
         self.pool_snapshot: dict[str, Any] = {}
         self.server_live_sessions: dict[str, int] = {}
-        #: Labels this run's docker sandboxes; local ones live under their own root: leak counts see only the run's.
+        #: Labels this run's docker sandboxes; local ones live in a folder of the run on each node
+        #: (`raygrpo.sandbox.run_folders`): leak counts see only the run's.
         self.run_id = f"run-{uuid.uuid4().hex[:12]}"
+        #: The sandbox root every node uses, when one was set for the whole run (see `run_sandbox_base`); None: each
+        #: node its own.
+        self.sandbox_base: str | None = None
+        #: The run's folder under the root on the driver's node (on a local Ray, the only node).
         self.sandbox_root = str(sandbox_root() / self.run_id)
         #: The lease ledger of remote sandboxes (`raygrpo.leases.ledger`); shared storage on a multi-node cluster.
         self.lease_dir = str(lease_dir())
         self.leaked_sandboxes: int = 0
+        #: What of the run each node still had alive after it, by node address (`raygrpo.sandbox.node_reap`).
+        self.leftovers_by_node: dict[str, RunLeftovers] = {}
         self._reaper: OrphanReaper | None = None
         self._lease_watch: LeaseWatch | None = None
 
@@ -134,11 +142,16 @@ class RolloutRuntime:
 
         # What crashed runs left at remote providers (leases whose owner is stale), before this run's actors start.
         reap_stale_leases(self.lease_dir)
+        self.sandbox_base = run_sandbox_base(info.joined)
+        if self.sandbox_base is not None:
+            self.sandbox_root = os.path.join(self.sandbox_base, self.run_id)
         self._reaper = OrphanReaper(self.sandbox_root)
         # This run's own: the sandboxes of an actor lost mid-run, stopped, and its live tickets dropped.
         self._lease_watch = LeaseWatch(self.lease_dir, self.run_id, on_holders_gone=forget_holders).start()
         job_env = dict((ray.get_runtime_context().runtime_env or {}).get("env_vars") or {})
-        env_vars = {**job_env, ROOT_ENV: self.sandbox_root, RUN_ENV: self.run_id, LEASE_DIR_ENV: self.lease_dir}
+        env_vars = {**job_env, RUN_ENV: self.run_id, LEASE_DIR_ENV: self.lease_dir}
+        if self.sandbox_base is not None:
+            env_vars[ROOT_ENV] = self.sandbox_base
         # Name, environments, K and index are set per actor by its group's spawner.
         template = WorkerSettings(name="", envs={}, policy=self.policy, model=cfg.model, sampling=cfg.sampling,
                                   rollout=cfg.rollout, max_concurrent_per_actor=1, engines=self.engines,
@@ -190,7 +203,8 @@ class RolloutRuntime:
             groups.append(PoolGroup("workers", self.actor_prefix, shared, workers.max_concurrent_per_actor,
                                     workers.actor_num_cpus, min_actors=low, max_actors=high,
                                     idle_timeout_s=workers.idle_timeout_s,
-                                    actor_start_timeout_s=workers.actor_start_timeout_s))
+                                    actor_start_timeout_s=workers.actor_start_timeout_s,
+                                    node_cooldown_s=workers.node_cooldown_s))
         for name, spec in self.envs.items():
             pool = spec.pool
             if pool is not None:
@@ -201,7 +215,7 @@ class RolloutRuntime:
                     workers.actor_num_cpus if pool.num_cpus is None else pool.num_cpus,
                     int(pool.memory) if pool.memory else None, pool.resources, min_actors=low, max_actors=high,
                     idle_timeout_s=pool.idle_timeout_s or workers.idle_timeout_s,
-                    actor_start_timeout_s=workers.actor_start_timeout_s))
+                    actor_start_timeout_s=workers.actor_start_timeout_s, node_cooldown_s=workers.node_cooldown_s))
         return groups
 
     def stop(self) -> None:
@@ -228,29 +242,36 @@ class RolloutRuntime:
             self._lease_watch.close()
             self._lease_watch = None
         if self._reaper is not None:
-            self.leaked_sandboxes = self._reaper.close() + len(self._docker_leftovers())
+            self._reaper.close()
             self._reaper = None
+            self.leftovers_by_node = self._leftovers()
+            self.leaked_sandboxes = sum(found.count for found in self.leftovers_by_node.values())
             # This run's leases whose owner is gone (an actor lost with its node, a stop that failed).
             reap_stale_leases(self.lease_dir, run=self.run_id)
 
-    def _docker_leftovers(self) -> list[str]:
-        """This run's docker sandboxes (compose projects) that docker on this machine still has."""
-        if not may_have_docker():
-            return []
-        try:
-            left = run_leftovers(self.run_id)
-        except DockerUnavailable as exc:
-            logger.debug("docker not asked for leftovers: %s", exc)
-            return []
-        if left:
-            logger.warning("docker sandboxes of this run still there after it: %s", ", ".join(left))
-        return left
+    def _leftovers(self) -> dict[str, RunLeftovers]:
+        """What of this run each node still has alive, its orphans reaped first: here on a local Ray (one machine),
+        else by a task on every node of the cluster, where the actors' sandboxes ran."""
+        if not ray_info().joined:
+            found = run_leftovers_here(self.run_id, self.sandbox_base or sandbox_root())
+            return {found.node: found}
+        out: dict[str, RunLeftovers] = {}
+        for answer in on_every_node(run_leftovers_here, self.run_id, self.sandbox_base, timeout_s=60.0):
+            if answer.result is not None:
+                out[answer.node] = answer.result
+        return out
+
+    @property
+    def leaked_envs_by_node(self) -> dict[str, int]:
+        """Sandboxes of this run still alive after it, by node address (nodes with none left out)."""
+        return {node: found.count for node, found in sorted(self.leftovers_by_node.items()) if found.count}
 
     @property
     def leaked_envs(self) -> int:
-        """Environments still alive after shutdown: the largest of the actors' own count (warm sandboxes included), the ORS servers' count of
-        live sessions, and the sandboxes of this run still found on this machine: local ones through the OS, docker
-        ones (compose projects labelled with the run) through docker."""
+        """Environments still alive after shutdown: the largest of the actors' own count (warm sandboxes included),
+        the ORS servers' count of live sessions, and the sandboxes of this run still found on the nodes where they
+        ran (`leaked_envs_by_node`): local ones through the OS, docker ones (compose projects labelled with the run)
+        through docker."""
         # An actor's open sandboxes include its rollouts' (live_envs) and those its warm pool still holds.
         actor_live = sum(max(int(s.get("live_envs") or 0), int(s.get("open_sandboxes") or 0))
                          for s in self.final_stats)
@@ -265,3 +286,21 @@ def _bounds(fixed: int | None, low: int | None, high: int | None, default: int) 
         return default, default
     low = 0 if low is None else low
     return low, max(low, default) if high is None else high
+
+
+def run_sandbox_base(joined: bool) -> str | None:
+    """The sandbox root for every node of a run, or None for each node's own.
+
+    A local Ray is one machine: the driver's root (`$RAYGRPO_SANDBOX_ROOT`, else the default). On a cluster, a root
+    set for the whole run applies everywhere: the job's runtime_env `env_vars`, or the driver's own environment when
+    it joined from outside a job; otherwise each node uses the `$RAYGRPO_SANDBOX_ROOT` its `ray start` had, or the
+    default (a job's entrypoint inherits the head node's, which is no reason to impose it on the workers).
+    """
+    if not joined:
+        return str(sandbox_root())
+    job_env = dict((ray.get_runtime_context().runtime_env or {}).get("env_vars") or {})
+    if job_env.get(ROOT_ENV):
+        return job_env[ROOT_ENV]
+    if not in_ray_job():
+        return os.environ.get(ROOT_ENV) or None
+    return None

@@ -5,8 +5,9 @@
 
 On entry it starts a local Ray (or joins `cfg.ray.address`) unless Ray is already initialised, and brings the
 run's actors up. However the block ends (done, an error, Ctrl-C, SIGTERM), it shuts every actor down (closing every
-session and sandbox), writes `OUT/summary.json` (what `summarize()` returns, plus `wall_seconds`, `leaked_envs` and
-`interrupted`), and stops only the Ray it started. The summary is then `session.summary`.
+session and sandbox), writes `OUT/summary.json` (what `summarize()` returns, plus `wall_seconds`, `leaked_envs`,
+`leaked_envs_by_node` (the nodes where sandboxes were left, with their counts) and `interrupted`), and stops only
+the Ray it started. The summary is then `session.summary`.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ class RunSession:
                 **self.summarize(),
                 "wall_seconds": time.perf_counter() - self.started,
                 "leaked_envs": self.runtime.leaked_envs,
+                "leaked_envs_by_node": self.runtime.leaked_envs_by_node,
                 "interrupted": interrupted,
             }
             write_summary(self.out / "summary.json", self.summary)

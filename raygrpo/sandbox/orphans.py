@@ -26,6 +26,7 @@ from raygrpo.sandbox.owners import (
     HOSTNAME,
     STOPPED_MARK,
     heartbeat_age,
+    is_run_folder,
     kill_sandbox_processes,
     live_sandboxes,
     owner_alive,
@@ -78,8 +79,8 @@ def reap_orphans(root: str | os.PathLike | None = None, stale_after_s: float = 1
             sid, _, claimer = name[len(CLAIM_PREFIX) :].rpartition(".")
             if claimer.isdigit() and pid_alive(int(claimer)):
                 continue
-        elif name.startswith("."):
-            continue
+        elif name.startswith(".") or is_run_folder(d):
+            continue  # a run's folder under the base holds sandboxes; it is not one (`raygrpo.sandbox.run_folders`)
         else:
             sid = name
             if not _is_orphan(d, stale_after_s):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -27,8 +28,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import psutil
 
 from raygrpo.sandbox.os_probe import DEFAULT_ROOT, ROOT_ENV, pid_alive, proc_start_time, process_env_marks
 
@@ -41,6 +40,14 @@ HEARTBEAT_INTERVAL_S = 2.0
 CLAIM_PREFIX = ".reaping-"
 #: Marks a stopped sandbox whose directory is kept for inspection (never reaped).
 STOPPED_MARK = "stopped.json"
+#: A run id as the driver makes it (`run-` and 12 hex digits): the name of a run's folder under the sandbox root
+#: (`raygrpo.sandbox.run_folders`). A sandbox id never has this form (it ends in `-` and 8 hex digits).
+RUN_ID = re.compile(r"^run-[0-9a-f]{12}$")
+
+
+def is_run_folder(path: Path) -> bool:
+    """Whether a directory under the sandbox root is a run's folder (not a sandbox's own directory)."""
+    return bool(RUN_ID.match(path.name)) and not (path / "owner.json").exists()
 
 
 def sandbox_root(root: str | os.PathLike | None = None) -> Path:
@@ -322,18 +329,20 @@ def kill_sandbox_processes(
     for pid, (sroot, sid) in process_env_marks().items() if stragglers else ():
         if sid == sandbox_id and sroot == str(root):
             targets.append(pid)
+    started = {pid: proc_start_time(pid) for pid in targets}
     for pid in targets:
         try:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    procs = []
-    for pid in targets:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=timeout_s)
-    alive = [p.pid for p in alive if proc_start_time(p.pid) is not None]
+    # Polled rather than `psutil.wait_procs`: a killed process whose parent is gone (a monitor that outlived its
+    # owner) stays a zombie until init reaps it, and psutil waits out the whole time-out for such a zombie.
+    deadline = time.monotonic() + timeout_s
+    alive = [pid for pid, start in started.items() if start is not None]
+    while alive:
+        alive = [pid for pid in alive if proc_start_time(pid) == started[pid]]
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     if alive:
         logger.warning("sandbox %s: processes %s still alive %.1fs after SIGKILL", sandbox_id, alive, timeout_s)

@@ -12,7 +12,10 @@ zero-timeout wait), so the orchestrator can call it as often as it dispatches:
 
 `lost(slot)` forgets an actor whose call raised `RayActorError` (it, or its node, died or was cut off) and kills
 it for good, so a partitioned actor that comes back cannot run rollouts that were already retried elsewhere. The
-next tick refills the pool, on another node than the lost actor's while one fits (for `AVOID_LOST_NODE_S`).
+next tick refills the pool, on another node than the lost actor's while one fits. The node of an actor that failed
+to start is kept out the same way (`raygrpo.driver.pools.failed_node`): a dying node that Ray still counts alive,
+or one whose disk or sandbox root is unusable, would fail its replacement too. Either node is avoided for
+`node_cooldown_s` (`workers.node_cooldown_s`); a node Ray has declared dead takes no actor anyway.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from raygrpo.driver.pools.failed_node import failed_start_node
 from raygrpo.driver.pools.group import ActorSpawner
 from raygrpo.driver.pools.slot import PoolSlot, SlotState
 from raygrpo.envs.kinds import kind_of
@@ -33,8 +37,9 @@ logger = logging.getLogger(__name__)
 STATS_INTERVAL_S = 5.0
 #: A pool with no live actor gives up after this many start failures in a row.
 MAX_START_FAILURES = 3
-#: Seconds a lost actor's node is kept out of new actors' placement (Ray declares a dead node dead within this).
-AVOID_LOST_NODE_S = 60.0
+#: Seconds a lost or failed actor's node is kept out of new actors' placement by default (Ray declares a dead node
+#: dead well within this).
+NODE_COOLDOWN_S = 60.0
 
 
 class PoolStartError(RuntimeError):
@@ -51,6 +56,7 @@ class ElasticPool:
         min_actors, max_actors: Size bounds (equal for a fixed pool).
         idle_timeout_s: Idle seconds before an actor above the target is drained.
         actor_start_timeout_s: With no live actor, the longest an actor may take to start.
+        node_cooldown_s: Seconds new actors keep off the node of an actor that was lost or failed to start.
         spawner: Starts new actors; None for a pool of given actors that never starts or drains any.
         bundle: One actor's resources (for the autoscaler hint).
         slots: Actors that already exist.
@@ -58,7 +64,7 @@ class ElasticPool:
 
     def __init__(self, name: str, envs: Iterable[str] | None, max_concurrent_per_actor: int, min_actors: int,
                  max_actors: int, *, idle_timeout_s: float = 60.0, actor_start_timeout_s: float = 600.0,
-                 spawner: ActorSpawner | None = None, bundle: dict[str, float] | None = None,
+                 node_cooldown_s: float = NODE_COOLDOWN_S, spawner: ActorSpawner | None = None, bundle: dict[str, float] | None = None,
                  slots: list[PoolSlot] | None = None) -> None:
         self.name = name
         self.envs = frozenset(envs) if envs is not None else None
@@ -71,6 +77,7 @@ class ElasticPool:
         self.max_actors = max_actors
         self.idle_timeout_s = idle_timeout_s
         self.actor_start_timeout_s = actor_start_timeout_s
+        self.node_cooldown_s = node_cooldown_s
         self.spawner = spawner
         self.bundle = dict(bundle or {})
         self.slots: list[PoolSlot] = list(slots or [])
@@ -84,15 +91,16 @@ class ElasticPool:
         self._next_start = 0.0
         self._last_error = ""
         self._last_stats = 0.0
-        #: Nodes of lost actors, until when new actors keep off them (monotonic seconds).
+        #: Nodes of lost actors and of actors that failed to start, until when new actors keep off them (monotonic
+        #: seconds).
         self._avoid: dict[str, float] = {}
 
     @classmethod
     def from_spawner(cls, spawner: ActorSpawner) -> ElasticPool:
         g = spawner.group
         pool = cls(g.field, g.envs, g.max_concurrent_per_actor, g.min_actors, g.max_actors,
-                   idle_timeout_s=g.idle_timeout_s, actor_start_timeout_s=g.actor_start_timeout_s, spawner=spawner,
-                   bundle=g.bundle)
+                   idle_timeout_s=g.idle_timeout_s, actor_start_timeout_s=g.actor_start_timeout_s,
+                   node_cooldown_s=g.node_cooldown_s, spawner=spawner, bundle=g.bundle)
         depths = {n: kind_of(spec).warm_depth(spec) for n, spec in g.envs.items()}
         pool.warm_envs = frozenset(n for n, depth in depths.items() if depth > 0)
         pool.warm_depth = max(depths.values(), default=0)
@@ -205,6 +213,7 @@ class ElasticPool:
                 self._last_error = f"{type(exc).__name__}: {exc}"[:500]
                 self._next_start = time.monotonic() + min(30.0, 2.0 ** self._failures_in_a_row)
                 logger.warning("%s: env pool actor %s failed to start: %s", self.name, slot.name, self._last_error)
+                self._cool_down(failed_start_node(slot.handle, exc), f"actor {slot.name} failed to start there")
                 self._forget(slot, ray)
                 if self._failures_in_a_row >= MAX_START_FAILURES and not self.count(SlotState.LIVE):
                     raise PoolStartError(f"{self.name}: {self._failures_in_a_row} env pool actors in a row failed "
@@ -269,9 +278,16 @@ class ElasticPool:
 
         logger.warning("%s: env pool actor %s lost: %s", self.name, slot.name, reason)
         self.lost_count += 1
-        if slot.node_id:
-            self._avoid[slot.node_id] = time.monotonic() + AVOID_LOST_NODE_S
+        self._cool_down(slot.node_id, f"actor {slot.name} was lost there")
         self._forget(slot, ray)
+
+    def _cool_down(self, node_id: str | None, why: str) -> None:
+        """Keep new actors off a node for `node_cooldown_s` (while another node can take them)."""
+        if not node_id or self.node_cooldown_s <= 0:
+            return
+        self._avoid[node_id] = time.monotonic() + self.node_cooldown_s
+        logger.warning("%s: new actors keep off node %s for %.0f s (workers.node_cooldown_s): %s", self.name,
+                       node_id[:12], self.node_cooldown_s, why)
 
     def _forget(self, slot: PoolSlot, ray: Any) -> None:
         slot.enter(SlotState.DEAD)

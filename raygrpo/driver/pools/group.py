@@ -32,6 +32,7 @@ class PoolGroup:
         min_actors, max_actors: Its size bounds; equal for a fixed pool.
         idle_timeout_s: An actor idle this long is drained (elastic pools only).
         actor_start_timeout_s: With no live actor, the longest its actors may take to start.
+        node_cooldown_s: Seconds its new actors keep off the node of an actor that was lost or failed to start.
     """
 
     field: str
@@ -45,6 +46,7 @@ class PoolGroup:
     max_actors: int = 1
     idle_timeout_s: float = 60.0
     actor_start_timeout_s: float = 600.0
+    node_cooldown_s: float = 60.0
 
     @property
     def elastic(self) -> bool:

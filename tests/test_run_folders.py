@@ -1,0 +1,133 @@
+"""Run folders under a node's sandbox root: what crashed runs left is reaped, a live run is never touched, a run's
+leftovers are counted on the node where they are (`raygrpo.sandbox.run_folders`, `raygrpo.sandbox.node_reap`).
+
+The sandboxes here are directories with owner labels and processes carrying a sandbox's marks, owned by real
+processes of the test (alive, or killed): what the reaper judges is the OS's view of them, not a real bubblewrap
+sandbox (those are `tests/test_sandbox_reaper.py` and `tests/test_local_crash_reap.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from raygrpo.sandbox.node_reap import reap_node, run_leftovers_here
+from raygrpo.sandbox.os_probe import ID_ENV, ROOT_ENV, pid_alive, proc_start_time
+from raygrpo.sandbox.orphans import reap_orphans
+from raygrpo.sandbox.owners import Registration, owner_record
+from raygrpo.sandbox.run_folders import RunFolder, live_users, reap_base
+
+pytestmark = pytest.mark.timeout(60)
+
+DEAD_RUN = "run-0123456789ab"
+LIVE_RUN = "run-ba9876543210"
+
+
+def _sleeper(**env: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], env={**os.environ, **env})
+
+
+def _dead_owner() -> dict:
+    """An owner record of a process that has exited."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    record = {**owner_record(), "pid": proc.pid, "pid_start": proc_start_time(proc.pid) or 1.0}
+    proc.wait(10)
+    return record
+
+
+def _sandbox(folder: Path, sid: str, owner: dict) -> Path:
+    d = folder / sid
+    d.mkdir(parents=True)
+    (d / "owner.json").write_text(json.dumps(owner))
+    (d / "heartbeat").touch()
+    return d
+
+
+@pytest.fixture
+def procs():
+    started: list[subprocess.Popen] = []
+    yield started
+    for proc in started:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_a_crashed_runs_folder_is_reaped_and_a_live_run_is_untouched(tmp_path, procs):
+    base = tmp_path / "sandboxes"
+    dead = base / DEAD_RUN
+    dead_owner = _dead_owner()
+    _sandbox(dead, "t0-aaaaaaaa", dead_owner)
+    _sandbox(dead, "t1-bbbbbbbb", dead_owner)
+    (dead / f".user-{dead_owner['pid']}.json").write_text(json.dumps(dead_owner))
+    # A process of a sandbox whose directory is already gone (its reaper died half-way).
+    procs.append(stray := _sleeper(**{ROOT_ENV: str(dead), ID_ENV: "t2-cccccccc"}))
+    # The live run: this process uses the folder and owns a sandbox in it (beating), whose process runs.
+    live = RunFolder(base, LIVE_RUN)
+    live.enter()
+    reg = Registration(base / LIVE_RUN, "t0-dddddddd")
+    reg.create()
+    procs.append(live_proc := _sleeper(**{ROOT_ENV: str(base / LIVE_RUN), ID_ENV: "t0-dddddddd"}))
+    empty_old = base / "run-00000000000f"  # an empty folder of an old run
+    empty_old.mkdir()
+    time.sleep(0.5)  # let the sleepers exec (their environment is read from /proc)
+
+    report = reap_base(base)
+    assert sorted(report.sandboxes) == [f"{DEAD_RUN}/t0-aaaaaaaa", f"{DEAD_RUN}/t1-bbbbbbbb"]
+    assert report.processes == [stray.pid] and stray.wait(10) == -9
+    assert sorted(report.folders) == sorted([DEAD_RUN, empty_old.name]) and not dead.exists() and not empty_old.exists()
+    assert report.live_runs == [LIVE_RUN]
+    assert reg.dir.is_dir() and live_proc.poll() is None and live_users(base / LIVE_RUN) == [live.mark]
+    assert any(f"removed run folder {base}/{DEAD_RUN}" == line for line in report.lines())
+
+    reg.release()
+    assert live.leave() and not (base / LIVE_RUN).exists()  # the run's end removes its emptied folder
+    assert reap_node(base).local.removed_anything is False
+
+
+def test_a_dead_users_mark_alone_does_not_spare_a_folder_but_a_live_one_does(tmp_path, procs):
+    base = tmp_path / "sandboxes"
+    folder = base / DEAD_RUN
+    folder.mkdir(parents=True)
+    owner = _dead_owner()
+    (folder / f".user-{owner['pid']}.json").write_text(json.dumps(owner))
+    procs.append(stray := _sleeper(**{ROOT_ENV: str(folder), ID_ENV: "gone-00000000"}))
+    mine = RunFolder(base, DEAD_RUN)
+    mine.enter()  # a live user: strays of its run are not touched (its sandbox may be starting)
+    time.sleep(0.5)
+    report = reap_base(base)
+    assert report.processes == [] and stray.poll() is None and report.live_runs == [DEAD_RUN]
+    assert report.marks == [f"{DEAD_RUN}/.user-{owner['pid']}.json"]
+    assert mine.leave() and not folder.exists()
+
+
+def test_the_orphan_reaper_never_takes_a_run_folder_for_a_sandbox(tmp_path):
+    base = tmp_path / "sandboxes"
+    folder = base / LIVE_RUN
+    folder.mkdir(parents=True)
+    old = time.time() - 3600
+    os.utime(folder, (old, old))  # an old directory without owner.json looks like a sandbox that never started
+    assert reap_orphans(base) == [] and folder.is_dir()
+
+
+def test_a_runs_leftovers_are_counted_on_their_node_after_its_orphans_are_reaped(tmp_path):
+    base = tmp_path / "sandboxes"
+    folder = base / DEAD_RUN
+    _sandbox(folder, "t0-aaaaaaaa", _dead_owner())
+    planted = Registration(folder, "planted-eeeeeeee")  # left behind on purpose: its owner (this test) lives
+    planted.create()
+    try:
+        found = run_leftovers_here(DEAD_RUN, base)
+        assert found.reaped == [f"{DEAD_RUN}/t0-aaaaaaaa"]
+        assert found.sandboxes == ["planted-eeeeeeee"] and found.count == 1 and found.node
+        assert found.folder_removed is False
+    finally:
+        planted.release()
+    found = run_leftovers_here(DEAD_RUN, base)
+    assert found.count == 0 and found.folder_removed and not folder.exists()
+    assert pid_alive(os.getpid())
