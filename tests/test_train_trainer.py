@@ -222,10 +222,12 @@ def test_which_runs_report_sampling_logprobs_and_how_they_correct_for_staleness(
     # Sync, engines current: nothing is stale; PPO against the sampling log-probs as before.
     assert correction_for(cfg(engine)) == Correction("behaviour")
     assert correction_for(cfg(engine, behaviour_ratio=False)) == Correction("none")
-    # Data that can be stale: decoupled PPO with truncated importance weights by default.
-    assert correction_for(cfg(engine, mode="async")) == Correction("tis", 0.0, 2.0)
-    assert correction_for(cfg(engine, weight_sync_every=2, max_staleness=1)) == Correction("tis", 0.0, 2.0)
-    assert correction_for(cfg(server)) == Correction("tis", 0.0, 2.0)  # vLLM's kernels are not the learner's
+    # Stale data: engine actors keep clipping against the sampling policy (decoupled PPO is opt-in, see
+    # docs/training.md); a vLLM server gets TRL's own weight, token level with both bounds.
+    assert correction_for(cfg(engine, mode="async")) == Correction("behaviour")
+    assert correction_for(cfg(server)) == Correction("tis", 0.0, 2.0)
+    assert correction_for(cfg(server, off_policy={"mode": "none"})) == Correction("none")
+    assert correction_for(cfg(engine, mode="async", off_policy={"mode": "tis"})) == Correction("tis", 0.0, 2.0)
     assert correction_for(cfg(engine, off_policy={"mode": "mis"})) == Correction("mis", 0.5, 2.0)
     assert correction_for(cfg(engine, mode="async", off_policy={"mode": "none"})) == Correction("behaviour")
     assert correction_for(cfg(engine, mode="async", off_policy={"mode": "tis", "high": 3})) == Correction("tis", 0, 3)

@@ -124,9 +124,12 @@ class OffPolicyConfig(BaseModel):
             `"none"`: no importance weight (PPO against the proximal policy only, or `train.behaviour_ratio`).
             `"tis"`: truncated importance sampling, `w` clamped to `[low, high]`. `"mis"`: masked importance sampling
             (IcePop), tokens whose `w` falls outside `[low, high]` get weight 0 and the others `w`. Unset: `"tis"`
-            where the policy reports its sampling log-probs (engine actors, or a vLLM server through `policy.url`)
-            and they can differ from the learner's: the data can be stale (`train.mode: async`, or
-            `train.weight_sync_every > 1`), or vLLM generates (its kernels are not the learner's); else `"none"`.
+            where TRL drives a vLLM server (`policy.url`: TRL weights its samples anyway; raygrpo makes it token
+            level with both bounds), else `"none"` (engine actors then clip against the sampling policy:
+            `behaviour_ratio`). With one optimizer step per generation batch, `tis`/`mis` leave PPO's clip inert (the
+            proximal policy is the one being optimised): measured on the echo task in async mode they collapsed
+            where `behaviour_ratio` did not (docs/training.md); set them to compare, or with `num_iterations > 1` /
+            several optimizer steps per generation batch, where the clip acts.
             With a vLLM server TRL applies the weight itself (`vllm_importance_sampling_mode` `token_truncate` or
             `token_mask`, with these bounds).
         low (`float`, *optional*):
@@ -237,12 +240,6 @@ class TrainConfig(BaseModel):
             raise ValueError(f"train.behaviour_ratio and train.off_policy.mode {self.off_policy.mode!r} are two "
                              "corrections of the same staleness: choose one")
         return self
-
-    @property
-    def stale_data(self) -> bool:
-        """Whether a consumed group can come from older weights than the learner's: async mode, or engines that lag
-        between weight pushes."""
-        return self.mode == "async" or self.weight_sync_every > 1
 
     @field_validator("mixture")
     @classmethod

@@ -34,14 +34,18 @@ def reports_sampling_logprobs(cfg: RunConfig) -> bool:
 
 
 def correction_for(cfg: RunConfig) -> Correction:
-    """The run's `Correction`: `train.off_policy.mode` where set; unset, `tis` where the policy reports its sampling
-    log-probs and they can differ from the learner's (stale data, or vLLM: its kernels are not the learner's);
-    otherwise `behaviour` for engine actors unless `train.behaviour_ratio` is false, else `none`."""
+    """The run's `Correction`: `train.off_policy.mode` where set. Unset: `tis` where TRL drives a vLLM server
+    (`policy.url`: TRL always weights its samples, and raygrpo makes that token level with both bounds); `behaviour`
+    for engine actors unless `train.behaviour_ratio` is false; else `none`.
+
+    `tis` is not the engine actors' default: with one optimizer step per generation batch the proximal policy is the
+    policy being optimised, decoupled PPO's clip never acts, and the update is an unclipped policy gradient; measured
+    on the echo task in async mode (benchmarks/staleness.py), it collapsed where clipping against the sampling policy
+    (`behaviour`) kept a trust region (docs/training.md)."""
     off_policy = cfg.train.off_policy
     mode = off_policy.mode
     if mode is None:
-        differ = cfg.train.stale_data or cfg.policy.kind == "vllm"
-        mode = "tis" if reports_sampling_logprobs(cfg) and differ else "none"
+        mode = "tis" if cfg.policy.kind == "vllm" and not cfg.policy.engine_actors else "none"
     if mode in ("tis", "mis"):
         return Correction(mode, *off_policy.bounds(mode))
     if cfg.policy.engine_actors and cfg.train.behaviour_ratio is not False:
