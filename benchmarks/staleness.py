@@ -190,6 +190,7 @@ def run_arm(args: argparse.Namespace, arm: str, seed: int, model: Path, out: Pat
         "rewards": rewards,
         "groups": groups,
     }
+    (out / "result.json").write_text(json.dumps(result))
     log(f"seed {seed} {arm}: auc {result['auc']:.3f}, final {last:.3f}, peak {result['peak_reward']:.3f}, "
         f"clip {result['clip_frac'] or 0:.3f}, trunc {result['truncated_frac'] or 0:.3f}, "
         f"staleness {result['mean_staleness']:.2f} (max {result['max_staleness']}), dropped {result['dropped_groups']}, "
@@ -279,6 +280,9 @@ def main() -> None:
                         help="steps of the format warm-up (its loss is at its floor, ~0.10, by ~75)")
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
     parser.add_argument("--out", default=str(ROOT / "runs" / "bench-staleness"), help="run folders and the plot")
+    parser.add_argument("--reuse", action="store_true",
+                        help="take an arm's figures from OUT/s<seed>-<arm>/result.json where an earlier run of the "
+                             "same --steps left one, instead of running it again")
     parser.add_argument("--verbose", action="store_true", help="a line per step and the actors' output on stderr")
     args = parser.parse_args()
     if args.quick or args.dry_run:
@@ -308,6 +312,11 @@ def main() -> None:
             # Rotate the arms' order with the seed, so drift on the shared machine does not always hit the same arm.
             order = args.arms[i % len(args.arms):] + args.arms[:i % len(args.arms)]
             for arm in order:
+                saved = out / f"s{seed}-{arm}" / "result.json"
+                if args.reuse and saved.exists() and json.loads(saved.read_text())["steps"] == args.steps:
+                    runs[arm][seed] = json.loads(saved.read_text())
+                    log(f"seed {seed} {arm}: reused {saved}")
+                    continue
                 runs[arm][seed] = run_arm(args, arm, seed, models[seed], out / f"s{seed}-{arm}")
     finally:
         shutdown_ray()
