@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-from learner_overlap import _LineClock  # noqa: E402
+from learner_overlap import train_watched  # noqa: E402
 from staleness_env import split_for  # noqa: E402
 
 ARMS = ("sync", "none", "behaviour", "tis")
@@ -138,23 +138,13 @@ def _mean(values: list[float | None]) -> float | None:
 def run_arm(args: argparse.Namespace, arm: str, seed: int, model: Path, out: Path) -> dict[str, Any]:
     """Train one arm and return its figures."""
     from raygrpo.train.correction import correction_for
-    from raygrpo.train.metrics import read_metrics
-    from raygrpo.train.run import train
 
     cfg = run_config(args, arm, seed, model)
     correction = correction_for(cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    metrics_path = out / "metrics.jsonl"
-    if metrics_path.exists():
-        metrics_path.unlink()
     log(f"seed {seed} {arm}: {args.steps} steps, {cfg.train.mode}, correction {correction.mode}, out {out}")
     start = time.perf_counter()
-    with _LineClock(metrics_path) as clock:
-        summary = train(cfg, out, progress="log" if args.verbose else False)
+    records, seen = train_watched(cfg, out, args.verbose)
     run_s = time.perf_counter() - start
-    if summary.get("steps") != args.steps:
-        raise RuntimeError(f"{arm}: the run stopped at step {summary.get('steps')} of {args.steps}")
-    records = sorted((r for r in read_metrics(metrics_path) if r.get("kind") == "train"), key=lambda r: r["step"])
     # Mean reward per step over every rollout, unscored ones at 0 (a model that stops answering scores lower).
     rewards = [(r.get("reward_mean") or 0.0) * (r.get("scored_fraction") or 0.0) for r in records]
     groups = []
@@ -162,7 +152,7 @@ def run_arm(args: argparse.Namespace, arm: str, seed: int, model: Path, out: Pat
     for r in records:
         total += r.get("groups", GROUPS_PER_STEP)
         groups.append(total)
-    wall = clock.seen[records[-1]["step"]] - clock.seen[records[0]["step"]]
+    wall = seen[records[-1]["step"]] - seen[records[0]["step"]]
     last = statistics.fmean(rewards[-LAST_N:])
     result = {
         "mode": cfg.train.mode,
