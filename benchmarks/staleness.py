@@ -32,8 +32,9 @@ steps_per_min(sync); `tis_better_than_none`: auc(tis) > auc(none); `tis_no_colla
 - 0.5.
 
 Prints progress to stderr and one JSON line on stdout: the arms as keys (per-seed figures under `seeds`, medians
-beside them), and `targets`. Run: `python benchmarks/staleness.py --quick` (one seed, ~8 minutes on 2 busy cores) or
-`python benchmarks/staleness.py --seeds 0 1 2` (three seeds). `--out` keeps the run folders and the plot (default
+beside them), and `targets`. Run: `python benchmarks/staleness.py --quick` (one seed: 12.4 minutes on 2 cores under
+other sessions' load, warm-up 31 s, each arm 1.5-4.5 min with its start-up) or `python benchmarks/staleness.py --seeds
+0 1 2` (three seeds; `--reuse` takes arms an earlier run left in `--out`). `--out` keeps the run folders and the plot (default
 `runs/bench-staleness`); `--dry-run` runs 3 steps per arm to check the plumbing.
 """
 

@@ -1,8 +1,8 @@
 """The ORS environment of the staleness benchmark: the echo task, with a seeded random latency per rollout.
 
-The task is `examples/echo`'s (`EchoEnvironment`: call `echo(text=<target>)`, reward 1.0 on a match, 0.0
-otherwise, the episode ends either way), so a model warmed up by `examples/echo/warmup.py` learns it from the reward
-in a few dozen steps. What this class adds is how long a rollout takes: the `echo` call is answered only after a
+A subclass of `examples/echo`'s `EchoEnvironment` (call `echo(text=<target>)`, reward 1.0 on a match, 0.0
+otherwise, the episode ends either way; same prompt and tool), so a model warmed up by `examples/echo/warmup.py`
+learns it from the reward in a few dozen steps. What this class adds is how long a rollout takes: the `echo` call is answered only after a
 latency drawn for each session, so rollouts differ in length the way agentic ones do (an environment step after the
 model's turn: a test suite, a tool, a sandbox). The model's turn is generated first, with the weights the engine has
 at dispatch; the group is complete, and can be consumed, only when its slowest rollout's `echo` returns. A group
@@ -22,15 +22,23 @@ Serve it on its own (e.g. to poke at it):  python benchmarks/staleness_env.py --
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import random
+import sys
+from pathlib import Path
 
-from openreward.environments import Environment, JSONObject, Server, TextBlock, ToolOutput, tool
+from openreward.environments import JSONObject, ToolOutput, tool
 from pydantic import BaseModel, Field
 
-#: The echo task's train targets (`examples/echo/env.py`); the benchmark trains on the first.
-TARGETS = ["hello", "world", "hello world", "yes", "done", "the answer", "ok", "think step"]
+from raygrpo.core.imports import load_object
+
+#: The echo example's module (loaded by path, as a run config names it): its task, prompt, tool and reward.
+_echo = sys.modules[load_object(f"{Path(__file__).resolve().parent.parent / 'examples/echo/env.py'}:EchoEnvironment")
+                    .__module__]
+EchoEnvironment = _echo.EchoEnvironment
+EchoParams = _echo.EchoParams
+#: The echo task's train targets; the benchmark trains on the first.
+TARGETS = _echo.TRAIN_TARGETS
 #: Probability that a rollout is slow.
 P_SLOW = 0.1
 #: Latency range of a fast rollout and of a slow one, in units of the split's scale.
@@ -75,12 +83,8 @@ class StaleTaskSpec(BaseModel):
     scale_s: float = Field(ge=0)
 
 
-class EchoParams(BaseModel):
-    text: str
-
-
-class StalenessEchoEnvironment(Environment):
-    """Echo the task's target to win; the `echo` call returns after this session's drawn latency.
+class StalenessEchoEnvironment(EchoEnvironment):
+    """`EchoEnvironment` whose `echo` call returns after this session's drawn latency.
 
     Args:
         task_spec: `{"target": str, "split": str, "scale_s": float}` (made by `list_tasks`).
@@ -88,10 +92,10 @@ class StalenessEchoEnvironment(Environment):
     """
 
     def __init__(self, task_spec: JSONObject = {}, secrets: dict[str, str] = {}) -> None:
-        super().__init__(task_spec)
-        self.config = StaleTaskSpec.model_validate(task_spec)
-        rng = _RNGS.setdefault(self.config.split, random.Random(parse_split(self.config.split)[1]))
-        self.latency_s = draw_latency(rng, self.config.scale_s)
+        super().__init__(task_spec, secrets)
+        self.stale = StaleTaskSpec.model_validate(task_spec)
+        rng = _RNGS.setdefault(self.stale.split, random.Random(parse_split(self.stale.split)[1]))
+        self.latency_s = draw_latency(rng, self.stale.scale_s)
 
     @classmethod
     def list_splits(cls) -> list[str]:
@@ -103,9 +107,6 @@ class StalenessEchoEnvironment(Environment):
         scale, _ = parse_split(split)
         return [{"target": t, "split": split, "scale_s": scale} for t in TARGETS]
 
-    def get_prompt(self) -> list[TextBlock]:
-        return [TextBlock(type="text", text=f"Echo '{self.config.target}' to win. Call the echo tool with it.")]
-
     @tool
     async def echo(self, params: EchoParams) -> ToolOutput:
         """Submit a string. Reward 1.0 if it matches the target, else 0.0; either way the episode ends.
@@ -114,17 +115,10 @@ class StalenessEchoEnvironment(Environment):
             text: The string to echo back.
         """
         await asyncio.sleep(self.latency_s)
-        correct = params.text == self.config.target
-        return ToolOutput(
-            blocks=[TextBlock(type="text", text="match" if correct else "no match")],
-            reward=1.0 if correct else 0.0,
-            finished=True,
-        )
+        return await EchoEnvironment.echo(self, params)
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    args = parser.parse_args()
-    Server([StalenessEchoEnvironment]).run(host=args.host, port=args.port)
+    from raygrpo.envs.ors.server import main
+
+    main(StalenessEchoEnvironment)
