@@ -121,25 +121,32 @@ class _LineClock:
         self._thread.join()
 
 
-def run_once(args: argparse.Namespace, mode: str, latency_s: float, steps: int, out: Path) -> dict[str, Any]:
-    """Train once and return the overlap figures of the steps after the first."""
+def train_watched(cfg: Any, out: Path, verbose: bool = False) -> tuple[list[dict[str, Any]], dict[int, float]]:
+    """Train `cfg` into `out` (its old `metrics.jsonl` removed first) for all its `trainer.max_steps` steps, and
+    return the `"kind": "train"` metrics records in step order and when the driver saw each step's line appear."""
     from raygrpo.train.metrics import read_metrics
     from raygrpo.train.run import train
 
-    cfg = run_config(args, mode, latency_s, steps)
     out.mkdir(parents=True, exist_ok=True)
     metrics_path = out / "metrics.jsonl"
     if metrics_path.exists():
         metrics_path.unlink()
+    with _LineClock(metrics_path) as clock:
+        summary = train(cfg, out, progress="log" if verbose else False)
+    if summary.get("steps") != cfg.trainer["max_steps"]:
+        raise RuntimeError(f"{out.name}: the run stopped at step {summary.get('steps')} of {cfg.trainer['max_steps']}")
+    records = sorted((r for r in read_metrics(metrics_path) if r.get("kind") == "train"), key=lambda r: r["step"])
+    return records, clock.seen
+
+
+def run_once(args: argparse.Namespace, mode: str, latency_s: float, steps: int, out: Path) -> dict[str, Any]:
+    """Train once and return the overlap figures of the steps after the first."""
+    cfg = run_config(args, mode, latency_s, steps)
     log(f"{mode}: {steps} steps, latency {latency_s:.2f} s, out {out}")
     start = time.perf_counter()
-    with _LineClock(metrics_path) as clock:
-        summary = train(cfg, out, progress="log" if args.verbose else False)
-    if summary.get("steps") != steps:
-        raise RuntimeError(f"{mode}: the run stopped at step {summary.get('steps')} of {steps}")
-    records = sorted((r for r in read_metrics(metrics_path) if r.get("kind") == "train"), key=lambda r: r["step"])
+    records, seen = train_watched(cfg, out, args.verbose)
     measured = records[1:]
-    wall = clock.seen[records[-1]["step"]] - clock.seen[records[0]["step"]]
+    wall = seen[records[-1]["step"]] - seen[records[0]["step"]]
     result = {
         "mode": mode,
         "latency_s": latency_s,

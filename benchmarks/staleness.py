@@ -1,0 +1,329 @@
+"""Staleness: async GRPO on groups that arrive 0-2 versions stale, with and without off-policy correction, vs sync.
+
+DESIGN section 6, item 10; issue 41. Real `raygrpo train` runs (`raygrpo.train.run.train`: env pool actors, a
+transformers engine, the learner actor with TRL's GRPOTrainer, all on the tiny model) on the echo task of
+`examples/echo` served by `staleness_env.StalenessEchoEnvironment`, whose `echo` call answers after a seeded random
+latency per rollout (slow with probability 0.1, see that module): groups whose rollouts are all fast are consumed by
+the next step, groups with a slow rollout two versions later. One Ray runtime serves every run.
+
+Per seed: the tiny model gets `examples/echo`'s supervised format warm-up once, in this process (it then calls
+`echo` with one of 8 words at random: ~1 in 8 rollouts wins), and every arm starts GRPO from that saved model, with
+the same run seed and the same latency draws (the split `stale-<scale>-s<seed>`). Arms, same workload (one task,
+`--steps` steps of 4 groups of 8, two turns of at most 48 tokens, `--lr` (1e-3 constant), no KL):
+
+- `none`: async, `train.max_staleness: 2`, `off_policy: {mode: none}`, `behaviour_ratio: false` (TRL as is: its
+  ratio is against the learner's own log-probs at the generation batch, so stale groups are trained on uncorrected).
+- `behaviour`: async, `off_policy: {mode: none}`, `behaviour_ratio: true` (PPO ratio against the sampling log-probs).
+- `tis`: async, `off_policy: {mode: tis}` (decoupled PPO: clip against the learner's proximal log-probs; advantages
+  times the importance weight pi_prox / pi_behaviour truncated to [0, 2]).
+- `sync`: sync mode, the run's default correction (each step waits for its slowest rollout; no group is stale).
+
+Per arm, from `metrics.jsonl`: the reward curve (mean reward per step with unscored rollouts at 0, against groups
+consumed: 4 per step in every arm), `auc` (the curve's mean over all steps: the area under reward vs groups
+consumed, per group), `final_reward` (mean of the last 5 steps), `peak_reward`, `clip_frac`
+(`clip_ratio/region_mean` mean over steps), `truncated_frac` (`is_weight/truncated_frac` mean), `is_weight_max`,
+`dropped_groups` (`dropped_groups_total` at the end), `mean_staleness` / `max_staleness`, and `steps_per_min` (wall
+time between the first and the last step's metrics line, as the driver sees them appear). All arms' curves go into
+one plot, `OUT/staleness_rewards.png`.
+
+Targets, per seed (each reported with whether it held; medians over the seeds beside them):
+`tis_vs_sync_per_group`: auc(tis) >= 0.9 * auc(sync); `tis_faster_than_sync`: steps_per_min(tis) >
+steps_per_min(sync); `tis_better_than_none`: auc(tis) > auc(none); `tis_no_collapse`: final_reward(tis) >= peak(tis)
+- 0.5.
+
+Prints progress to stderr and one JSON line on stdout: the arms as keys (per-seed figures under `seeds`, medians
+beside them), and `targets`. Run: `python benchmarks/staleness.py --quick` (one seed: 12.4 minutes on 2 cores under
+other sessions' load, warm-up 31 s, each arm 1.5-4.5 min with its start-up) or `python benchmarks/staleness.py --seeds
+0 1 2` (three seeds; `--reuse` takes arms an earlier run left in `--out`). `--out` keeps the run folders and the plot (default
+`runs/bench-staleness`); `--dry-run` runs 3 steps per arm to check the plumbing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("OPENREWARD_DISABLE_UPDATE_CHECK", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+from learner_overlap import train_watched  # noqa: E402
+from staleness_env import split_for  # noqa: E402
+
+ARMS = ("sync", "none", "behaviour", "tis")
+GROUPS_PER_STEP = 4
+GROUP_SIZE = 8
+LAST_N = 5
+
+
+def log(msg: str) -> None:
+    print(f"[staleness] {msg}", file=sys.stderr, flush=True)
+
+
+def warm_up(seed: int, steps: int, out: Path) -> tuple[Path, dict[str, Any]]:
+    """The echo example's format warm-up on the tiny model (`steps` steps, seeded by `seed`), saved to `out`;
+    reused if there. One torch thread: on 2 shared cores more threads spin against each other."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from raygrpo.config.train import WarmupConfig
+    from raygrpo.policy.tiny import resolve_model_path
+    from raygrpo.train.warmup import warm_up_on
+
+    if (out / "config.json").exists():
+        return out, {"reused": True}
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    path = resolve_model_path("tiny")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    cfg = WarmupConfig(examples=f"{ROOT / 'examples/echo/warmup.py'}:format_examples", seed=seed, steps=steps)
+    stats = warm_up_on("cpu", model, tokenizer, cfg)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out, stats
+
+
+def run_config(args: argparse.Namespace, arm: str, seed: int, model: Path):
+    """The run config of one arm."""
+    from raygrpo.config import load_config
+
+    train: dict[str, Any] = {"mode": "sync" if arm == "sync" else "async", "max_staleness": 2, "eval_every": 0,
+                             "save_rollouts": False}
+    if arm in ("none", "behaviour"):
+        train.update(off_policy={"mode": "none"}, behaviour_ratio=arm == "behaviour")
+    elif arm == "tis":
+        train.update(off_policy={"mode": "tis"})
+    return load_config(data={
+        "envs": {"stale": {
+            "kind": "ors",
+            "environment": f"{HERE / 'staleness_env.py'}:StalenessEchoEnvironment",
+            "split": split_for(args.scale, seed),
+            "indices": [0],
+        }},
+        "model": str(model),
+        "seed": seed,
+        "policy": {"kind": "transformers", "max_batch_size": 32},
+        "sampling": {"max_tokens": 48, "temperature": 1.0, "seed": seed},
+        "rollout": {"group_size": GROUP_SIZE, "max_turns": 2, "max_total_tokens": 1024},
+        # Room for every outstanding rollout of async mode (3 steps of 32) while they wait in `echo`.
+        "workers": {"num_env_actors": 2, "max_concurrent_per_actor": 64},
+        "train": train,
+        "trainer": {
+            "max_steps": args.steps,
+            "per_device_train_batch_size": GROUPS_PER_STEP * GROUP_SIZE,
+            "learning_rate": args.lr,
+            "lr_scheduler_type": "constant",
+            "beta": 0.0,
+            "max_completion_length": 64,
+            "save_strategy": "no",
+        },
+        "ray": {"num_cpus": 4},
+    })
+
+
+def _mean(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.fmean(present) if present else None
+
+
+def run_arm(args: argparse.Namespace, arm: str, seed: int, model: Path, out: Path) -> dict[str, Any]:
+    """Train one arm and return its figures."""
+    from raygrpo.train.correction import correction_for
+
+    cfg = run_config(args, arm, seed, model)
+    correction = correction_for(cfg)
+    log(f"seed {seed} {arm}: {args.steps} steps, {cfg.train.mode}, correction {correction.mode}, out {out}")
+    start = time.perf_counter()
+    records, seen = train_watched(cfg, out, args.verbose)
+    run_s = time.perf_counter() - start
+    # Mean reward per step over every rollout, unscored ones at 0 (a model that stops answering scores lower).
+    rewards = [(r.get("reward_mean") or 0.0) * (r.get("scored_fraction") or 0.0) for r in records]
+    groups = []
+    total = 0
+    for r in records:
+        total += r.get("groups", GROUPS_PER_STEP)
+        groups.append(total)
+    wall = seen[records[-1]["step"]] - seen[records[0]["step"]]
+    last = statistics.fmean(rewards[-LAST_N:])
+    result = {
+        "mode": cfg.train.mode,
+        "correction": correction.mode,
+        "steps": len(records),
+        "groups_consumed": groups[-1],
+        "auc": statistics.fmean(rewards),
+        "final_reward": last,
+        "peak_reward": max(rewards),
+        "first_reward": rewards[0],
+        "collapsed": last < max(rewards) - 0.5,
+        "clip_frac": _mean([r.get("clip_ratio/region_mean") for r in records]),
+        "truncated_frac": _mean([r.get("is_weight/truncated_frac") for r in records]),
+        "is_weight_mean": _mean([r.get("is_weight/mean") for r in records]),
+        "is_weight_max": max((r["is_weight/max"] for r in records if r.get("is_weight/max") is not None),
+                             default=None),
+        "entropy": _mean([r.get("entropy") for r in records]),
+        "dropped_groups": records[-1].get("dropped_groups_total", 0),
+        "mean_staleness": _mean([r.get("staleness_mean") for r in records]),
+        "max_staleness": max(r.get("staleness_max", 0) for r in records),
+        "steps_per_min": 60.0 * (len(records) - 1) / wall if wall > 0 else None,
+        "wait_s_mean": _mean([r.get("wait_s") for r in records[1:]]),
+        "train_s_mean": _mean([r.get("train_s") for r in records[1:]]),
+        "run_s": run_s,
+        "rewards": rewards,
+        "groups": groups,
+    }
+    (out / "result.json").write_text(json.dumps(result))
+    log(f"seed {seed} {arm}: auc {result['auc']:.3f}, final {last:.3f}, peak {result['peak_reward']:.3f}, "
+        f"clip {result['clip_frac'] or 0:.3f}, trunc {result['truncated_frac'] or 0:.3f}, "
+        f"staleness {result['mean_staleness']:.2f} (max {result['max_staleness']}), dropped {result['dropped_groups']}, "
+        f"{result['steps_per_min'] or 0:.1f} steps/min ({run_s:.0f} s with start-up)")
+    return result
+
+
+def plot(runs: dict[str, dict[int, dict[str, Any]]], path: Path) -> None:
+    """Reward against groups consumed, one colour per arm, one line per seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colours = {"sync": "black", "none": "tab:red", "behaviour": "tab:orange", "tis": "tab:blue"}
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for arm, by_seed in runs.items():
+        for i, (seed, result) in enumerate(sorted(by_seed.items())):
+            ax.plot(result["groups"], result["rewards"], color=colours.get(arm), alpha=0.85,
+                    linewidth=1.6 if i == 0 else 1.0, linestyle=("-", "--", ":", "-.")[i % 4],
+                    label=f"{arm} (seed {seed})")
+    ax.set_xlabel("groups consumed")
+    ax.set_ylabel("mean reward per step (unscored = 0)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title("echo task, tiny model: async with 0-2 versions of staleness vs sync")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def targets(runs: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
+    """Each target per seed, and whether it held in every seed."""
+    seeds = sorted(runs["tis"])
+    checks = {
+        "tis_vs_sync_per_group": ("auc(tis) >= 0.9 * auc(sync)",
+                                  lambda s: runs["tis"][s]["auc"] >= 0.9 * runs["sync"][s]["auc"]),
+        "tis_faster_than_sync": ("steps_per_min(tis) > steps_per_min(sync)",
+                                 lambda s: (runs["tis"][s]["steps_per_min"] or 0) > (runs["sync"][s]["steps_per_min"]
+                                                                                    or 0)),
+        "tis_better_than_none": ("auc(tis) > auc(none)", lambda s: runs["tis"][s]["auc"] > runs["none"][s]["auc"]),
+        "tis_no_collapse": (f"last-{LAST_N} mean reward of tis >= its peak - 0.5",
+                            lambda s: not runs["tis"][s]["collapsed"]),
+    }
+    out: dict[str, Any] = {}
+    for name, (rule, check) in checks.items():
+        per_seed = {str(s): bool(check(s)) for s in seeds}
+        out[name] = {"rule": rule, "per_seed": per_seed, "met": all(per_seed.values())}
+    out["seeds"] = seeds
+    out["all_met"] = all(v["met"] for k, v in out.items() if isinstance(v, dict))
+    return out
+
+
+def summarise(by_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """An arm's medians over seeds, and its per-seed figures (curves rounded)."""
+    def r(v: Any) -> Any:
+        if isinstance(v, float):
+            return round(v, 4)
+        if isinstance(v, list):
+            return [r(x) for x in v]
+        return v
+
+    keys = ("auc", "final_reward", "peak_reward", "clip_frac", "truncated_frac", "is_weight_max", "dropped_groups",
+            "mean_staleness", "max_staleness", "steps_per_min", "wait_s_mean", "train_s_mean")
+    first = next(iter(by_seed.values()))
+    out: dict[str, Any] = {"mode": first["mode"], "correction": first["correction"]}
+    for key in keys:
+        values = [v[key] for v in by_seed.values() if v[key] is not None]
+        out[key] = r(statistics.median(values)) if values else None
+    out["auc_per_seed"] = [r(by_seed[s]["auc"]) for s in sorted(by_seed)]
+    out["seeds"] = {str(s): {k: r(v) for k, v in res.items() if k not in ("groups",)} for s, res in
+                    sorted(by_seed.items())}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="one seed (the first of --seeds)")
+    parser.add_argument("--dry-run", action="store_true", help="3 steps per arm, one seed: checks the plumbing")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=30, help="GRPO steps per arm (4 groups of 8 each)")
+    parser.add_argument("--lr", type=float, default=1.0e-3,
+                        help="learning rate (constant; the echo example's: 2e-3 broke even sync in 1 of 3 seeds)")
+    parser.add_argument("--scale", type=float, default=0.6,
+                        help="latency scale in s: fast rollouts take 0-0.5x it, slow ones (1 in 10) 1.5-2.5x")
+    parser.add_argument("--warmup-steps", type=int, default=150,
+                        help="steps of the format warm-up (its loss is at its floor, ~0.10, by ~75)")
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    parser.add_argument("--out", default=str(ROOT / "runs" / "bench-staleness"), help="run folders and the plot")
+    parser.add_argument("--reuse", action="store_true",
+                        help="take an arm's figures from OUT/s<seed>-<arm>/result.json where an earlier run of the "
+                             "same --steps left one, instead of running it again")
+    parser.add_argument("--verbose", action="store_true", help="a line per step and the actors' output on stderr")
+    args = parser.parse_args()
+    if args.quick or args.dry_run:
+        args.seeds = args.seeds[:1]
+    if args.dry_run:
+        args.steps = 3
+        args.warmup_steps = 20
+
+    from raygrpo.driver.runtime import init_ray, shutdown_ray
+
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    runs: dict[str, dict[int, dict[str, Any]]] = {arm: {} for arm in args.arms}
+    warmups: dict[str, Any] = {}
+    models: dict[int, Path] = {}
+    for seed in args.seeds:
+        start = time.perf_counter()
+        model, stats = warm_up(seed, args.warmup_steps, out / f"warm-s{seed}-w{args.warmup_steps}")
+        models[seed] = model
+        warmups[str(seed)] = {"seconds": round(time.perf_counter() - start, 1),
+                              "final_loss": stats.get("final_loss", stats.get("loss"))}
+        log(f"seed {seed}: warm-up {warmups[str(seed)]['seconds']} s -> {model}")
+    init_ray(num_cpus=4, log_to_driver=args.verbose)
+    try:
+        for i, seed in enumerate(args.seeds):
+            # Rotate the arms' order with the seed, so drift on the shared machine does not always hit the same arm.
+            order = args.arms[i % len(args.arms):] + args.arms[:i % len(args.arms)]
+            for arm in order:
+                saved = out / f"s{seed}-{arm}" / "result.json"
+                if args.reuse and saved.exists() and json.loads(saved.read_text())["steps"] == args.steps:
+                    runs[arm][seed] = json.loads(saved.read_text())
+                    log(f"seed {seed} {arm}: reused {saved}")
+                    continue
+                runs[arm][seed] = run_arm(args, arm, seed, models[seed], out / f"s{seed}-{arm}")
+    finally:
+        shutdown_ray()
+    plot_path = out / "staleness_rewards.png"
+    plot(runs, plot_path)
+    result: dict[str, Any] = {arm: summarise(by_seed) for arm, by_seed in runs.items()}
+    if all(arm in runs for arm in ("sync", "none", "tis")):
+        result["targets"] = targets(runs)
+    result["config"] = {"steps": args.steps, "lr": args.lr, "scale_s": args.scale, "seeds": args.seeds,
+                        "groups_per_step": GROUPS_PER_STEP, "group_size": GROUP_SIZE, "max_staleness": 2,
+                        "warmup_steps": args.warmup_steps, "warmups": warmups}
+    result["plot"] = str(plot_path)
+    result["total_seconds"] = round(time.perf_counter() - t0, 1)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
