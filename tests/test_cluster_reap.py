@@ -198,8 +198,11 @@ def test_replacements_keep_off_a_node_whose_actor_failed_to_start(tmp_path, clus
     trajs = [json.loads(x) for x in (folder / "out" / "trajectories.jsonl").read_text().splitlines()]
     (snapshot,) = summary["pools"].values()
     log = _tail(folder)
-    # SPREAD put one of the two actors on each node; the head's failed, once.
-    assert snapshot["start_failures"] == 1 and snapshot["started"] == 3, (snapshot, log)
+    # SPREAD put one of the two actors on each node; the head's failed, once. A replacement starts only if the run
+    # still needs a second actor once the retry back-off (2 s) has passed: under load the one live actor may finish
+    # all 18 rollouts first (started 2, seen in a CI run); a replacement that does start keeps off the head (every
+    # rollout below ran on w2).
+    assert snapshot["start_failures"] == 1 and snapshot["started"] in (2, 3), (snapshot, log)
     assert "keep off node" in (folder / "driver.log").read_text(), log
     assert summary["status_counts"] == {"ok": 18} and {t["node"] for t in trajs} == {cluster.node_ip("w2")}
     print(f"one failed start, replaced on the good node; run took {wall_s:.1f} s")

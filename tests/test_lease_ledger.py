@@ -244,8 +244,9 @@ def test_a_claim_whose_reaper_died_is_taken_over(tmp_path, provider):
 
 def test_raygrpo_reap_exit_codes(tmp_path, provider, capsys):
     root = tmp_path / "leases"
-    assert cli_main(["reap", "--lease-dir", str(root)]) == 0
-    assert "nothing to reap" in capsys.readouterr().out
+    assert cli_main(["reap", "--lease-dir", str(root), "--sandbox-root", str(tmp_path / "sandboxes")]) == 0
+    out = capsys.readouterr().out
+    assert "0 sandbox(es), 0 process(es), 0 run folder(s)" in out and "no remote sandbox to reap" in out
     assert cli_main(["reap", "--lease-dir", str(root), "--stale-after", "0"]) == 2
 
     sandbox = create_labelled(provider.url, "a")

@@ -237,13 +237,13 @@ def test_rollout_run_serves_vllm_and_env_pools_generate_through_it(ray_local, ti
 
 def test_learner_points_trl_server_mode_at_the_served_url(tmp_path):
     from raygrpo.config import load_config
-    from raygrpo.train.learner import Learner
+    from raygrpo.train.grpo_args import learner_grpo_config
 
     cfg = load_config(data={
         "envs": {"e": {"kind": "ors", "url": "http://127.0.0.1:1"}},
         "policy": {"kind": "vllm", "url": "http://127.0.0.1:8123"},
         "trainer": {"vllm_server_timeout": 30},
     })
-    args = Learner(cfg, str(tmp_path), spawners=[], engines=[], tasks_by_env={}, eval_tasks=[])._grpo_args()
+    args = learner_grpo_config(cfg, str(tmp_path))
     assert args.use_vllm and args.vllm_mode == "server"
     assert args.vllm_server_base_url == "http://127.0.0.1:8123" and args.vllm_server_timeout == 30
