@@ -68,6 +68,7 @@ def learner_grpo_config(cfg: Any, output_dir: str):
     from raygrpo.policy.vllm_serve import trl_server_kwargs
     from raygrpo.train.correction import correction_for
 
+    correction = correction_for(cfg)
     owned: dict[str, Any] = {
         "output_dir": output_dir,
         "num_generations": cfg.rollout.group_size,
@@ -85,7 +86,7 @@ def learner_grpo_config(cfg: Any, output_dir: str):
         # importance weight of train.off_policy itself (token level, both bounds).
         server = trl_server_kwargs(cfg.policy.url)
         owned.update({k: v for k, v in server.items() if k not in cfg.trainer})  # group port, timeout
-        owned.update(trl_importance_sampling(correction_for(cfg)))
+        owned.update(trl_importance_sampling(correction))
     else:
         owned["use_vllm"] = False
     args = build_grpo_config(cfg.trainer, **owned)
@@ -98,7 +99,6 @@ def learner_grpo_config(cfg: Any, output_dir: str):
             f"{cfg.steps_per_version} optimizer steps per policy version: set steps_per_generation or "
             "generation_batch_size so that a generation batch spans whole optimizer steps"
         )
-    correction = correction_for(cfg)
     if correction.mode in ("tis", "mis") and args.loss_type == "vespo":
         raise ValueError(f"train.off_policy.mode {correction.mode!r} weights the advantages, which "
                          "trainer.loss_type 'vespo' does not take linearly: set train.off_policy.mode to none")

@@ -40,7 +40,5 @@ def remove_rows_from_loss(output: dict[str, Any], rows: torch.Tensor) -> int:
         tool_mask = torch.ones_like(completion_mask)
     output["tool_mask"] = tool_mask * (~rows).unsqueeze(1).to(tool_mask.dtype)
     if "num_items_in_batch" in output:
-        count = (completion_mask * output["tool_mask"]).sum()
-        output["num_items_in_batch"] = count.to(output["num_items_in_batch"].dtype) \
-            if torch.is_tensor(output["num_items_in_batch"]) else count
+        output["num_items_in_batch"] = (completion_mask * output["tool_mask"]).sum()
     return int(rows.sum())
