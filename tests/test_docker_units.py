@@ -13,7 +13,6 @@ import sys
 import zipfile
 
 import httpx
-import psutil
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
@@ -28,6 +27,7 @@ from raygrpo.docker.owners import (
     owner_labels,
     owner_of,
 )
+from raygrpo.sandbox.os_probe import proc_start_time
 from raygrpo.sandbox.owners import HOSTNAME, owner_alive
 from raygrpo.testing.wheelhouse import Wheelhouse, normalize
 
@@ -124,7 +124,7 @@ def test_owner_labels_round_trip_and_this_process_is_alive(monkeypatch):
     assert all(isinstance(v, str) for v in labels.values())
     owner = owner_of(labels)
     assert owner["pid"] == os.getpid() and owner["hostname"] == HOSTNAME
-    assert owner["pid_start"] == psutil.Process().create_time()  # exact: the float survives its label
+    assert owner["pid_start"] == proc_start_time(os.getpid())  # exact: the float survives its label
     assert owner_alive(owner)
     assert owner_labels("run-explicit")[RUN_LABEL] == "run-explicit"
 
@@ -136,7 +136,7 @@ def _sandbox(project: str, labels: dict[str, str]) -> DockerObject:
 def test_orphans_are_sandboxes_of_dead_owners_on_this_host():
     mine = owner_labels("r")
     child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child_start = psutil.Process(child.pid).create_time()
+    child_start = proc_start_time(child.pid)
     child.wait()
     dead = {**mine, "io.raygrpo.owner.pid": str(child.pid), "io.raygrpo.owner.pid-start": repr(child_start)}
     reused = {**mine, "io.raygrpo.owner.pid-start": repr(float(mine["io.raygrpo.owner.pid-start"]) - 1.0)}

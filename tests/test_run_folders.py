@@ -131,3 +131,20 @@ def test_a_runs_leftovers_are_counted_on_their_node_after_its_orphans_are_reaped
     found = run_leftovers_here(DEAD_RUN, base)
     assert found.count == 0 and found.folder_removed and not folder.exists()
     assert pid_alive(os.getpid())
+
+
+def test_a_live_owner_stays_alive_when_the_wall_clock_is_stepped(tmp_path, monkeypatch):
+    """A clock step (NTP on a fresh VM) moves the kernel's boot time, and with it every epoch start time; seen in
+    CI as a live owner's sandbox reaped. The start time an owner record holds is counted from boot instead."""
+    import psutil._pslinux as pslinux
+
+    reg = Registration(tmp_path, "stepped")
+    reg.create()
+    try:
+        owner = json.loads((reg.dir / "owner.json").read_text())
+        stepped = pslinux.boot_time() + 1.0
+        monkeypatch.setattr(pslinux, "boot_time", lambda: stepped)
+        assert pid_alive(owner["pid"], owner["pid_start"])
+        assert reap_orphans(tmp_path) == [] and reg.dir.exists()
+    finally:
+        reg.release()

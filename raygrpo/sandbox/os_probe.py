@@ -20,24 +20,23 @@ DEFAULT_ROOT = "/tmp/raygrpo-sandboxes"
 ROOT_ENV = "RAYGRPO_SANDBOX_ROOT"
 ID_ENV = "RAYGRPO_SANDBOX_ID"
 
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
 
 def proc_start_time(pid: int | None) -> float | None:
-    """The start time of `pid` (seconds since the epoch, as psutil reports it), or None when no such process is
-    alive (a zombie counts as dead)."""
-    if not pid:
-        return None
-    try:
-        proc = psutil.Process(pid)
-        if proc.status() == psutil.STATUS_ZOMBIE:
-            return None
-        return proc.create_time()
-    except psutil.Error:
-        return None
+    """The start time of `pid` in seconds since boot, or None when no such process is alive (a zombie counts as
+    dead).
+
+    Counted from boot, not from the epoch: an epoch start time is derived from the kernel's boot time, which moves
+    whenever the wall clock is stepped (NTP on a fresh VM), so two readings of one process could differ and a live
+    owner would look replaced. With the boot id (`raygrpo.sandbox.owners`) this names one process exactly."""
+    ticks = proc_start_ticks(pid)
+    return None if ticks is None else ticks / _CLOCK_TICKS
 
 
 def proc_start_ticks(pid: int | None) -> int | None:
     """The start time of `pid` in clock ticks since boot, read straight from `/proc/<pid>/stat` (a quarter of what
-    `proc_start_time` costs through psutil, for checks made on every exec), or None when no such process is alive
+    psutil costs, for checks made on every exec), or None when no such process is alive
     (a zombie counts as dead)."""
     if not pid:
         return None
