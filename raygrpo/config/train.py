@@ -160,6 +160,44 @@ class OffPolicyConfig(BaseModel):
         return (low if self.low is None else self.low, high if self.high is None else self.high)
 
 
+class DynamicSamplingConfig(BaseModel):
+    """DAPO's dynamic sampling: groups whose rewards are all equal are replaced before the step.
+
+    A group whose scored rewards are all equal (all solved, all failed; unscored members aside) has advantage 0 for
+    every member: it adds nothing to the policy gradient, yet takes a slot of the batch (and, with `beta > 0`, adds
+    KL). With this on, such a group is dropped, counted (`zero_variance_groups_total` in `metrics.jsonl`, apart from
+    the stale drops of `dropped_groups_total`), and another group of the schedule takes its place, so the step
+    trains on a full batch of groups that carry signal. See `raygrpo.train.source`.
+
+    Args:
+        enabled (`bool`, *optional*, defaults to `False`):
+            Drop and replace all-equal groups. Off: every complete group is trained on (TRL's behaviour).
+        max_extra_groups (`int`, *optional*):
+            The most groups replaced in one step. Once spent, the step trains on what it has: the all-equal groups
+            fill the batch (counted as `zero_variance_groups_trained`, and logged). Unset: as many as a step's groups
+            (at most twice a step's rollouts). Sync mode waits for the replacements; async mode dispatches them
+            ahead.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = False
+    max_extra_groups: int | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _set_only_when_enabled(self) -> DynamicSamplingConfig:
+        if not self.enabled and self.max_extra_groups is not None:
+            raise ValueError("max_extra_groups bounds dynamic sampling, which is off: set enabled: true (or leave "
+                             "max_extra_groups out)")
+        return self
+
+    def budget(self, groups_per_step: int) -> int | None:
+        """Replacements per step (None: off)."""
+        if not self.enabled:
+            return None
+        return groups_per_step if self.max_extra_groups is None else self.max_extra_groups
+
+
 class LearnerConfig(BaseModel):
     """Where the learner actor runs.
 
@@ -207,6 +245,7 @@ class TrainConfig(BaseModel):
             Off where `off_policy` applies an importance weight (they are two corrections of the same staleness:
             setting both is refused).
         off_policy: The off-policy correction of stale groups (decoupled PPO with a bounded importance weight).
+        dynamic_sampling: Replace groups whose rewards are all equal before the step (DAPO's dynamic sampling).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -221,6 +260,7 @@ class TrainConfig(BaseModel):
     save_rollouts: bool = True
     behaviour_ratio: bool | None = None
     off_policy: OffPolicyConfig = Field(default_factory=OffPolicyConfig)
+    dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
 
     @model_validator(mode="before")
     @classmethod

@@ -59,7 +59,7 @@ def read_state(checkpoint: str | None) -> dict[str, Any]:
 
 
 def write_state(folder: Path, *, step: int, policy_version: int, schedule: dict[str, Any],
-                dropped_groups_total: int, reference: bool) -> None:
+                dropped_groups_total: int, reference: bool, zero_variance_groups_total: int = 0) -> None:
     """Save raygrpo's state in the checkpoint `folder` TRL just wrote (if it did). `reference`: whether the run
     started GRPO from a warmed model saved in `OUT/reference` (its KL reference)."""
     if folder.is_dir():
@@ -68,6 +68,7 @@ def write_state(folder: Path, *, step: int, policy_version: int, schedule: dict[
             "policy_version": policy_version,
             "schedule": schedule,
             "dropped_groups_total": dropped_groups_total,
+            "zero_variance_groups_total": zero_variance_groups_total,
             "reference": reference,
         }))
 

@@ -52,6 +52,12 @@ class Group:
     def rewards(self) -> list[float | None]:
         return [t.reward for t in self.trajectories]
 
+    @property
+    def zero_variance(self) -> bool:
+        """Whether its scored rewards are all equal (unscored members aside; none or one scored counts too): every
+        advantage is then 0 and the group teaches GRPO nothing (what dynamic sampling drops)."""
+        return len({t.reward for t in self.trajectories if t.reward is not None}) <= 1
+
 
 class GroupAssembler:
     """Collects trajectories by `group_id` and hands out each group once all G have arrived."""

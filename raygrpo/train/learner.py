@@ -156,10 +156,12 @@ class Learner:
             self.cfg.train.max_staleness,
             groups_per_step,
             self.cfg.train.weight_sync_every,
+            self.cfg.train.dynamic_sampling.budget(groups_per_step),
         )
         if saved:
             self.source.load_state_dict(saved["schedule"])
         self.source.dropped_total = int(saved.get("dropped_groups_total", 0))
+        self.source.zero_variance_total = int(saved.get("zero_variance_groups_total", 0))
         self._eval_orchestrator = Orchestrator(pools=self.pools, max_retries=workers.max_retries)
         # TRL's sampler only shapes the batches: one placeholder prompt per group slot (see raygrpo.train.groups).
         dataset = Dataset.from_dict({"prompt": [f"raygrpo group slot {i}" for i in range(groups_per_step)]})
@@ -231,6 +233,8 @@ class Learner:
             generated_by_version=version,
             wait_s=batch.wait_s,
             dropped_groups=batch.dropped,
+            **({"zero_variance_groups": batch.zero_variance, "zero_variance_groups_trained": batch.zero_variance_trained}
+               if self.cfg.train.dynamic_sampling.enabled else {}),
             staleness_mean=sum(batch.staleness) / len(batch.staleness) if batch.staleness else 0.0,
             staleness_max=max(batch.staleness, default=0),
             groups=len(batch.groups),
@@ -277,6 +281,7 @@ class Learner:
             # Everything else TRL logged (clip_ratio/*, entropy, frac_reward_zero_std, ...), under TRL's names.
             **{k: v for k, v in logs.items() if k != "reward"},
             "dropped_groups_total": self.source.dropped_total,
+            **self._zero_variance_total(),
             **self._dispatch_fields(),
             "task_position": self.source.schedule.position,
             "step_s": elapsed,
@@ -285,6 +290,12 @@ class Learner:
         assert self.metrics is not None
         self.metrics.write(record)
         self.progress.update(step=state.global_step, reward_mean=record.get("reward_mean"), phase="training")
+
+    def _zero_variance_total(self) -> dict[str, int]:
+        """`zero_variance_groups_total` where dynamic sampling is on (nothing otherwise)."""
+        if not self.cfg.train.dynamic_sampling.enabled:
+            return {}
+        return {"zero_variance_groups_total": self.source.zero_variance_total}
 
     def _dispatch_fields(self) -> dict[str, Any]:
         """Retries, actor losses and pool sizes so far, for the step's metrics line."""
@@ -337,6 +348,7 @@ class Learner:
             "policy_version": self.version_of(trainer.state.global_step),
             "learner_seconds": time.perf_counter() - start,
             "dropped_groups_total": self.source.dropped_total,
+            **self._zero_variance_total(),
             "task_position": self.source.schedule.position,
             "warmup": self.warmup_stats,
             "resumed": self.resumed,
@@ -384,4 +396,5 @@ class _StepCallback(TrainerCallback):
         source = self.learner.source
         write_state(Path(args.output_dir) / f"checkpoint-{state.global_step}", step=state.global_step,
                     policy_version=self.learner.version_of(state.global_step), schedule=source.state_dict(),
-                    dropped_groups_total=source.dropped_total, reference=self.learner.warmed)
+                    dropped_groups_total=source.dropped_total, zero_variance_groups_total=source.zero_variance_total,
+                    reference=self.learner.warmed)

@@ -18,6 +18,15 @@ Lives in the learner's process and drives the env pool actors through an `Orches
 
 In both modes a batch holds only complete groups, in the order they are consumed.
 
+Dynamic sampling (DAPO's, `train.dynamic_sampling`; `max_extra_groups` not None): a group whose rewards are all equal
+(`Group.zero_variance`) carries no GRPO signal, so it is dropped and counted (`zero_variance_total`, apart from the
+stale drops) and another group takes its place, up to `max_extra_groups` replacements per step; past that the step
+trains on what it has (the all-equal groups fill the batch, counted as `zero_variance_trained`). Sync mode runs the
+replacements once it sees the step's groups, and waits for them. In async mode the producer dispatches them ahead:
+it keeps `ceil(lookahead * f / (1 - f))` more groups outstanding (f: the fraction of all-equal groups so far, with a
+step's worth of kept groups as a prior; at most `max_extra_groups` more), and reckons a queued group's step with the
+`1 - f` of the groups ahead of it that will be kept.
+
 A checkpoint saves the schedule's position and the places in it of the groups dispatched but not yet consumed or
 dropped (`state_dict`): in async mode those are running or waiting when the step ends. A resumed source dispatches
 them first (`load_state_dict`), so no task of the schedule is skipped or run twice across a resume.
@@ -50,12 +59,16 @@ class Batch:
         wait_s: Seconds the learner waited for them.
         dropped: Groups dropped as too stale while gathering this batch.
         staleness: Staleness of each consumed group.
+        zero_variance: Dynamic sampling: groups dropped (and replaced) because their rewards were all equal.
+        zero_variance_trained: Dynamic sampling: all-equal groups in `groups`, kept once `max_extra_groups` was spent.
     """
 
     groups: list[Group]
     wait_s: float
     dropped: int = 0
     staleness: list[int] = field(default_factory=list)
+    zero_variance: int = 0
+    zero_variance_trained: int = 0
 
 
 class RolloutSource:
@@ -69,6 +82,7 @@ class RolloutSource:
         max_staleness: Async mode: groups staler than this are dropped.
         groups_per_step: Groups one step consumes (sets the async look-ahead).
         weight_sync_every: Steps between weight pushes to the engines (the versions a rollout can wait for).
+        max_extra_groups: Dynamic sampling: all-equal groups replaced per step at most; None turns it off.
     """
 
     def __init__(
@@ -80,6 +94,7 @@ class RolloutSource:
         max_staleness: int,
         groups_per_step: int,
         weight_sync_every: int = 1,
+        max_extra_groups: int | None = None,
     ) -> None:
         self.orchestrator = orchestrator
         self.schedule = schedule
@@ -95,6 +110,11 @@ class RolloutSource:
         self._head_version = 0
         self._head_taken = 0
         self.dropped_total = 0
+        self.max_extra_groups = max_extra_groups
+        self.zero_variance_total = 0
+        # Groups judged by dynamic sampling so far (consumed or dropped as all-equal), and the all-equal ones.
+        self._judged = 0
+        self._judged_zero = 0
         self._assembler = GroupAssembler(group_size)
         self._ready: deque[Group] = deque()
         self._outstanding = 0
@@ -146,20 +166,67 @@ class RolloutSource:
         The queue's first `groups_per_step - _head_taken` groups complete the batch consumed at `_head_version`, the
         next `groups_per_step` the one after, and so on: the group's step is the version it will be consumed at.
         """
-        step = self._head_version + (place + self._head_taken) // self.groups_per_step
+        kept = place if self._keep_fraction == 1.0 else math.floor(place * self._keep_fraction)
+        step = self._head_version + (kept + self._head_taken) // self.groups_per_step
         pushed = step - step % self.weight_sync_every
         return max(0, min(step - self.max_staleness, pushed))
 
+    # ------------------------------------------------------------------ dynamic sampling
+
+    @property
+    def _keep_fraction(self) -> float:
+        """The fraction of groups dynamic sampling keeps, as seen so far (1.0 when it is off). Judged with a step's
+        worth of kept groups as a prior, so that the first all-equal groups do not make it dispatch a deep queue
+        that would go stale."""
+        if self.max_extra_groups is None:
+            return 1.0
+        return 1.0 - self._judged_zero / (self._judged + self.groups_per_step)
+
+    @property
+    def _ahead(self) -> int:
+        """Groups the async producer keeps outstanding beyond the look-ahead, so that the kept ones fill it."""
+        if self.max_extra_groups is None:
+            return 0
+        keep = self._keep_fraction
+        return min(self.max_extra_groups, math.ceil(self.lookahead * (1.0 - keep) / keep - 1e-9))
+
+    def _judge(self, group: Group) -> bool:
+        """Count a group dynamic sampling sees; whether its rewards are all equal."""
+        self._judged += 1
+        self._judged_zero += group.zero_variance
+        return group.zero_variance
+
     # ------------------------------------------------------------------ sync
 
-    def _sync_batch(self, n_groups: int) -> list[Group]:
+    def _sync_batch(self, n_groups: int) -> tuple[list[Group], int, int]:
+        """The step's groups, then (dynamic sampling) replacements of the all-equal ones, waited for; returns
+        `(groups, zero_variance, zero_variance_trained)`."""
+        groups = self._run_groups(n_groups, foresee=True)
+        if self.max_extra_groups is None:
+            return groups, 0, 0
+        kept: list[Group] = []
+        flat: list[Group] = []
+        budget = self.max_extra_groups
+        while True:
+            for group in groups:
+                (flat if self._judge(group) else kept).append(group)
+            more = min(n_groups - len(kept), budget)
+            if more <= 0:
+                break
+            budget -= more
+            groups = self._run_groups(more)
+        trained = n_groups - len(kept)
+        return kept + flat[:trained], len(flat) - trained, trained
+
+    def _run_groups(self, n_groups: int, foresee: bool = False) -> list[Group]:
+        """Schedule `n_groups` groups, run them and return them in schedule order once all are complete."""
         order = []
         requests = []
         for _ in range(n_groups):
             group_requests = self._new_group()
             order.append(group_requests[0].group_id)
             requests.extend(group_requests)
-        if hasattr(self.orchestrator, "foresee"):
+        if foresee and hasattr(self.orchestrator, "foresee"):
             # The next step's groups, read off a copy of the schedule: warm pools start their sandboxes while this
             # step runs and the learner trains on it.
             ahead = copy.deepcopy(self.schedule)
@@ -189,7 +256,7 @@ class RolloutSource:
         try:
             while not self._stop.is_set():
                 with self._cond:
-                    places = list(range(self._outstanding, self.lookahead))
+                    places = list(range(self._outstanding, self.lookahead + self._ahead))
                     self._outstanding += len(places)
                     versions = [self._min_version(place) for place in places]
                 for version in versions:
@@ -213,13 +280,15 @@ class RolloutSource:
         finally:
             self.orchestrator.cancel()
 
-    def _async_batch(self, n_groups: int, current_version: int) -> tuple[list[Group], int, list[int]]:
+    def _async_batch(self, n_groups: int, current_version: int) -> tuple[list[Group], int, list[int], int, int]:
+        """`(groups, dropped, staleness, zero_variance, zero_variance_trained)` of the next batch."""
         if self._thread is None:
             self._thread = threading.Thread(target=self._produce, name="raygrpo-rollout-producer", daemon=True)
             self._thread.start()
         groups: list[Group] = []
         staleness: list[int] = []
-        dropped = 0
+        dropped = zero = trained_zero = 0
+        budget = self.max_extra_groups or 0
         with self._cond:
             while len(groups) < n_groups:
                 while not self._ready and self._error is None and not self._stop.is_set():
@@ -232,16 +301,21 @@ class RolloutSource:
                 self._outstanding -= 1
                 self._settled(group)
                 lag = group.staleness(current_version)
+                flat = self.max_extra_groups is not None and lag <= self.max_staleness and self._judge(group)
                 if lag > self.max_staleness:
                     dropped += 1
+                elif flat and budget > 0:
+                    budget -= 1
+                    zero += 1
                 else:
+                    trained_zero += flat
                     groups.append(group)
                     staleness.append(lag)
                     self._head_taken += 1
                     if len(groups) == n_groups:  # the queue's head now belongs to the next batch
                         self._head_version, self._head_taken = current_version + 1, 0
                 self._cond.notify_all()  # room for the producer
-        return groups, dropped, staleness
+        return groups, dropped, staleness, zero, trained_zero
 
     # ------------------------------------------------------------------ public
 
@@ -257,12 +331,16 @@ class RolloutSource:
             self._version = self._head_version = current_version
             self._head_taken = 0
         if self.mode == "sync":
-            groups = self._sync_batch(n_groups)
+            groups, zero, trained_zero = self._sync_batch(n_groups)
             dropped, staleness = 0, [g.staleness(current_version) for g in groups]
         else:
-            groups, dropped, staleness = self._async_batch(n_groups, current_version)
+            groups, dropped, staleness, zero, trained_zero = self._async_batch(n_groups, current_version)
         self.dropped_total += dropped
-        return Batch(groups, time.perf_counter() - start, dropped, staleness)
+        self.zero_variance_total += zero
+        if trained_zero:
+            logger.warning("dynamic sampling: max_extra_groups (%d) spent at version %d: the step trains on %d group(s) "
+                           "whose rewards are all equal", self.max_extra_groups, current_version, trained_zero)
+        return Batch(groups, time.perf_counter() - start, dropped, staleness, zero, trained_zero)
 
     def close(self) -> None:
         """Stop producing and cancel the rollouts in flight (their environments close as they unwind)."""
