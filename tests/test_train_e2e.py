@@ -285,3 +285,32 @@ def test_with_num_iterations_2_a_version_spans_two_steps(ray_local, tiny_model_d
     rollouts = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
     assert {r["step"] for r in rollouts} == {1, 3}
     assert all(set(r["policy_versions"]) == {(r["step"] - 1) // 2} for r in rollouts)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_dynamic_sampling_trains_full_batches_of_groups_that_carry_signal(ray_local, tiny_model_dir, tmp_path, mode):
+    from raygrpo.train.run import train
+
+    out = tmp_path / "run"
+    cfg = _config(
+        tiny_model_dir,
+        policy={"kind": "scripted", "script": str(ROOT / "tests" / "train_policies.py") + ":half_flat"},
+        sampling={"max_tokens": 64},
+        rollout={"group_size": 4},
+        train={"mode": mode, "dynamic_sampling": {"enabled": True, "max_extra_groups": 16}},
+        trainer={"per_device_train_batch_size": 8, "max_steps": 3, "save_steps": 100},
+    )
+    summary = train(cfg, out, progress=False)
+    lines = _train_lines(out)
+    assert [r["groups"] for r in lines] == [2, 2, 2]  # every step's batch full
+    assert summary["zero_variance_groups_total"] == lines[-1]["zero_variance_groups_total"] > 0
+    assert sum(r["zero_variance_groups"] for r in lines) == summary["zero_variance_groups_total"]
+    assert all(r["zero_variance_groups_trained"] == 0 for r in lines)
+    # What TRL trained on: no group with all-equal rewards, by its own measure and by the rollouts consumed.
+    assert all(r["frac_reward_zero_std"] == 0.0 for r in lines)
+    groups: dict[str, set] = {}
+    for line in (out / "rollouts.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        groups.setdefault(record["group_id"], set()).add(record["reward"])
+    assert len(groups) == 6 and all(len(rewards) > 1 for rewards in groups.values())
+    assert summary["leaked_envs"] == 0

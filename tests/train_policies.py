@@ -31,3 +31,10 @@ def nap_task0(ctx: GenerationContext) -> str:
     if any(m.get("role") == "tool" for m in ctx.messages):
         return "Done."
     return format_tool_call("nap", {"seconds": 3.0 if ctx.task.index == 0 else 0.0})
+
+
+def half_flat(ctx: GenerationContext) -> str | None:
+    """Echo: even tasks are always answered right (their groups' rewards are all 1.0: no signal for GRPO), odd ones
+    right or wrong at random (their groups mostly mixed)."""
+    choice = "right" if ctx.task.index % 2 == 0 else random.choice(["right", "wrong"])
+    return _ECHO[choice](ctx)
