@@ -30,8 +30,13 @@ class EngineActor:
     ) -> Turn:
         return await self.engine.generate(prompt_ids, sampling)
 
-    async def set_weights(self, state_dict: dict[str, Any], version: int) -> int:
-        await self.engine.set_weights(state_dict, version)
+    async def set_weights(self, state_dict: dict[str, Any], version: int, partial: bool = False) -> int:
+        """Load the learner's weights as `version`; `partial`: `state_dict` holds only the weights that changed
+        (a transformers engine's LoRA push, `raygrpo.train.lora`)."""
+        if partial:
+            await self.engine.set_weights(state_dict, version, partial=True)
+        else:
+            await self.engine.set_weights(state_dict, version)
         return self.engine.policy_version
 
     async def policy_version(self) -> int:

@@ -18,23 +18,27 @@ NAME_PREFIX = "raygrpo-weights-"
 
 
 class WeightStore:
-    """Holds the object reference of the latest pushed state dict and its policy version."""
+    """Holds the object references of the latest pushed state dict and its policy version: one whole state dict, and
+    after it the latest partial one (a LoRA run's adapted weights, `raygrpo.train.lora`) if any."""
 
     def __init__(self) -> None:
         self._refs: list[Any] = []
         self._version = 0
 
-    def put(self, refs: list[Any], version: int) -> None:
-        """Keep `refs[0]` (passed inside a list, so that Ray hands over the reference, not the tensors)."""
+    def put(self, refs: list[Any], version: int, partial: bool = False) -> None:
+        """Keep `refs[0]` (passed inside a list, so that Ray hands over the reference, not the tensors): in place of
+        everything kept, or (`partial`) of the partial one kept after the whole one."""
         if version >= self._version:
-            self._refs, self._version = list(refs), int(version)
+            self._refs = [*self._refs[:1], *refs] if partial and self._refs else list(refs)
+            self._version = int(version)
 
     def reset(self) -> None:
         """Forget the pushes of an earlier run in this job."""
         self._refs, self._version = [], 0
 
     def latest(self) -> tuple[list[Any], int]:
-        """`([ref], version)` of the latest push, or `([], 0)` before the first."""
+        """`(refs, version)` of the latest push (the whole state dict, then the partial one over it), or `([], 0)`
+        before the first."""
         return list(self._refs), self._version
 
 
@@ -93,4 +97,7 @@ def latest_weights(name: str | None, timeout_s: float = 300.0) -> tuple[dict[str
     refs, version = ray.get(store.latest.remote(), timeout=timeout_s)
     if not refs:
         return None
-    return ray.get(refs[0], timeout=timeout_s), version
+    state: dict[str, Any] = {}
+    for part in ray.get(refs, timeout=timeout_s):
+        state.update(part)
+    return state, version

@@ -178,7 +178,16 @@ class RunConfig(BaseModel):
                              "one policy version per generation batch, which must span whole optimizer steps")
         self._check_off_policy()
         self._check_save_steps()
+        self._check_peft()
         return self
+
+    def _check_peft(self) -> None:
+        peft = self.train.peft
+        if peft is None or not peft.dropout:
+            return
+        if self.trainer.get("disable_dropout", TRAINER_DEFAULTS["disable_dropout"]):
+            raise ValueError(f"train.peft.dropout ({peft.dropout}) would be turned off by trainer.disable_dropout "
+                             "(raygrpo's default: true); set trainer.disable_dropout: false to keep it")
 
     def _check_off_policy(self) -> None:
         mode = self.train.off_policy.mode

@@ -198,6 +198,47 @@ class DynamicSamplingConfig(BaseModel):
         return groups_per_step if self.max_extra_groups is None else self.max_extra_groups
 
 
+class PeftConfig(BaseModel):
+    """LoRA adapters trained instead of the whole model (PEFT's `LoraConfig`, handed to `GRPOTrainer` as
+    `peft_config`).
+
+    The learner trains the adapters (their learning rate is `trainer.learning_rate`: LoRA usually wants a higher one
+    than full fine-tuning); the engines get the base weights with the adapters merged in. A transformers engine gets
+    them whole once, then only the weights of the adapted modules (the rest never changes); a vLLM engine actor gets
+    them whole each time. `OUT/model` is the merged model (it serves like any model), `OUT/adapter` the adapter
+    alone. See `raygrpo.train.lora`.
+
+    Args:
+        r (`int`, *optional*, defaults to `8`):
+            The adapters' rank.
+        alpha (`float`, *optional*):
+            LoRA's scaling numerator (the update is scaled by `alpha / r`); defaults to `2 * r`.
+        dropout (`float`, *optional*, defaults to `0.0`):
+            Dropout on the adapters' input. Above 0 it needs `trainer.disable_dropout: false` (raygrpo's default
+            turns every dropout off, as a fresh group's PPO ratio must start at 1).
+        target_modules (`list[str]` or `"all-linear"`, *optional*, defaults to `"all-linear"`):
+            The modules adapted: names (or name suffixes) of linear layers, or every linear layer but the output head.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    r: int = Field(8, ge=1)
+    alpha: float | None = Field(None, gt=0)
+    dropout: float = Field(0.0, ge=0, lt=1)
+    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+
+    @field_validator("target_modules")
+    @classmethod
+    def _some_modules(cls, value: list[str] | str) -> list[str] | str:
+        if isinstance(value, list) and not value:
+            raise ValueError('name at least one module, or "all-linear"')
+        return value
+
+    @property
+    def lora_alpha(self) -> float:
+        return 2.0 * self.r if self.alpha is None else self.alpha
+
+
 class LearnerConfig(BaseModel):
     """Where the learner actor runs.
 
@@ -246,6 +287,7 @@ class TrainConfig(BaseModel):
             setting both is refused).
         off_policy: The off-policy correction of stale groups (decoupled PPO with a bounded importance weight).
         dynamic_sampling: Replace groups whose rewards are all equal before the step (DAPO's dynamic sampling).
+        peft: Train LoRA adapters instead of the whole model (unset: full fine-tuning).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -261,6 +303,7 @@ class TrainConfig(BaseModel):
     behaviour_ratio: bool | None = None
     off_policy: OffPolicyConfig = Field(default_factory=OffPolicyConfig)
     dynamic_sampling: DynamicSamplingConfig = Field(default_factory=DynamicSamplingConfig)
+    peft: PeftConfig | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -215,8 +215,9 @@ class CausalLMRunner:
         # Greedy, so the engine's sampling generator is not advanced.
         self.run_batch([Prompt([self.pad_token_id] * 4, SamplingParams(max_tokens=2, temperature=0.0))], record=False)
 
-    def load_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        """Load a learner's weights (a full `state_dict`, tensors on any device) and call them `version`.
+    def load_weights(self, state_dict: dict[str, Any], version: int, partial: bool = False) -> None:
+        """Load a learner's weights (a full `state_dict`, tensors on any device) and call them `version`. `partial`:
+        the state dict holds only some of the model's weights (the others stay), each of which must exist.
 
         Raises:
             ValueError: The state dict does not match the model (tied weights may be missing).
@@ -227,7 +228,7 @@ class CausalLMRunner:
         missing, unexpected = self.model.load_state_dict(tensors, strict=False)
         # Tied weights (lm_head = embed_tokens) may legitimately be absent from a learner's state dict.
         tied = set(getattr(self.model, "_tied_weights_keys", None) or [])
-        missing = [k for k in missing if k not in tied]
+        missing = [] if partial else [k for k in missing if k not in tied]
         if missing or unexpected:
             raise ValueError(f"state_dict does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
         self.policy_version = version

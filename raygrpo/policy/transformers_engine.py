@@ -137,14 +137,15 @@ class TransformersEngine:
         self._wakeup.set()
         return await request.future
 
-    async def set_weights(self, state_dict: dict[str, Any], version: int) -> None:
-        """Load a learner's weights (a full `state_dict`, tensors on any device) and call them `version`.
+    async def set_weights(self, state_dict: dict[str, Any], version: int, partial: bool = False) -> None:
+        """Load a learner's weights (a full `state_dict`, tensors on any device; `partial`: only the weights that
+        changed since a full one) and call them `version`.
 
         Runs on the worker thread between batches: turns already being generated finish with the old weights and
         report the old version.
         """
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._executor, self.runner.load_weights, state_dict, int(version))
+        await loop.run_in_executor(self._executor, self.runner.load_weights, state_dict, int(version), partial)
         self._hold.release()
 
     async def logprobs_of(self, prompt_ids: list[int], completion_ids: list[int], temperature: float = 1.0) -> list[float]:

@@ -23,7 +23,7 @@ from raygrpo.agent.rollout import run_rollout
 from raygrpo.train.groups import Group, to_rollout_output
 from raygrpo.train.metrics import reward_stats
 from raygrpo.train.schedule import TaskSchedule
-from raygrpo.train.weights import cpu_state_dict
+from raygrpo.train.lora import merged_state_dict
 from raygrpo.core.types import SamplingParams, TaskRef, Trajectory
 
 logger = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class InProcessRollouts:
 
     def sync_weights(self, model: Any, version: int) -> None:
         """Give the engine `model`'s weights as policy `version` (the learner's weight push, in process)."""
-        self._run(self.engine.set_weights(cpu_state_dict(model), version))
+        self._run(self.engine.set_weights(merged_state_dict(model), version))
         self.version = version
 
     def rollout_func(self, prompts: list, trainer: Any) -> dict[str, list]:

@@ -37,6 +37,7 @@ from raygrpo.train.evaluate import evaluate
 from raygrpo.train.groups import to_rollout_output
 from raygrpo.train.grpo_args import learner_grpo_config
 from raygrpo.train.logp_mismatch import FIELDS as LOGP_FIELDS
+from raygrpo.train.lora import lora_config, save_model
 from raygrpo.train.off_policy import FIELDS as IS_WEIGHT_FIELDS
 from raygrpo.train.metrics import (MetricsLog, RolloutLog, per_env_stats, plot_rewards, reward_stats,
                                     sandbox_stats)
@@ -167,6 +168,7 @@ class Learner:
         dataset = Dataset.from_dict({"prompt": [f"raygrpo group slot {i}" for i in range(groups_per_step)]})
         trainer = RolloutGRPOTrainer(
             model=model,
+            peft_config=lora_config(self.cfg.train.peft) if self.cfg.train.peft is not None else None,
             correction=correction_for(self.cfg),
             sampling_logprobs=reports_sampling_logprobs(self.cfg),
             reward_funcs=[env_reward],
@@ -202,7 +204,11 @@ class Learner:
         if not force and self._pushed_version is not None and version % self.cfg.train.weight_sync_every:
             return
         started = time.perf_counter()
-        versions = push_weights(trainer.accelerator.unwrap_model(trainer.model), self.engines, version)
+        # LoRA changes only the adapted layers: transformers engines that hold the rest get just those.
+        adapted_only = (self.cfg.train.peft is not None and self._pushed_version is not None
+                        and self.cfg.policy.kind == "transformers")
+        versions = push_weights(trainer.accelerator.unwrap_model(trainer.model), self.engines, version,
+                                adapted_only=adapted_only)
         self._step["weight_push_s"] = self._step.get("weight_push_s", 0.0) + time.perf_counter() - started
         self._pushed_version = version
         logger.info("engines now at policy version %s", versions)
@@ -339,8 +345,7 @@ class Learner:
             if self.rollouts is not None:
                 self.rollouts.close()
         self.progress["phase"] = "saving"
-        trainer.save_model(str(self.out / "model"))
-        self.tokenizer.save_pretrained(str(self.out / "model"))
+        save_model(trainer, self.tokenizer, self.out / "model", self.out / "adapter")
         plot_rewards(self.out / "metrics.jsonl", self.out / "reward_curve.png")
         self.progress["phase"] = "done"
         return {
@@ -362,6 +367,7 @@ class Learner:
             "env_actor_stats": actor_stats,
             "engines": engine_summary(self.cfg.policy, self.engines),
             "model_dir": str(self.out / "model"),
+            "adapter_dir": str(self.out / "adapter") if self.cfg.train.peft is not None else None,
             "checkpoint_dir": str(self.out / "checkpoints"),
         }
 
