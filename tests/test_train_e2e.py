@@ -314,3 +314,52 @@ def test_dynamic_sampling_trains_full_batches_of_groups_that_carry_signal(ray_lo
         groups.setdefault(record["group_id"], set()).add(record["reward"])
     assert len(groups) == 6 and all(len(rewards) > 1 for rewards in groups.values())
     assert summary["leaked_envs"] == 0
+
+
+def test_a_lora_run_pushes_merged_adapted_layers_resumes_and_its_model_serves(ray_local, tiny_model_dir, tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    from raygrpo.driver.collect import collect
+    from raygrpo.train.checkpoint import optimizer_fingerprint
+    from raygrpo.train.run import train
+
+    out = tmp_path / "run"
+    # A short warm-up makes the tiny model call echo with a random word, so groups' rewards differ and the adapters
+    # learn something (a fresh random model scores 0 everywhere: no gradient); dynamic sampling keeps only groups
+    # that differ.
+    lora = {"peft": {"r": 4}, "dynamic_sampling": {"enabled": True, "max_extra_groups": 8},
+            "warmup": {"examples": WARMUP, "num_examples": 256, "steps": 150, "batch_size": 8, "learning_rate": 1e-2}}
+    sections = {"sampling": {"max_tokens": 48}, "rollout": {"group_size": 8}}
+    trainer = {"learning_rate": 1e-2, "per_device_train_batch_size": 16}
+    summary = train(_config(tiny_model_dir, train=lora, trainer=trainer, **sections), out, progress=False)
+    lines = _train_lines(out)
+    assert [r["step"] for r in lines] == [1, 2] and all(r["weight_push_s"] > 0 for r in lines)
+    # The engine generated step 2's rollouts with the merged weights of version 1: the learner's own log-probs
+    # (PEFT model, adapters on) match the engine's to numerics, as in a full fine-tuning run.
+    assert all(0 <= r["logp_mismatch_mean"] < 1e-3 for r in lines), lines
+    assert summary["adapter_dir"] == str(out / "adapter")
+    assert (out / "adapter" / "adapter_config.json").exists()
+    ckpt = out / "checkpoints" / "checkpoint-2"
+    assert (ckpt / "adapter_model.safetensors").exists()
+    saved_fp = optimizer_fingerprint(torch.load(ckpt / "optimizer.pt", weights_only=False)["state"])
+
+    assert all(r["zero_variance_groups_trained"] == 0 and r["frac_reward_zero_std"] == 0.0 for r in lines)
+    position = summary["task_position"]
+    resumed = train(_config(tiny_model_dir, train=lora, trainer={**trainer, "max_steps": 3}, **sections), out,
+                    resume=True, progress=False)
+    assert resumed["resumed"] == {"step": 2, "task_position": position, "optimizer_fingerprint": saved_fp}
+    assert [r["step"] for r in _train_lines(out)] == [1, 2, 3] and resumed["leaked_envs"] == 0
+    assert 0 <= _train_lines(out)[-1]["logp_mismatch_mean"] < 1e-3  # the resumed adapter reached the engine
+
+    # OUT/model is a plain merged model: adapted layers changed, the rest (embeddings) as GRPO started (warmed).
+    trained = load_file(out / "model" / "model.safetensors")
+    start = load_file(out / "reference" / "model.safetensors")
+    assert not any(".lora_" in k or "base_layer" in k for k in trained)
+    assert torch.equal(trained["model.embed_tokens.weight"], start["model.embed_tokens.weight"])
+    assert not torch.equal(trained["model.layers.0.self_attn.q_proj.weight"],
+                           start["model.layers.0.self_attn.q_proj.weight"])
+    served = collect(load_config(str(ROOT / "examples" / "echo" / "rollout.yaml"),
+                                 [f"model={out / 'model'}", "policy.kind=transformers", "sampling.max_tokens=16"]),
+                     tmp_path / "served", progress=False)
+    assert served["completed"] == served["requested"] > 0 and served["leaked_envs"] == 0
