@@ -131,6 +131,32 @@ def test_pushed_weights_change_the_output_and_the_version_and_are_loaded_exactly
     assert (learner - torch.tensor(after.logprobs)).abs().max() < 10 * LOGP_TOL
 
 
+def test_a_lora_learners_merged_push_is_what_the_engine_samples_with(engine, tiny_model_dir):
+    """A LoRA learner (`train.peft`) sends vLLM engine actors the whole state dict with the adapters merged in: the
+    engine then samples with the merged model's log-probs."""
+    import ray
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from raygrpo.train.weights import push_weights
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
+                           LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"))
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(1)) * 0.5)
+    version = ray.get(engine.policy_version.remote()) + 1
+    assert push_weights(model, [engine], version) == [version]
+    prompt = [1, 5, 7, 9]
+    turn = _generate(engine, [prompt], seed=5)[0]
+    merged = model.merge_and_unload()
+    learner = torch.tensor(_learner_logprobs(merged, prompt, turn.output_ids, 1.0))
+    assert turn.policy_version == version
+    assert (learner - torch.tensor(turn.logprobs)).abs().max() < 10 * LOGP_TOL
+
+
 def test_a_request_for_newer_weights_waits_for_them(engine, tiny_model_dir):
     import ray
     import torch
