@@ -115,12 +115,13 @@ def run_config(args: argparse.Namespace, arm: str, seed: int, model: Path):
         "policy": {"kind": "transformers", "max_batch_size": 32},
         "sampling": {"max_tokens": 48, "temperature": 1.0, "seed": seed},
         "rollout": {"group_size": GROUP_SIZE, "max_turns": 2, "max_total_tokens": 1024},
-        # Room for every outstanding rollout of async mode (3 steps of 32) while they wait in `echo`.
-        "workers": {"num_env_actors": 2, "max_concurrent_per_actor": 64},
+        # Room for every outstanding rollout of async mode (3 generation batches) while they wait in `echo`.
+        "workers": {"num_env_actors": 2, "max_concurrent_per_actor": max(64, 48 * args.steps_per_generation)},
         "train": train,
         "trainer": {
             "max_steps": args.steps,
             "per_device_train_batch_size": GROUPS_PER_STEP * GROUP_SIZE,
+            "steps_per_generation": args.steps_per_generation,
             "learning_rate": args.lr,
             "lr_scheduler_type": "constant",
             "beta": 0.0,
@@ -271,6 +272,10 @@ def main() -> None:
     parser.add_argument("--warmup-steps", type=int, default=150,
                         help="steps of the format warm-up (its loss is at its floor, ~0.10, by ~75)")
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    parser.add_argument("--steps-per-generation", type=int, default=1,
+                        help="optimizer steps per generation batch (TRL's steps_per_generation): above 1 a policy "
+                             "version spans several steps, and PPO's clip against the proximal policy acts from the "
+                             "second")
     parser.add_argument("--out", default=str(ROOT / "runs" / "bench-staleness"), help="run folders and the plot")
     parser.add_argument("--reuse", action="store_true",
                         help="take an arm's figures from OUT/s<seed>-<arm>/result.json where an earlier run of the "
@@ -317,7 +322,8 @@ def main() -> None:
     result: dict[str, Any] = {arm: summarise(by_seed) for arm, by_seed in runs.items()}
     if all(arm in runs for arm in ("sync", "none", "tis")):
         result["targets"] = targets(runs)
-    result["config"] = {"steps": args.steps, "lr": args.lr, "scale_s": args.scale, "seeds": args.seeds,
+    result["config"] = {"steps": args.steps, "steps_per_generation": args.steps_per_generation, "lr": args.lr,
+                        "scale_s": args.scale, "seeds": args.seeds,
                         "groups_per_step": GROUPS_PER_STEP, "group_size": GROUP_SIZE, "max_staleness": 2,
                         "warmup_steps": args.warmup_steps, "warmups": warmups}
     result["plot"] = str(plot_path)
