@@ -68,7 +68,6 @@ def test_with_the_tooling_absent_from_the_start_nothing_is_a_false_zero():
 
 
 @pytest.mark.parametrize("folder, feature", [
-    ("multi-step-notes", "is a multi-step task"),
     ("separate-verifier-wordcount", "asks for a separate verifier environment"),
 ])
 def test_shapes_not_run_yet_fail_at_load(folder, feature):

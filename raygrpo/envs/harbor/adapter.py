@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from raygrpo.envs.base import EnvError, RewardMissingError, refuse_call
 from raygrpo.envs.harbor.solution import run_solution
+from raygrpo.envs.harbor.steps import StepProgress, prepare_step
 from raygrpo.envs.harbor.tooling import probe_commands
 from raygrpo.envs.harbor.verify import VerifierEvidence, gather, missing_at_verify, run_verifier
 from raygrpo.envs.live import LiveAdapter, LiveAdapters
@@ -132,6 +133,8 @@ class HarborAdapter(LiveAdapter):
         self._evidence: VerifierEvidence | None = None
         self._score_cancelled = False
         self._tooling_missing: list[str] = []
+        #: Where a multi-step task's episode stands (None for a task without `[[steps]]`).
+        self._steps: StepProgress | None = None
 
     # ── state ─────────────────────────────────────────────────────────────────────────────────────────────────────
 
@@ -142,6 +145,11 @@ class HarborAdapter(LiveAdapter):
         name = known or (self.harbor_task.name if self.harbor_task is not None else None)
         name = f" task {name}" if name else ""
         return f"{self.context.label}{name}"
+
+    @property
+    def multi_step(self) -> bool:
+        """Whether this episode's task has `[[steps]]` (`raygrpo.envs.base.SteppedAdapter`; known after `start`)."""
+        return self._steps is not None
 
     @property
     def env(self) -> BaseEnvironment | None:
@@ -224,10 +232,55 @@ class HarborAdapter(LiveAdapter):
                 await setup(env)
             if self.spec.probe_verifier:
                 self._tooling_missing = await tasks.tooling_missing(task_dir, harbor_task, env)
+            instruction = harbor_task.instruction
+            if harbor_task.has_steps:
+                self._steps = StepProgress(harbor_task)
+                await prepare_step(env, harbor_task, self._steps.step, self._trial_paths, after_verifier=False,
+                                   label=self.label)
+                instruction = self._steps.instruction()
         self.timings["exec"] = 0.0
         tools = copy.deepcopy(list(self.harness.tools))
         self._tool_names = {t["function"]["name"] for t in tools}
-        return Observation(messages=[{"role": "user", "content": harbor_task.instruction}], tools=tools)
+        return Observation(messages=[{"role": "user", "content": instruction}], tools=tools)
+
+    async def next_step(self) -> Observation | None:
+        """After `score`: the next step's instruction as a new user turn, the sandbox prepared for it
+        (`raygrpo.envs.harbor.steps.prepare_step`), or None when the episode is over (no `[[steps]]`, the last step
+        was scored, or the step's rewards missed its `min_reward`).
+
+        Raises:
+            TaskError: The next step's `setup.sh` failed (`StepSetupError`).
+            EnvError: The sandbox is dead, or could not be prepared (its healthcheck failed, an upload failed).
+        """
+        if self._steps is None or self._evidence is None:
+            return None
+        if self._dead is not None:
+            raise EnvError(f"{self.label}: the sandbox is dead ({self._dead})")
+        if not self._steps.finish(self._evidence.rewards):
+            return None
+        began = time.perf_counter()
+        try:
+            await prepare_step(self.env, self.harbor_task, self._steps.step, self._trial_paths, after_verifier=True,
+                               label=self.label)
+        finally:
+            self.timings["step_setup"] = self.timings.get("step_setup", 0.0) + time.perf_counter() - began
+        return Observation(messages=[{"role": "user", "content": self._steps.instruction()}], tools=[])
+
+    def episode_reward(self) -> float | None:
+        """The episode's reward: for a multi-step task, its steps' rewards aggregated as Harbor aggregates them
+        (`raygrpo.envs.harbor.steps.aggregate_rewards`), reduced as a single step's are; None when nothing was
+        scored."""
+        if self._steps is None:
+            return None
+        rewards = self._steps.episode_rewards()
+        if rewards is None:
+            return None
+        return reduce_rewards(rewards, self.spec.reward_reduce, self.spec.reward_key, self.label)
+
+    @property
+    def steps_stopped(self) -> str | None:
+        """Why a multi-step episode ended before its last step (a `min_reward` missed), when it did."""
+        return self._steps.stopped if self._steps is not None else None
 
     async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
         """Run one harness tool call in the sandbox.
@@ -281,7 +334,8 @@ class HarborAdapter(LiveAdapter):
             raise EnvError(f"{self.label}: the sandbox is dead ({self._dead})")
         began = time.perf_counter()
         try:
-            return await run_solution(self.env, self.harbor_task, self.label)
+            step = self._steps.step if self._steps is not None else None
+            return await run_solution(self.env, self.harbor_task, self.label, step)
         except EnvError as exc:
             self._dead = str(exc)
             raise
@@ -349,12 +403,14 @@ class HarborAdapter(LiveAdapter):
         from harbor.verifier.verifier import RewardFileEmptyError, RewardFileNotFoundError, VerifierOutputParseError
         from pydantic import ValidationError
 
-        timeout = self.spec.verifier_timeout_s or self.harbor_task.config.verifier.timeout_sec
+        step = self._steps.step if self._steps is not None else None
+        timeout = self.spec.verifier_timeout_s or (step.verifier.timeout_sec if step is not None else None) \
+            or self.harbor_task.config.verifier.timeout_sec
         try:
             result = await asyncio.wait_for(
                 run_verifier(self.env, self.harbor_task, self._trial_paths, evidence,
                              offline_tooling=self.spec.offline_tooling,
-                             watch_missing=bool(probe_commands(self._tooling_missing))), timeout)
+                             watch_missing=bool(probe_commands(self._tooling_missing)), step=step), timeout)
         except TimeoutError:
             raise HarborVerifierTimeout(f"{self.label}: the verifier did not finish within {timeout:g} s") from None
         except (RewardFileNotFoundError, RewardFileEmptyError, VerifierOutputParseError, ValidationError) as exc:
