@@ -52,8 +52,7 @@ def make_counter_task(root: Path, name: str = "counter", steps: int = 3, *, min_
         strategy: `multi_step_reward_strategy` to write (`mean`, `final`); None leaves Harbor's default.
     """
     task = harbor_init(root, name, "--steps", str(steps), "--verifier-mode", "shared", "--no-pytest")
-    dockerfile = task / "environment" / "Dockerfile"
-    dockerfile.write_text(re.sub(r"(?m)^FROM .*$", f"FROM {BASE_IMAGE}", dockerfile.read_text()))
+    _from_base_image(task / "environment" / "Dockerfile")
     (task / "tests").mkdir(exist_ok=True)
     (task / "tests" / "helpers.sh").write_text(SHARED_HELPER)
     for k in range(1, steps + 1):
@@ -69,5 +68,48 @@ def make_counter_task(root: Path, name: str = "counter", steps: int = 3, *, min_
                                                         f'"{strategy}"\n', 1)
     for k, threshold in (min_reward or {}).items():
         toml = toml.replace(f'name = "step-{k}"\n', f'name = "step-{k}"\nmin_reward = {threshold}\n', 1)
+    (task / "task.toml").write_text(toml)
+    return task
+
+
+SEPARATE_TEST = """#!/bin/bash
+# Runs in the verifier's own container: the agent's /app/answer.txt arrives as a declared artifact.
+echo "verifier image: $(cat /etc/verifier-image 2>/dev/null || echo none)"
+if [ "$(cat /app/answer.txt 2>/dev/null)" = "{answer}" ]; then
+  echo 1 > /logs/verifier/reward.txt
+else
+  echo 0 > /logs/verifier/reward.txt
+fi
+"""
+VERIFIER_DOCKERFILE = f"FROM {BASE_IMAGE}\n\nRUN echo separate > /etc/verifier-image\nWORKDIR /app\n\nCOPY . /tests/\n"
+
+
+def _from_base_image(dockerfile: Path) -> None:
+    dockerfile.write_text(re.sub(r"(?m)^FROM .*$", f"FROM {BASE_IMAGE}", dockerfile.read_text()))
+
+
+def make_separate_task(root: Path, name: str = "separate", steps: int = 0) -> Path:
+    """A task made by `harbor tasks init` with its default separate verifier environment (`--steps N` when `steps`),
+    filled in: the solution (of step k) writes `/app/answer.txt`, declared as an artifact (of the task; for steps,
+    of each step), and the verifier's own image (`tests/Dockerfile`, the step's for steps) checks it."""
+    args = ["--no-pytest"] + (["--steps", str(steps)] if steps else [])
+    task = harbor_init(root, name, *args)
+    _from_base_image(task / "environment" / "Dockerfile")
+    toml = (task / "task.toml").read_text()
+    if not steps:
+        (task / "instruction.md").write_text("Write the word `ready` to `/app/answer.txt`.\n")
+        (task / "solution" / "solve.sh").write_text("#!/bin/bash\necho ready > /app/answer.txt\n")
+        (task / "tests" / "test.sh").write_text(SEPARATE_TEST.format(answer="ready"))
+        (task / "tests" / "Dockerfile").write_text(VERIFIER_DOCKERFILE)
+        toml = toml.replace("artifacts = []\n", 'artifacts = ["/app/answer.txt"]\n', 1)
+    else:
+        for k in range(1, steps + 1):
+            step = task / "steps" / f"step-{k}"
+            (step / "instruction.md").write_text(f"Write `answer {k}` to `/app/answer.txt` (replacing what it holds).\n")
+            (step / "solution" / "solve.sh").write_text(f"#!/bin/bash\necho 'answer {k}' > /app/answer.txt\n")
+            (step / "tests" / "test.sh").write_text(SEPARATE_TEST.format(answer=f"answer {k}"))
+            (step / "tests" / "Dockerfile").write_text(VERIFIER_DOCKERFILE)
+            toml = toml.replace(f'name = "step-{k}"\nartifacts = []\n',
+                                f'name = "step-{k}"\nartifacts = ["/app/answer.txt"]\n', 1)
     (task / "task.toml").write_text(toml)
     return task

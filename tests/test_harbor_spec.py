@@ -313,9 +313,9 @@ def test_tasks_sharing_a_name_are_named_by_their_folder(tmp_path):
     assert [t.metadata.get("harbor_name") for t in tasks] == ["acme/same", "acme/same", None]
 
 
-def test_a_separate_verifier_task_fails_at_load_naming_the_feature_and_the_task(tmp_path):
-    """A task dir as `harbor tasks init` writes it by default: a separate verifier environment, which raygrpo does not
-    run yet (a multi-step task made by `--steps` loads: tests/test_harbor_steps.py)."""
+def test_a_separate_verifier_task_fails_at_load_on_the_local_backend_naming_the_feature_and_the_task(tmp_path):
+    """A task dir as `harbor tasks init` writes it by default: a separate verifier environment, which the local backend
+    refuses by name (docker runs it, and a multi-step task made by `--steps` loads: tests/test_harbor_steps.py)."""
     from harbor.cli.tasks import init
 
     make_task(tmp_path / "suite", "good")
@@ -324,7 +324,7 @@ def test_a_separate_verifier_task_fails_at_load_naming_the_feature_and_the_task(
     assert message.startswith("envs.local.path: ")
     assert f"task dir {tmp_path / 'suite' / 'odd-one'}" in message and "task 'acme/odd-one'" in message
     assert 'asks for a separate verifier environment ([verifier] environment_mode = "separate"' in message
-    assert "does not run yet" in message
+    assert "which raygrpo runs on docker only" in message
 
 
 def test_a_task_dir_harbor_rejects_fails_with_harbors_reason(tmp_path):

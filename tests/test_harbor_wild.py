@@ -70,9 +70,9 @@ def test_with_the_tooling_absent_from_the_start_nothing_is_a_false_zero():
 @pytest.mark.parametrize("folder, feature", [
     ("separate-verifier-wordcount", "asks for a separate verifier environment"),
 ])
-def test_shapes_not_run_yet_fail_at_load(folder, feature):
+def test_shapes_the_local_backend_does_not_run_fail_at_load(folder, feature):
     task = WILD / "unsupported" / folder
     assert task.is_dir(), sorted(p.name for p in (WILD / "unsupported").iterdir())
     with pytest.raises(ResolveError, match="envs.tasks.path: ") as raised:
         resolve_run(load_target(task))
-    assert feature in str(raised.value) and "does not run yet" in str(raised.value)
+    assert feature in str(raised.value) and "which raygrpo runs on docker only" in str(raised.value)

@@ -27,10 +27,16 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import shutil
+import tempfile
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raygrpo.envs.base import EnvError, RewardMissingError, refuse_call
+from raygrpo.envs.harbor.sandbox import HarborSandbox
+from raygrpo.envs.harbor.separate import (collect_artifacts, place_artifacts, uses_separate_verifier,
+                                          verifier_definition, verifier_task)
 from raygrpo.envs.harbor.solution import run_solution
 from raygrpo.envs.harbor.steps import StepProgress, prepare_step
 from raygrpo.envs.harbor.tooling import probe_commands
@@ -38,6 +44,7 @@ from raygrpo.envs.harbor.verify import VerifierEvidence, gather, missing_at_veri
 from raygrpo.envs.live import LiveAdapter, LiveAdapters
 from raygrpo.envs.harbor.rewards import reduce_rewards
 from raygrpo.core.errors import TaskError, VerifierError, describe
+from raygrpo.core.scratch import process_scratch
 from raygrpo.core.types import Observation, TaskRef, ToolResult
 
 if TYPE_CHECKING:
@@ -46,7 +53,6 @@ if TYPE_CHECKING:
     from harbor.models.trial.paths import TrialPaths
 
     from raygrpo.envs.harbor.context import SuiteContext
-    from raygrpo.envs.harbor.sandbox import HarborSandbox
     from raygrpo.envs.harbor.starts import SandboxStarts
     from raygrpo.envs.harbor.warm import WarmPool
     from raygrpo.envs.harbor.harness import Harness
@@ -135,6 +141,10 @@ class HarborAdapter(LiveAdapter):
         self._tooling_missing: list[str] = []
         #: Where a multi-step task's episode stands (None for a task without `[[steps]]`).
         self._steps: StepProgress | None = None
+        #: The sandbox a separate verifier environment runs in, while a verification holds one.
+        self._verifier_sandbox: HarborSandbox | None = None
+        #: Where the artifacts of the verification under way are kept on the host (removed after it).
+        self._artifacts_tmp: str | None = None
 
     # ── state ─────────────────────────────────────────────────────────────────────────────────────────────────────
 
@@ -230,7 +240,8 @@ class HarborAdapter(LiveAdapter):
             setup = getattr(self.harness, "setup", None)
             if setup is not None:
                 await setup(env)
-            if self.spec.probe_verifier:
+            # A separate verifier brings its own tooling: the task's sandbox is not probed for it.
+            if self.spec.probe_verifier and not uses_separate_verifier(harbor_task.config):
                 self._tooling_missing = await tasks.tooling_missing(task_dir, harbor_task, env)
             instruction = harbor_task.instruction
             if harbor_task.has_steps:
@@ -254,10 +265,10 @@ class HarborAdapter(LiveAdapter):
         """
         if self._steps is None or self._evidence is None:
             return None
-        if self._dead is not None:
-            raise EnvError(f"{self.label}: the sandbox is dead ({self._dead})")
         if not self._steps.finish(self._evidence.rewards):
             return None
+        if self._dead is not None:
+            raise EnvError(f"{self.label}: the sandbox is dead ({self._dead})")
         began = time.perf_counter()
         try:
             await prepare_step(self.env, self.harbor_task, self._steps.step, self._trial_paths, after_verifier=True,
@@ -370,10 +381,17 @@ class HarborAdapter(LiveAdapter):
             return reward
         finally:
             self.timings["verify"] = time.perf_counter() - began
-            if not self._score_cancelled:
-                keep = self.spec.keep_logs == "all" or (self.spec.keep_logs == "failed" and not (reward or 0) >= 1.0)
-                await gather(self.env, self._trial_paths, evidence, keep_logs=keep,
-                             keep_logs_kib=self.spec.keep_logs_kib, label=self.label)
+            verifier = self._verifier_sandbox  # a separate verifier's sandbox: the evidence is there
+            try:
+                if not self._score_cancelled:
+                    keep = self.spec.keep_logs == "all" or (self.spec.keep_logs == "failed"
+                                                            and not (reward or 0) >= 1.0)
+                    env, paths = (verifier.env, verifier.trial.paths) if verifier is not None and verifier.ready \
+                        else (self.env, self._trial_paths)
+                    await gather(env, paths, evidence, keep_logs=keep, keep_logs_kib=self.spec.keep_logs_kib,
+                                 label=self.label)
+            finally:
+                await self._close_verifier_sandbox()
 
     async def _check_tooling(self, evidence: VerifierEvidence, reward: float | None,
                              cause: BaseException | None = None) -> None:
@@ -406,11 +424,16 @@ class HarborAdapter(LiveAdapter):
         step = self._steps.step if self._steps is not None else None
         timeout = self.spec.verifier_timeout_s or (step.verifier.timeout_sec if step is not None else None) \
             or self.harbor_task.config.verifier.timeout_sec
+        definition = verifier_definition(self.harbor_task, step)
+        env, trial_paths = self.env, self._trial_paths
         try:
+            if definition is not None:
+                env, trial_paths = await self._start_verifier_sandbox(definition, step)
             result = await asyncio.wait_for(
-                run_verifier(self.env, self.harbor_task, self._trial_paths, evidence,
+                run_verifier(env, self.harbor_task, trial_paths, evidence,
                              offline_tooling=self.spec.offline_tooling,
-                             watch_missing=bool(probe_commands(self._tooling_missing)), step=step), timeout)
+                             watch_missing=bool(probe_commands(self._tooling_missing)), step=step,
+                             skip_tests_upload=definition is not None and definition.bundled_tests), timeout)
         except TimeoutError:
             raise HarborVerifierTimeout(f"{self.label}: the verifier did not finish within {timeout:g} s") from None
         except (RewardFileNotFoundError, RewardFileEmptyError, VerifierOutputParseError, ValidationError) as exc:
@@ -418,11 +441,69 @@ class HarborAdapter(LiveAdapter):
         except asyncio.CancelledError:
             self._score_cancelled = True
             raise
-        except EnvError:
+        except (EnvError, TaskError):
             raise
         except Exception as exc:  # noqa: BLE001 - uploading tests, running test.sh or reading results failed
             raise HarborVerifierError(f"{self.label}: the verifier crashed: {describe(exc)}") from exc
         return reduce_rewards(dict(result.rewards or {}), self.spec.reward_reduce, self.spec.reward_key, self.label)
+
+    async def _start_verifier_sandbox(self, definition: Any, step: Any) -> tuple[BaseEnvironment, TrialPaths]:
+        """Collect the declared artifacts from the task's sandbox, start the separate verifier's own sandbox
+        (`raygrpo.envs.harbor.separate`; through the suite's gate, tracked like every sandbox) and place the
+        artifacts in it; returns its environment and trial paths. The sandbox is closed after the verification.
+
+        Raises:
+            TaskError: The verifier's image does not build.
+            HarborVerifierError: The verifier's sandbox did not start, or the artifacts could not be moved.
+        """
+        task = self.harbor_task
+        agent_os = self.env.os
+        self._artifacts_tmp = tempfile.mkdtemp(prefix="raygrpo-artifacts-", dir=process_scratch())
+        try:
+            artifacts_dir = await collect_artifacts(self.env, task, step, Path(self._artifacts_tmp))
+        except Exception as exc:  # noqa: BLE001 - the task's sandbox could not hand its files over: infrastructure
+            raise HarborVerifierError(f"{self.label}: could not collect the artifacts: {describe(exc)}") from exc
+        if self._steps is None or self._steps.index + 1 >= len(self._steps.steps):
+            # The last verification: the task's sandbox has no further use and is stopped first, as Harbor does
+            # (its live slot is free for the verifier's; between steps both are alive).
+            await self.sandbox.close()
+            self._dead = "stopped before its separate verifier ran"
+        sandbox = self._verifier_sandbox = HarborSandbox(self.context, self.sandbox.task_dir,
+                                                         task=verifier_task(task, definition))
+        began = time.perf_counter()
+        try:
+            await sandbox.start()
+        except TimeoutError:
+            raise HarborVerifierError(f"{self.label}: the verifier's sandbox did not start within start_timeout_s="
+                                      f"{self.spec.start_timeout_s:g}") from None
+        except (EnvError, TaskError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - every backend fails its own way
+            docker = self.context.docker
+            broken = await docker.start_failed(sandbox.harbor_task, exc) if docker is not None else None
+            if broken is not None:
+                raise broken from exc
+            cause = (docker.explain(exc) if docker is not None else None) or describe(exc)
+            raise HarborVerifierError(f"{self.label}: the verifier's sandbox failed to start: {cause}") from exc
+        finally:
+            self.timings["verifier_start"] = time.perf_counter() - began
+        try:
+            await place_artifacts(sandbox.env, agent_os, task, step, artifacts_dir)
+        except Exception as exc:  # noqa: BLE001 - uploading into the verifier's sandbox failed: infrastructure
+            raise HarborVerifierError(f"{self.label}: could not place the artifacts in the verifier's sandbox: "
+                                      f"{describe(exc)}") from exc
+        return sandbox.env, sandbox.trial.paths
+
+    async def _close_verifier_sandbox(self) -> None:
+        """Close the separate verifier's sandbox, if one was started (`HarborSandbox.close`: never raises)."""
+        sandbox, self._verifier_sandbox = self._verifier_sandbox, None
+        folder, self._artifacts_tmp = self._artifacts_tmp, None
+        try:
+            if sandbox is not None:
+                await sandbox.close()
+        finally:
+            if folder is not None:
+                await asyncio.to_thread(shutil.rmtree, folder, True)
 
     @property
     def verifier(self) -> dict[str, Any] | None:
@@ -431,13 +512,16 @@ class HarborAdapter(LiveAdapter):
         return self._evidence.to_dict() if self._evidence is not None else None
 
     def _holds_resources(self) -> bool:
-        return self.sandbox is not None
+        return self.sandbox is not None or self._verifier_sandbox is not None or self._artifacts_tmp is not None
 
     async def _release(self) -> None:
         """Close the episode's sandbox (see `HarborSandbox.close`: the stop, the lease, the live ticket, the host
         files)."""
         began = time.perf_counter()
         try:
-            await self.sandbox.close()
+            await self._close_verifier_sandbox()
+            if self.sandbox is not None:
+                await self.sandbox.close()
         finally:
-            self.timings["stop"] = self.sandbox.timings.get("stop", time.perf_counter() - began)
+            if self.sandbox is not None:
+                self.timings["stop"] = self.sandbox.timings.get("stop", time.perf_counter() - began)

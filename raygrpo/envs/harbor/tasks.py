@@ -69,8 +69,8 @@ def check_task_dir(task_dir: Path, backend: str | None = None) -> None:
     Raises:
         TaskDirError: The message names the task dir and what is wrong (a missing `task.toml`, `instruction.md`,
             `tests/test.sh` or `environment/` (for a multi-step task: a step's folder, `instruction.md` or test
-            script, as Harbor's loader checks them), an invalid `task.toml`, a feature raygrpo does not run: separate
-            verifier environments, or compose services on the local backend).
+            script, as Harbor's loader checks them), an invalid `task.toml`, a feature the suite's backend does not
+            run: separate verifier environments off docker, or compose services on the local backend).
     """
     from harbor.models.task.config import TaskConfig
     from harbor.utils.scripts import discover_script
@@ -83,7 +83,7 @@ def check_task_dir(task_dir: Path, backend: str | None = None) -> None:
         raise TaskDirError(task_dir, f"task.toml is invalid: {_toml_error(exc)}") from None
     name = config.task.name if config.task is not None else None
     # Shapes raygrpo does not run yet are named before the files they lay out differently are looked for.
-    unsupported = unsupported_shape(config)
+    unsupported = unsupported_shape(config, backend)
     if unsupported is not None:
         raise TaskDirError(task_dir, unsupported, name)
     # A multi-step task has no top-level instruction.md, and may keep its tests per step: Harbor's loader checks
@@ -105,24 +105,20 @@ def check_task_dir(task_dir: Path, backend: str | None = None) -> None:
         raise TaskDirError(task_dir, LOCAL_COMPOSE_REFUSAL, name)
 
 
-def unsupported_shape(config: Any) -> str | None:
-    """What raygrpo cannot run yet in a parsed task.toml (Harbor's `TaskConfig`), as a message naming the task and
-    the feature; None when the task's shape is supported.
+def unsupported_shape(config: Any, backend: str | None = None) -> str | None:
+    """What raygrpo cannot run in a parsed task.toml (Harbor's `TaskConfig`) on the suite's `backend`, as a message
+    naming the task and the feature; None when the task's shape is supported.
 
-    Multi-step tasks (`[[steps]]`) run (`raygrpo.envs.harbor.steps`). A separate verifier environment
+    Multi-step tasks (`[[steps]]`) run everywhere (`raygrpo.envs.harbor.steps`). A separate verifier environment
     (`[verifier] environment_mode = "separate"`, or a `[verifier.environment]` table: the default of `harbor tasks
-    init`; for a multi-step task, on any step, as Harbor resolves each step's mode), where the verifier runs in its
-    own container instead of the task's sandbox, is not run here yet.
+    init`; for a multi-step task, on any step, as Harbor resolves each step's mode) runs on docker only
+    (`raygrpo.envs.harbor.separate`).
     """
-    from harbor.models.task.verifier_mode import resolve_step_verifier_mode, resolve_task_verifier_mode
+    from raygrpo.envs.harbor.separate import SEPARATE_BACKENDS, SEPARATE_REFUSAL, uses_separate_verifier
 
     name = f"task {config.task.name!r}" if config.task is not None else "this task"
-    modes = [resolve_step_verifier_mode(config, step) for step in config.steps] if config.steps \
-        else [resolve_task_verifier_mode(config)]
-    if any(mode.value != "shared" for mode in modes):
-        return (f"{name} asks for a separate verifier environment ([verifier] environment_mode = \"separate\", the "
-                "default of `harbor tasks init`), which raygrpo does not run yet: set environment_mode = \"shared\" "
-                "so that tests/test.sh runs in the task's own sandbox")
+    if uses_separate_verifier(config) and backend not in SEPARATE_BACKENDS:
+        return f"{name} " + SEPARATE_REFUSAL.format(backend=backend or "local")
     return None
 
 

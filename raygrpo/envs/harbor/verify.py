@@ -107,14 +107,15 @@ class _RecordingEnvironment:
 
 async def run_verifier(env: BaseEnvironment, task: Task, trial_paths: TrialPaths, evidence: VerifierEvidence, *,
                        offline_tooling: bool = False, watch_missing: bool = False,
-                       step: StepConfig | None = None) -> Any:
+                       step: StepConfig | None = None, skip_tests_upload: bool = False) -> Any:
     """Run Harbor's verifier for `task` in `env` as the task's verifier user, recording the exit code and the raw
     rewards in `evidence` (with `offline_tooling`, `test.sh` runs with `raygrpo.envs.harbor.offline`'s shims first on
     its `PATH`; with `watch_missing`, bash records the commands it cannot find: `missing_at_verify` reads them);
     returns Harbor's `VerifierResult` and raises what Harbor raises.
 
     With `step` (a multi-step task's current step), the step's tests are merged over the task's shared `tests/`,
-    and the step's `[steps.verifier]` env and user apply, as in Harbor's `MultiStepTrial`."""
+    and the step's `[steps.verifier]` env and user apply, as in Harbor's `MultiStepTrial`. With `skip_tests_upload`
+    (a separate verifier environment whose image bakes its tests in), the tests are not uploaded."""
     if offline_tooling:
         await install_shims(env, trial_paths.trial_dir)
     if watch_missing:
@@ -133,6 +134,7 @@ async def run_verifier(env: BaseEnvironment, task: Task, trial_paths: TrialPaths
         logger=logger,
         verifier_env=(step.verifier.env or None) if step is not None else None,
         step_name=step.name if step is not None else None,
+        skip_tests_upload=skip_tests_upload,
     )
     user = task.config.verifier.user
     if step is not None and step.verifier.user is not None:
