@@ -1,7 +1,7 @@
 """Harbor task folders as other people write them (`tests/harbor_wild/`, see its README), checked with `raygrpo check`:
 the oracle must score what the task's reference solution earns and noop less, on the local backend (with the
 verifier toolbox, offline tooling, and the `RUN` commands that make the tasks' data) and on docker; with the tooling absent from the start, the affected rollouts
-are `verifier_error`, never a 0.0; shapes raygrpo does not run fail at load."""
+are `verifier_error`, never a 0.0; shapes the local backend does not run fail at load."""
 
 from __future__ import annotations
 

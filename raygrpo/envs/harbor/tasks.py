@@ -82,7 +82,7 @@ def check_task_dir(task_dir: Path, backend: str | None = None) -> None:
     except Exception as exc:  # noqa: BLE001 - TOML syntax and pydantic errors alike
         raise TaskDirError(task_dir, f"task.toml is invalid: {_toml_error(exc)}") from None
     name = config.task.name if config.task is not None else None
-    # Shapes raygrpo does not run yet are named before the files they lay out differently are looked for.
+    # Shapes the backend does not run are named before the files they lay out differently are looked for.
     unsupported = unsupported_shape(config, backend)
     if unsupported is not None:
         raise TaskDirError(task_dir, unsupported, name)
