@@ -5,9 +5,13 @@ multi-step task); refused by name on the local backend. Leftovers are asked of d
 
 from __future__ import annotations
 
+import subprocess
+import threading
 from pathlib import Path
 
 import pytest
+
+from raygrpo.docker.owners import SANDBOX_LABEL
 
 from raygrpo.envs.kinds import HarborKind
 from tests.docker_utils import docker_ready, sandbox_objects  # noqa: F401 - a fixture
@@ -49,3 +53,49 @@ def test_check_of_separate_verifier_tasks_on_docker(docker_ready, ray_local, tmp
     assert trajs["separate-steps"]["oracle"]["step_rewards"] == [1.0, 1.0]  # step 2's artifact is step 2's answer
     assert trajs["separate-steps"]["noop"]["step_rewards"] == [0.0, 0.0]
     assert sandbox_objects() == []  # docker's own listing: neither kind of sandbox is left
+
+
+class ContainerPeak:
+    """Polls docker's own listing of raygrpo sandbox containers while a block runs: the most alive at once, and how
+    many different ones were seen."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self.seen: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            done = subprocess.run(["docker", "ps", "-q", "--filter", f"label={SANDBOX_LABEL}"],
+                                  capture_output=True, text=True, timeout=30)
+            ids = set(done.stdout.split())
+            self.peak = max(self.peak, len(ids))
+            self.seen |= ids
+            self._stop.wait(0.2)
+
+    def __enter__(self) -> ContainerPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+
+@pytest.mark.ray
+@pytest.mark.docker
+@pytest.mark.timeout(600)
+def test_the_verifier_sandbox_counts_against_max_live(docker_ready, ray_local, tmp_path):  # noqa: F811
+    """With the provider's `max_live: 1`, the oracle and noop rollouts of a separate-verifier task (four sandboxes in
+    all) never have two sandboxes alive at once, and finish: the task's sandbox is stopped before its verifier's
+    starts, which takes the freed slot."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    make_separate_task(suite, "separate")
+    with ContainerPeak() as seen:
+        verdicts, _ = check_and_read(suite, tmp_path / "out", ["envs.tasks.environment_type=docker",
+                                                               "providers.docker.max_live=1"])
+    assert (verdicts["separate"].status, verdicts["separate"].oracle_reward) == ("ok", 1.0)
+    assert seen.peak == 1 and len(seen.seen) == 4, (seen.peak, seen.seen)
+    assert sandbox_objects() == []
