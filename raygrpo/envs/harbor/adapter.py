@@ -9,7 +9,10 @@ Outcomes, as the agent loop (`raygrpo.agent.rollout`) reports them:
 - the verifier crashes (cannot upload the tests, cannot read the results back, ...): `EnvError` -> `env_error`;
 - the verifier runs past its deadline: `TimeoutError` (`HarborVerifierTimeout`) -> `timeout`, not retried;
 - the verifier writes no usable reward (no file, an empty or unparsable one, a missing `reward_key`):
-  `RewardMissingError` -> `task_error`, not retried.
+  `RewardMissingError` -> `task_error`, not retried;
+- a separate verifier environment's image does not build: `TaskError` -> `task_error`; its sandbox does not start,
+  or the declared artifacts cannot be moved into it: `HarborVerifierError` -> `env_error` (retried);
+- a multi-step task's step `setup.sh` fails: `TaskError` -> `task_error`; its healthcheck fails: `EnvError`.
 
 The oracle policy runs the task's reference solution through `run_solution` (as Harbor's oracle agent does); a
 missing `solution/solve.sh` is a `TaskError`, a solution past the task's `[agent] timeout_sec` a `TimeoutError`
@@ -354,9 +357,11 @@ class HarborAdapter(LiveAdapter):
             self.timings["solution"] = time.perf_counter() - began
 
     async def score(self) -> float:
-        """Run the task's verifier in the sandbox and reduce its rewards to one number. What the verifier left
-        behind (exit code, output tail, raw rewards, and for a failed verification the sandbox's `/logs`) is in
-        `verifier` afterwards, however it ended.
+        """Run the task's verifier (for a multi-step task: the current step's) and reduce its rewards to one number.
+        It runs in the task's sandbox, or, for a separate verifier environment, in a sandbox of its own started for
+        it and stopped afterwards (`_start_verifier_sandbox`). What the verifier left behind (exit code, output tail,
+        raw rewards, and for a failed verification its sandbox's `/logs`) is in `verifier` afterwards, however it
+        ended.
 
         Raises:
             HarborVerifierTimeout: The verifier ran past `verifier_timeout_s` (or the task's own timeout).
