@@ -47,7 +47,7 @@ def test_echo_example_rewards(tmp_path, script, reward, status):
     _accounted(summary)
     assert summary["requested"] == len(trajs) == 8 * 4
     assert summary["reward_mean"] == reward and summary["scored"] == summary["requested"]
-    assert all(t["reward"] == reward and t["schema_version"] == 5 for t in trajs)
+    assert all(t["reward"] == reward and t["schema_version"] == 6 for t in trajs)
     assert summary["status_counts"] == {status: 32}
     assert summary["max_concurrent_envs"] >= 2
     # Token bookkeeping as the learner will read it.

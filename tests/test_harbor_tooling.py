@@ -216,6 +216,10 @@ WILD_COMMANDS = {
     "separate-verifier-wordcount": ["pytest"],
     "multi-step-notes/steps/step-1": ["apt-get", "sh"],
     "multi-step-notes/steps/step-2": ["apt-get", "sh"],
+    # `expect` and `finish` are functions of the task's shared /tests/lib.sh, which the scan of one script cannot see.
+    "wordfreq-cli/steps/build": ["expect", "finish"],
+    "wordfreq-cli/steps/filter": ["expect", "finish"],
+    "wordfreq-cli/steps/document": ["expect", "python3", "finish"],
     "count-words": ["mkdir", "tr"],
     "create-greeting": ["mkdir", "cat"],
     "find-largest-file": ["mkdir", "tr"],
@@ -231,7 +235,7 @@ WILD_COMMANDS = {
 def _wild_scripts() -> dict[str, Path]:
     examples = Path(__file__).resolve().parent.parent / "examples" / "harbor_local" / "tasks"
     found = {}
-    for root in (WILD / "tasks", WILD / "unsupported", examples):
+    for root in (WILD / "tasks", WILD / "unsupported", WILD / "multi_step", examples):
         for script in sorted(root.glob("**/tests/test.sh")):
             found[script.parent.parent.relative_to(root).as_posix()] = script
     return found

@@ -1,7 +1,7 @@
 """Harbor task folders as other people write them (`tests/harbor_wild/`, see its README), checked with `raygrpo check`:
 the oracle must score what the task's reference solution earns and noop less, on the local backend (with the
 verifier toolbox, offline tooling, and the `RUN` commands that make the tasks' data) and on docker; with the tooling absent from the start, the affected rollouts
-are `verifier_error`, never a 0.0; shapes raygrpo does not run fail at load."""
+are `verifier_error`, never a 0.0; shapes the local backend does not run fail at load."""
 
 from __future__ import annotations
 
@@ -68,12 +68,11 @@ def test_with_the_tooling_absent_from_the_start_nothing_is_a_false_zero():
 
 
 @pytest.mark.parametrize("folder, feature", [
-    ("multi-step-notes", "is a multi-step task"),
     ("separate-verifier-wordcount", "asks for a separate verifier environment"),
 ])
-def test_shapes_not_run_yet_fail_at_load(folder, feature):
+def test_shapes_the_local_backend_does_not_run_fail_at_load(folder, feature):
     task = WILD / "unsupported" / folder
     assert task.is_dir(), sorted(p.name for p in (WILD / "unsupported").iterdir())
     with pytest.raises(ResolveError, match="envs.tasks.path: ") as raised:
         resolve_run(load_target(task))
-    assert feature in str(raised.value) and "does not run yet" in str(raised.value)
+    assert feature in str(raised.value) and "which raygrpo runs on docker only" in str(raised.value)

@@ -105,13 +105,23 @@ class ChatRenderer:
             {"role": "user", "content": "dummy"},
             {"role": "assistant", "content": "", "tool_calls": [dummy_call]},
         ]
+        return self._suffix_ids(prefix_msgs, tool_messages, "tool results")
+
+    def user_suffix_ids(self, user_messages: list[dict[str, Any]]) -> list[int]:
+        """Ids that follow a finished assistant turn that called no tool: new user messages (the next step of a
+        multi-step episode), then the next generation prompt."""
+        prefix_msgs = [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "dummy"}]
+        return self._suffix_ids(prefix_msgs, user_messages, "a user turn")
+
+    def _suffix_ids(self, prefix_msgs: list[dict[str, Any]], new_msgs: list[dict[str, Any]], what: str) -> list[int]:
+        """The ids `new_msgs` (and the next generation prompt) add after the assistant turn ending `prefix_msgs`."""
         prefix = self._template(prefix_msgs, add_generation_prompt=False)
-        full = self._template(prefix_msgs + tool_messages, add_generation_prompt=True)
+        full = self._template(prefix_msgs + new_msgs, add_generation_prompt=True)
         eos_positions = [i for i, tok in enumerate(prefix) if tok == self.eos_token_id]
         if eos_positions:
             prefix = prefix[: eos_positions[-1] + 1]
         if full[: len(prefix)] != prefix:
-            raise ValueError("the chat template does not extend an assistant turn with tool results as a prefix")
+            raise ValueError(f"the chat template does not extend an assistant turn with {what} as a prefix")
         return full[len(prefix) :]
 
     def decode(self, ids: list[int]) -> str:

@@ -193,9 +193,39 @@ async def _episode(
     messages = traj.messages = _opening(obs, config)
     traj.prompt_ids = renderer.prompt_ids(messages, obs.tools)
     tool_names = {t.get("function", t).get("name") for t in obs.tools}
+    first_turn = 0
+    while True:  # one pass per step of the episode (one for an environment without steps)
+        ended, first_turn, stopped_on = await _turns(traj, phases, adapter, policy, renderer, sampling, config,
+                                                     sample_key, tool_names, first_turn)
+        if not ended:  # a turn or token limit: whatever the steps gave on the way, the rollout is truncated
+            traj.status, traj.reward = Status.TRUNCATED, config.truncated_reward
+            return
+        following = await _score(traj, phases, adapter, config)
+        if following is None:
+            return
+        # The next step of the episode: its messages open a new user turn (environment tokens, not trained on).
+        messages.extend(following.messages)
+        suffix = renderer.user_suffix_ids(following.messages)
+        if stopped_on is not None and stopped_on != renderer.eos_token_id:
+            suffix = [renderer.eos_token_id, *suffix]
+        if len(traj.prompt_ids) + len(traj.completion_ids) + len(suffix) >= config.max_total_tokens:
+            traj.status, traj.reward = Status.TRUNCATED, config.truncated_reward
+            return
+        traj.completion_ids.extend(suffix)
+        traj.logprobs.extend([0.0] * len(suffix))
+        traj.env_mask.extend([0] * len(suffix))
 
+
+async def _turns(traj: Trajectory, phases: _Phases, adapter: EnvAdapter, policy: PolicyClient, renderer: ChatRenderer,
+                 sampling: SamplingParams, config: RolloutConfig, sample_key: str, tool_names: set[str],
+                 first_turn: int) -> tuple[bool, int, int | None]:
+    """The model's turns of one step, from turn `first_turn` on: whether the step ended before a limit (the model
+    answered, or the environment finished it), the next turn's index, and the stop token the last turn ended on."""
+    messages = traj.messages
     ended = False  # before a limit: the model answered, or the environment finished the episode
-    for turn_index in range(config.max_turns):
+    turn_index = first_turn
+    stopped_on: int | None = None
+    for turn_index in range(first_turn, config.max_turns):
         budget = config.max_total_tokens - len(traj.prompt_ids) - len(traj.completion_ids)
         if budget <= 0:
             break
@@ -252,51 +282,65 @@ async def _episode(
         traj.completion_ids.extend(suffix)
         traj.logprobs.extend([0.0] * len(suffix))
         traj.env_mask.extend([0] * len(suffix))
-
-    if not ended:  # a turn or token limit: whatever the steps gave on the way, the rollout is truncated
-        traj.status, traj.reward = Status.TRUNCATED, config.truncated_reward
-        return
-    await _score(traj, phases, adapter, config)
+    else:
+        return False, config.max_turns, stopped_on
+    return ended, turn_index + 1, stopped_on
 
 
 async def _act(
     traj: Trajectory, obs: Any, phases: _Phases, adapter: EnvAdapter, policy: ActingPolicy, config: RolloutConfig
 ) -> None:
-    """The episode of a policy that acts on the environment directly: act once, record it, score."""
+    """The episode of a policy that acts on the environment directly: act once per step, record it, score."""
     traj.messages = _opening(obs, config)
-    with phases.timed("tools"):
-        try:
-            result = await policy.act(adapter)
-        except TimeoutError as exc:  # e.g. a reference solution past its deadline: unscored, not a 0.0
-            traj.status, traj.reward, traj.error = Status.TIMEOUT, None, describe(exc)
+    while True:
+        with phases.timed("tools"):
+            try:
+                result = await policy.act(adapter)
+            except TimeoutError as exc:  # e.g. a reference solution past its deadline: unscored, not a 0.0
+                traj.status, traj.reward, traj.error = Status.TIMEOUT, None, describe(exc)
+                return
+        if result is not None:
+            _record_step(traj, policy.step, result)
+        following = await _score(traj, phases, adapter, config)
+        if following is None:
             return
-    if result is not None:
-        _record_step(traj, policy.step, result)
-    await _score(traj, phases, adapter, config)
+        traj.messages.extend(following.messages)
 
 
-async def _score(traj: Trajectory, phases: _Phases, adapter: EnvAdapter, config: RolloutConfig) -> None:
-    """Score the finished episode and set the trajectory's status and reward."""
+async def _score(traj: Trajectory, phases: _Phases, adapter: EnvAdapter, config: RolloutConfig) -> Any:
+    """Score the finished episode (or step) and set the trajectory's status and reward.
+
+    For an adapter whose episode has steps (`SteppedAdapter.multi_step`), the step's reward joins
+    `traj.step_rewards`; returns the next step's `Observation` when another step follows (None otherwise), and the
+    trajectory's reward is the episode's once its last step is scored."""
     with phases.timed("verify"):
         try:
             reward = await adapter.score()  # the adapter owns scoring's deadline (a verifier's timeout)
         except TimeoutError as exc:
             traj.status, traj.reward = Status.TIMEOUT, None
             traj.error = describe(exc)
-            return
+            return None
         except TaskError as exc:
             traj.status, traj.reward, traj.error = Status.TASK_ERROR, None, describe(exc)
-            return
+            return None
         except VerifierError as exc:
             traj.status, traj.reward, traj.error = Status.VERIFIER_ERROR, None, describe(exc)
-            return
+            return None
         finally:
             # What the verifier left behind (Harbor: exit code, output tail, raw rewards), however scoring ended.
             traj.verifier = getattr(adapter, "verifier", None)
+    if getattr(adapter, "multi_step", False):
+        traj.step_rewards.append(None if reward is None else float(reward))
+        with phases.timed("tools"):
+            following = await adapter.next_step()  # type: ignore[attr-defined] - a SteppedAdapter
+        if following is not None:
+            return following
+        reward = adapter.episode_reward()  # type: ignore[attr-defined]
     if reward is None:  # the episode ended without a reward, by the model's doing
         traj.status, traj.reward = Status.NO_ANSWER, config.unanswered_reward
     else:
         traj.status, traj.reward = Status.OK, float(reward)
+    return None
 
 
 async def _run_calls(

@@ -157,7 +157,7 @@ class ToolCall:
 
 
 #: Version of a trajectory line's fields; bumped with every change to them (docs/outputs.md lists the fields).
-TRAJECTORY_SCHEMA_VERSION = 5
+TRAJECTORY_SCHEMA_VERSION = 6
 #: `steps[].tool` of a final answer that an ORS environment's `@terminal` tool scored.
 ANSWER_STEP = "(answer)"
 #: `steps[].tool` of a task's reference solution run by the oracle policy (its metadata: `exit_code`, `output_tail`).
@@ -200,6 +200,9 @@ class Trajectory:
             the folder as `logs_dir`). None where nothing was verified.
         sandbox: How its environment was provided, where the environment says: `"cold"` (started for it),
             `"hedged"` (started for it, by the second of two starts), `"warm"` (from the warm pool). None otherwise.
+        step_rewards: For an episode of several steps (a Harbor multi-step task), each scored step's reward in
+            order (`reward` is the episode's, by the task's aggregation); a step a `min_reward` ended the episode
+            after is the last. Empty for an episode without steps.
     """
 
     task: TaskRef
@@ -224,6 +227,7 @@ class Trajectory:
     steps: list[dict[str, Any]] = field(default_factory=list)
     verifier: dict[str, Any] | None = None
     sandbox: str | None = None
+    step_rewards: list[float | None] = field(default_factory=list)
 
     @property
     def scored(self) -> bool:

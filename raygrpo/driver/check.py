@@ -14,7 +14,7 @@ ends `ok` below it; anything else is broken, with the first line of the cause:
   solving;
 - `noop_<status>`: the noop rollout did not end `ok` (e.g. the verifier writes no reward when nothing was done);
 - `refused`: the task cannot be loaded or run on the suite's backend (an invalid `task.toml`, a missing
-  `tests/test.sh`, a shape raygrpo does not run yet, compose services on the local backend): nothing ran, and
+  `tests/test.sh`, a separate verifier environment or compose services on the local backend): nothing ran, and
   every other task is still judged.
 
 When the reference solution scores below the threshold and its output, or the verifier's, says a command was not

@@ -13,7 +13,8 @@ from typing import Any, Protocol, runtime_checkable
 from raygrpo.core.errors import EnvError, RewardMissingError, TaskError
 from raygrpo.core.types import Observation, TaskRef, ToolResult
 
-__all__ = ["EnvAdapter", "EnvError", "EnvProvider", "RewardMissingError", "SolutionRunner", "TaskError", "refuse_call"]
+__all__ = ["EnvAdapter", "EnvError", "EnvProvider", "RewardMissingError", "SolutionRunner", "SteppedAdapter", "TaskError",
+           "refuse_call"]
 
 
 @runtime_checkable
@@ -52,6 +53,24 @@ class SolutionRunner(Protocol):
     """
 
     async def run_solution(self) -> ToolResult: ...
+
+
+@runtime_checkable
+class SteppedAdapter(Protocol):
+    """An adapter whose episode may hold several steps in one environment (a Harbor multi-step task): each step
+    opens with a new user turn and is scored on its own; the episode's reward comes from its steps' rewards.
+
+    `multi_step` says whether this episode has steps (read after `start`); `score` then scores the current step;
+    `next_step` (after `score`) returns the next step's opening messages, or None when the episode is over (its last
+    step was scored, or a step's reward ended it early), and raises `EnvError` or `TaskError` when the environment
+    cannot be prepared for the step; `episode_reward` is the episode's reward once it is over.
+    """
+
+    multi_step: bool
+
+    async def next_step(self) -> Observation | None: ...
+
+    def episode_reward(self) -> float | None: ...
 
 
 @runtime_checkable

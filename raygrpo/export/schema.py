@@ -1,6 +1,6 @@
 """The Arrow schema of a trajectory line, and the codec between a line and an Arrow row, both ways.
 
-Every field of a line (`raygrpo.core.types.Trajectory.to_dict`, schema_version 5) is a column of its own. Nested records
+Every field of a line (`raygrpo.core.types.Trajectory.to_dict`, schema_version 6) is a column of its own. Nested records
 are Arrow structs and lists of structs (`task`, `messages` and their `tool_calls`, `timings`, `steps`, `verifier`);
 token ids and masks are lists of ints, log-probabilities lists of float64 (the exact values the JSON line holds).
 
@@ -34,7 +34,7 @@ EXTRA = "_extra"
 #: The key of `EXTRA` listing keys that lines always carry but this record lacked.
 ABSENT = "__absent__"
 #: The trajectory `schema_version` this schema was written for (`raygrpo.core.types.TRAJECTORY_SCHEMA_VERSION`).
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 def _dumps(value: Any) -> str:
@@ -277,6 +277,7 @@ def trajectory_codec(training: bool) -> Record:
         Key("steps", ListOf(STEP)),
         Key("verifier", VERIFIER),
         Key("sandbox", STRING),
+        Key("step_rewards", ListOf(FLOAT64)),
     ]
     if training:
         keys.insert(0, Key("step", INT64))

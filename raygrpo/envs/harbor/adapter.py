@@ -9,7 +9,10 @@ Outcomes, as the agent loop (`raygrpo.agent.rollout`) reports them:
 - the verifier crashes (cannot upload the tests, cannot read the results back, ...): `EnvError` -> `env_error`;
 - the verifier runs past its deadline: `TimeoutError` (`HarborVerifierTimeout`) -> `timeout`, not retried;
 - the verifier writes no usable reward (no file, an empty or unparsable one, a missing `reward_key`):
-  `RewardMissingError` -> `task_error`, not retried.
+  `RewardMissingError` -> `task_error`, not retried;
+- a separate verifier environment's image does not build: `TaskError` -> `task_error`; its sandbox does not start,
+  or the declared artifacts cannot be moved into it: `HarborVerifierError` -> `env_error` (retried);
+- a multi-step task's step `setup.sh` fails: `TaskError` -> `task_error`; its healthcheck fails: `EnvError`.
 
 The oracle policy runs the task's reference solution through `run_solution` (as Harbor's oracle agent does); a
 missing `solution/solve.sh` is a `TaskError`, a solution past the task's `[agent] timeout_sec` a `TimeoutError`
@@ -27,16 +30,24 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import shutil
+import tempfile
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from raygrpo.envs.base import EnvError, RewardMissingError, refuse_call
+from raygrpo.envs.harbor.sandbox import HarborSandbox
+from raygrpo.envs.harbor.separate import (collect_artifacts, place_artifacts, uses_separate_verifier,
+                                          verifier_definition, verifier_task)
 from raygrpo.envs.harbor.solution import run_solution
+from raygrpo.envs.harbor.steps import StepProgress, prepare_step
 from raygrpo.envs.harbor.tooling import probe_commands
 from raygrpo.envs.harbor.verify import VerifierEvidence, gather, missing_at_verify, run_verifier
 from raygrpo.envs.live import LiveAdapter, LiveAdapters
 from raygrpo.envs.harbor.rewards import reduce_rewards
 from raygrpo.core.errors import TaskError, VerifierError, describe
+from raygrpo.core.scratch import process_scratch
 from raygrpo.core.types import Observation, TaskRef, ToolResult
 
 if TYPE_CHECKING:
@@ -45,7 +56,6 @@ if TYPE_CHECKING:
     from harbor.models.trial.paths import TrialPaths
 
     from raygrpo.envs.harbor.context import SuiteContext
-    from raygrpo.envs.harbor.sandbox import HarborSandbox
     from raygrpo.envs.harbor.starts import SandboxStarts
     from raygrpo.envs.harbor.warm import WarmPool
     from raygrpo.envs.harbor.harness import Harness
@@ -132,6 +142,12 @@ class HarborAdapter(LiveAdapter):
         self._evidence: VerifierEvidence | None = None
         self._score_cancelled = False
         self._tooling_missing: list[str] = []
+        #: Where a multi-step task's episode stands (None for a task without `[[steps]]`).
+        self._steps: StepProgress | None = None
+        #: The sandbox a separate verifier environment runs in, while a verification holds one.
+        self._verifier_sandbox: HarborSandbox | None = None
+        #: Where the artifacts of the verification under way are kept on the host (removed after it).
+        self._artifacts_tmp: str | None = None
 
     # ── state ─────────────────────────────────────────────────────────────────────────────────────────────────────
 
@@ -142,6 +158,11 @@ class HarborAdapter(LiveAdapter):
         name = known or (self.harbor_task.name if self.harbor_task is not None else None)
         name = f" task {name}" if name else ""
         return f"{self.context.label}{name}"
+
+    @property
+    def multi_step(self) -> bool:
+        """Whether this episode's task has `[[steps]]` (`raygrpo.envs.base.SteppedAdapter`; known after `start`)."""
+        return self._steps is not None
 
     @property
     def env(self) -> BaseEnvironment | None:
@@ -222,12 +243,58 @@ class HarborAdapter(LiveAdapter):
             setup = getattr(self.harness, "setup", None)
             if setup is not None:
                 await setup(env)
-            if self.spec.probe_verifier:
+            # A separate verifier brings its own tooling: the task's sandbox is not probed for it.
+            if self.spec.probe_verifier and not uses_separate_verifier(harbor_task.config):
                 self._tooling_missing = await tasks.tooling_missing(task_dir, harbor_task, env)
+            instruction = harbor_task.instruction
+            if harbor_task.has_steps:
+                self._steps = StepProgress(harbor_task)
+                await prepare_step(env, harbor_task, self._steps.step, self._trial_paths, after_verifier=False,
+                                   label=self.label)
+                instruction = self._steps.instruction()
         self.timings["exec"] = 0.0
         tools = copy.deepcopy(list(self.harness.tools))
         self._tool_names = {t["function"]["name"] for t in tools}
-        return Observation(messages=[{"role": "user", "content": harbor_task.instruction}], tools=tools)
+        return Observation(messages=[{"role": "user", "content": instruction}], tools=tools)
+
+    async def next_step(self) -> Observation | None:
+        """After `score`: the next step's instruction as a new user turn, the sandbox prepared for it
+        (`raygrpo.envs.harbor.steps.prepare_step`), or None when the episode is over (no `[[steps]]`, the last step
+        was scored, or the step's rewards missed its `min_reward`).
+
+        Raises:
+            TaskError: The next step's `setup.sh` failed (`StepSetupError`).
+            EnvError: The sandbox is dead, or could not be prepared (its healthcheck failed, an upload failed).
+        """
+        if self._steps is None or self._evidence is None:
+            return None
+        if not self._steps.finish(self._evidence.rewards):
+            return None
+        if self._dead is not None:
+            raise EnvError(f"{self.label}: the sandbox is dead ({self._dead})")
+        began = time.perf_counter()
+        try:
+            await prepare_step(self.env, self.harbor_task, self._steps.step, self._trial_paths, after_verifier=True,
+                               label=self.label)
+        finally:
+            self.timings["step_setup"] = self.timings.get("step_setup", 0.0) + time.perf_counter() - began
+        return Observation(messages=[{"role": "user", "content": self._steps.instruction()}], tools=[])
+
+    def episode_reward(self) -> float | None:
+        """The episode's reward: for a multi-step task, its steps' rewards aggregated as Harbor aggregates them
+        (`raygrpo.envs.harbor.steps.aggregate_rewards`), reduced as a single step's are; None when nothing was
+        scored."""
+        if self._steps is None:
+            return None
+        rewards = self._steps.episode_rewards()
+        if rewards is None:
+            return None
+        return reduce_rewards(rewards, self.spec.reward_reduce, self.spec.reward_key, self.label)
+
+    @property
+    def steps_stopped(self) -> str | None:
+        """Why a multi-step episode ended before its last step (a `min_reward` missed), when it did."""
+        return self._steps.stopped if self._steps is not None else None
 
     async def call(self, name: str, arguments: dict[str, Any]) -> ToolResult:
         """Run one harness tool call in the sandbox.
@@ -281,7 +348,8 @@ class HarborAdapter(LiveAdapter):
             raise EnvError(f"{self.label}: the sandbox is dead ({self._dead})")
         began = time.perf_counter()
         try:
-            return await run_solution(self.env, self.harbor_task, self.label)
+            step = self._steps.step if self._steps is not None else None
+            return await run_solution(self.env, self.harbor_task, self.label, step)
         except EnvError as exc:
             self._dead = str(exc)
             raise
@@ -289,9 +357,11 @@ class HarborAdapter(LiveAdapter):
             self.timings["solution"] = time.perf_counter() - began
 
     async def score(self) -> float:
-        """Run the task's verifier in the sandbox and reduce its rewards to one number. What the verifier left
-        behind (exit code, output tail, raw rewards, and for a failed verification the sandbox's `/logs`) is in
-        `verifier` afterwards, however it ended.
+        """Run the task's verifier (for a multi-step task: the current step's) and reduce its rewards to one number.
+        It runs in the task's sandbox, or, for a separate verifier environment, in a sandbox of its own started for
+        it and stopped afterwards (`_start_verifier_sandbox`). What the verifier left behind (exit code, output tail,
+        raw rewards, and for a failed verification its sandbox's `/logs`) is in `verifier` afterwards, however it
+        ended.
 
         Raises:
             HarborVerifierTimeout: The verifier ran past `verifier_timeout_s` (or the task's own timeout).
@@ -316,10 +386,17 @@ class HarborAdapter(LiveAdapter):
             return reward
         finally:
             self.timings["verify"] = time.perf_counter() - began
-            if not self._score_cancelled:
-                keep = self.spec.keep_logs == "all" or (self.spec.keep_logs == "failed" and not (reward or 0) >= 1.0)
-                await gather(self.env, self._trial_paths, evidence, keep_logs=keep,
-                             keep_logs_kib=self.spec.keep_logs_kib, label=self.label)
+            verifier = self._verifier_sandbox  # a separate verifier's sandbox: the evidence is there
+            try:
+                if not self._score_cancelled:
+                    keep = self.spec.keep_logs == "all" or (self.spec.keep_logs == "failed"
+                                                            and not (reward or 0) >= 1.0)
+                    env, paths = (verifier.env, verifier.trial.paths) if verifier is not None and verifier.ready \
+                        else (self.env, self._trial_paths)
+                    await gather(env, paths, evidence, keep_logs=keep, keep_logs_kib=self.spec.keep_logs_kib,
+                                 label=self.label)
+            finally:
+                await self._close_verifier_sandbox()
 
     async def _check_tooling(self, evidence: VerifierEvidence, reward: float | None,
                              cause: BaseException | None = None) -> None:
@@ -349,12 +426,19 @@ class HarborAdapter(LiveAdapter):
         from harbor.verifier.verifier import RewardFileEmptyError, RewardFileNotFoundError, VerifierOutputParseError
         from pydantic import ValidationError
 
-        timeout = self.spec.verifier_timeout_s or self.harbor_task.config.verifier.timeout_sec
+        step = self._steps.step if self._steps is not None else None
+        timeout = self.spec.verifier_timeout_s or (step.verifier.timeout_sec if step is not None else None) \
+            or self.harbor_task.config.verifier.timeout_sec
+        definition = verifier_definition(self.harbor_task, step)
+        env, trial_paths = self.env, self._trial_paths
         try:
+            if definition is not None:
+                env, trial_paths = await self._start_verifier_sandbox(definition, step)
             result = await asyncio.wait_for(
-                run_verifier(self.env, self.harbor_task, self._trial_paths, evidence,
+                run_verifier(env, self.harbor_task, trial_paths, evidence,
                              offline_tooling=self.spec.offline_tooling,
-                             watch_missing=bool(probe_commands(self._tooling_missing))), timeout)
+                             watch_missing=bool(probe_commands(self._tooling_missing)), step=step,
+                             skip_tests_upload=definition is not None and definition.bundled_tests), timeout)
         except TimeoutError:
             raise HarborVerifierTimeout(f"{self.label}: the verifier did not finish within {timeout:g} s") from None
         except (RewardFileNotFoundError, RewardFileEmptyError, VerifierOutputParseError, ValidationError) as exc:
@@ -362,11 +446,69 @@ class HarborAdapter(LiveAdapter):
         except asyncio.CancelledError:
             self._score_cancelled = True
             raise
-        except EnvError:
+        except (EnvError, TaskError):
             raise
         except Exception as exc:  # noqa: BLE001 - uploading tests, running test.sh or reading results failed
             raise HarborVerifierError(f"{self.label}: the verifier crashed: {describe(exc)}") from exc
         return reduce_rewards(dict(result.rewards or {}), self.spec.reward_reduce, self.spec.reward_key, self.label)
+
+    async def _start_verifier_sandbox(self, definition: Any, step: Any) -> tuple[BaseEnvironment, TrialPaths]:
+        """Collect the declared artifacts from the task's sandbox, start the separate verifier's own sandbox
+        (`raygrpo.envs.harbor.separate`; through the suite's gate, tracked like every sandbox) and place the
+        artifacts in it; returns its environment and trial paths. The sandbox is closed after the verification.
+
+        Raises:
+            TaskError: The verifier's image does not build.
+            HarborVerifierError: The verifier's sandbox did not start, or the artifacts could not be moved.
+        """
+        task = self.harbor_task
+        agent_os = self.env.os
+        self._artifacts_tmp = tempfile.mkdtemp(prefix="raygrpo-artifacts-", dir=process_scratch())
+        try:
+            artifacts_dir = await collect_artifacts(self.env, task, step, Path(self._artifacts_tmp))
+        except Exception as exc:  # noqa: BLE001 - the task's sandbox could not hand its files over: infrastructure
+            raise HarborVerifierError(f"{self.label}: could not collect the artifacts: {describe(exc)}") from exc
+        if self._steps is None or self._steps.index + 1 >= len(self._steps.steps):
+            # The last verification: the task's sandbox has no further use and is stopped first, as Harbor does
+            # (its live slot is free for the verifier's; between steps both are alive).
+            await self.sandbox.close()
+            self._dead = "stopped before its separate verifier ran"
+        sandbox = self._verifier_sandbox = HarborSandbox(self.context, self.sandbox.task_dir,
+                                                         task=verifier_task(task, definition))
+        began = time.perf_counter()
+        try:
+            await sandbox.start()
+        except TimeoutError:
+            raise HarborVerifierError(f"{self.label}: the verifier's sandbox did not start within start_timeout_s="
+                                      f"{self.spec.start_timeout_s:g}") from None
+        except (EnvError, TaskError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - every backend fails its own way
+            docker = self.context.docker
+            broken = await docker.start_failed(sandbox.harbor_task, exc) if docker is not None else None
+            if broken is not None:
+                raise broken from exc
+            cause = (docker.explain(exc) if docker is not None else None) or describe(exc)
+            raise HarborVerifierError(f"{self.label}: the verifier's sandbox failed to start: {cause}") from exc
+        finally:
+            self.timings["verifier_start"] = time.perf_counter() - began
+        try:
+            await place_artifacts(sandbox.env, agent_os, task, step, artifacts_dir)
+        except Exception as exc:  # noqa: BLE001 - uploading into the verifier's sandbox failed: infrastructure
+            raise HarborVerifierError(f"{self.label}: could not place the artifacts in the verifier's sandbox: "
+                                      f"{describe(exc)}") from exc
+        return sandbox.env, sandbox.trial.paths
+
+    async def _close_verifier_sandbox(self) -> None:
+        """Close the separate verifier's sandbox, if one was started (`HarborSandbox.close`: never raises)."""
+        sandbox, self._verifier_sandbox = self._verifier_sandbox, None
+        folder, self._artifacts_tmp = self._artifacts_tmp, None
+        try:
+            if sandbox is not None:
+                await sandbox.close()
+        finally:
+            if folder is not None:
+                await asyncio.to_thread(shutil.rmtree, folder, True)
 
     @property
     def verifier(self) -> dict[str, Any] | None:
@@ -375,13 +517,16 @@ class HarborAdapter(LiveAdapter):
         return self._evidence.to_dict() if self._evidence is not None else None
 
     def _holds_resources(self) -> bool:
-        return self.sandbox is not None
+        return self.sandbox is not None or self._verifier_sandbox is not None or self._artifacts_tmp is not None
 
     async def _release(self) -> None:
         """Close the episode's sandbox (see `HarborSandbox.close`: the stop, the lease, the live ticket, the host
         files)."""
         began = time.perf_counter()
         try:
-            await self.sandbox.close()
+            await self._close_verifier_sandbox()
+            if self.sandbox is not None:
+                await self.sandbox.close()
         finally:
-            self.timings["stop"] = self.sandbox.timings.get("stop", time.perf_counter() - began)
+            if self.sandbox is not None:
+                self.timings["stop"] = self.sandbox.timings.get("stop", time.perf_counter() - began)

@@ -1,8 +1,8 @@
 """Harbor tasks that a run cannot load or run, each named with why (`Refusal`), and the error that lists them all.
 
 A suite is judged task by task: one task dir that Harbor's loader refuses (an invalid `task.toml`, a missing
-`tests/test.sh`), that raygrpo does not run yet (multi-step tasks, a separate verifier environment) or that the
-suite's backend cannot run (compose services on the local backend) must not hide the others. `raygrpo check` turns
+`tests/test.sh`) or that the suite's backend cannot run (a separate verifier environment or compose services on the
+local backend) must not hide the others. `raygrpo check` turns
 each refusal into a verdict of its own (`status: refused`); `raygrpo rollout` and `train` fail at load with
 `TaskRefusals`, which lists every refused task at once, so that finding four broken tasks takes one load, not five.
 """

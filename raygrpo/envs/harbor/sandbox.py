@@ -69,10 +69,12 @@ class HarborSandbox(LiveAdapter):
             start still waiting for one then gives up (`WarmPool.ticket_for_warm`).
         tickets: The suite's warm pool, which orders live tickets under a live cap (a rollout's own start before
             the pool's); None without a warm pool.
+        task: The task to start it for, when it is not the suite's task of `task_dir` as loaded (a separate verifier
+            environment's view of it: `raygrpo.envs.harbor.separate.verifier_task`).
     """
 
     def __init__(self, context: SuiteContext, task_dir: str, for_pool: bool = False, *,
-                 tickets: TicketYielder | None = None) -> None:
+                 tickets: TicketYielder | None = None, task: Task | None = None) -> None:
         super().__init__(context.sandboxes)
         self.context = context
         self.tickets = tickets
@@ -80,6 +82,7 @@ class HarborSandbox(LiveAdapter):
         self.spec = context.spec
         self.task_dir = task_dir
         self.harbor_task: Task | None = None
+        self._task = task
         self.env: BaseEnvironment | None = None
         self.session_id: str | None = None
         self.trial: TrialDir | None = None
@@ -137,7 +140,7 @@ class HarborSandbox(LiveAdapter):
         clock = time.perf_counter
         began = clock()
         context = self.context
-        harbor_task = self.harbor_task = context.tasks.task(self.task_dir)
+        harbor_task = self.harbor_task = self._task or context.tasks.task(self.task_dir)
         self.trial = TrialDir.make(harbor_task.short_name)
         self.session_id = f"{harbor_task.short_name}__{uuid.uuid4().hex[:10]}__env"
         self.env = await create_environment(context, harbor_task, self.trial.paths, self.session_id)

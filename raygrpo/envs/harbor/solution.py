@@ -23,6 +23,7 @@ from raygrpo.core.types import ToolResult
 
 if TYPE_CHECKING:
     from harbor.environments.base import BaseEnvironment
+    from harbor.models.task.config import StepConfig
     from harbor.models.task.task import Task
 
 logger = logging.getLogger(__name__)
@@ -36,8 +37,10 @@ class HarborSolutionTimeout(TimeoutError):
     `timeout`."""
 
 
-async def run_solution(env: BaseEnvironment, task: Task, label: str) -> ToolResult:
-    """Run `task`'s reference solution in the started sandbox `env` (see the module docstring).
+async def run_solution(env: BaseEnvironment, task: Task, label: str, step: StepConfig | None = None) -> ToolResult:
+    """Run `task`'s reference solution in the started sandbox `env` (see the module docstring); for a multi-step
+    task's `step`, the step's own `solution/` where it has one (else the task's), under the step's `[agent]
+    timeout_sec` (else the task's), as Harbor's oracle agent runs each step.
 
     Returns:
         A finished `ToolResult`: the output's tail and `[exit code N]`, with metadata `exit_code`, `output_tail` (the
@@ -57,6 +60,14 @@ async def run_solution(env: BaseEnvironment, task: Task, label: str) -> ToolResu
     task_os = task.config.environment.os
     solution_dir = task.paths.solution_dir
     solve_path = task.paths.discovered_solve_path_for(task_os) or task.paths.solve_path
+    timeout = task.config.agent.timeout_sec
+    if step is not None:
+        if task.paths.step_solution_dir(step.name).exists():
+            solution_dir = task.paths.step_solution_dir(step.name)
+            solve_path = (task.paths.discovered_step_solve_path_for(step.name, task_os)
+                          or task.paths.step_solve_path_for(step.name, task_os))
+        if step.agent.timeout_sec is not None:
+            timeout = step.agent.timeout_sec
     if not solve_path.is_file():
         raise TaskError(f"{label}: the task has no reference solution to run: {solve_path} is missing")
     try:
@@ -76,7 +87,7 @@ async def run_solution(env: BaseEnvironment, task: Task, label: str) -> ToolResu
     except Exception as exc:  # noqa: BLE001 - the backend could not place the files: infrastructure
         raise EnvError(f"{label}: could not upload the reference solution: {describe(exc)}") from exc
     result = await _exec_solution(env, build_execution_command(script, task_os=task_os), solution_env,
-                                  task.config.agent.timeout_sec, label)
+                                  timeout, label)
     output = (result.stdout or "") + (result.stderr or "")
     tail = output[-SOLUTION_OUTPUT_TAIL_CHARS:]
     text = (tail if not tail or tail.endswith("\n") else tail + "\n") + f"[exit code {result.return_code}]"

@@ -68,8 +68,9 @@ def check_task_dir(task_dir: Path, backend: str | None = None) -> None:
 
     Raises:
         TaskDirError: The message names the task dir and what is wrong (a missing `task.toml`, `instruction.md`,
-            `tests/test.sh` or `environment/`, an invalid `task.toml`, a feature raygrpo does not run: multi-step
-            tasks and separate verifier environments, or compose services on the local backend).
+            `tests/test.sh` or `environment/` (for a multi-step task: a step's folder, `instruction.md` or test
+            script, as Harbor's loader checks them), an invalid `task.toml`, a feature the suite's backend does not
+            run: separate verifier environments off docker, or compose services on the local backend).
     """
     from harbor.models.task.config import TaskConfig
     from harbor.utils.scripts import discover_script
@@ -81,20 +82,22 @@ def check_task_dir(task_dir: Path, backend: str | None = None) -> None:
     except Exception as exc:  # noqa: BLE001 - TOML syntax and pydantic errors alike
         raise TaskDirError(task_dir, f"task.toml is invalid: {_toml_error(exc)}") from None
     name = config.task.name if config.task is not None else None
-    # Shapes raygrpo does not run yet are named before the files they lay out differently are looked for (a
-    # multi-step task has no top-level instruction.md).
-    unsupported = unsupported_shape(config)
+    # Shapes the backend does not run are named before the files they lay out differently are looked for.
+    unsupported = unsupported_shape(config, backend)
     if unsupported is not None:
         raise TaskDirError(task_dir, unsupported, name)
-    if not (task_dir / "instruction.md").is_file():
-        raise TaskDirError(task_dir, "missing instruction.md", name)
-    if discover_script(task_dir / "tests", "test") is None:
-        raise TaskDirError(task_dir, "missing tests/test.sh", name)
+    # A multi-step task has no top-level instruction.md, and may keep its tests per step: Harbor's loader checks
+    # every step's folder, instruction and test script.
+    if not config.steps:
+        if not (task_dir / "instruction.md").is_file():
+            raise TaskDirError(task_dir, "missing instruction.md", name)
+        if discover_script(task_dir / "tests", "test") is None:
+            raise TaskDirError(task_dir, "missing tests/test.sh", name)
     try:
         task = load_task(str(task_dir))
     except Exception as exc:  # noqa: BLE001 - Harbor's own checks (missing files, unsafe paths)
         raise TaskDirError(task_dir, first_line(exc) or type(exc).__name__, name) from None
-    if task.paths.discovered_test_path_for(task.config.environment.os) is None:
+    if not config.steps and task.paths.discovered_test_path_for(task.config.environment.os) is None:
         raise TaskDirError(task_dir, "missing tests/test.sh", name)
     if not task.paths.environment_dir.is_dir() and not task.config.environment.docker_image:
         raise TaskDirError(task_dir, "missing environment/ (or [environment].docker_image in task.toml)", name)
@@ -102,25 +105,20 @@ def check_task_dir(task_dir: Path, backend: str | None = None) -> None:
         raise TaskDirError(task_dir, LOCAL_COMPOSE_REFUSAL, name)
 
 
-def unsupported_shape(config: Any) -> str | None:
-    """What raygrpo cannot run yet in a parsed task.toml (Harbor's `TaskConfig`), as a message naming the task and
-    the feature; None when the task's shape is supported.
+def unsupported_shape(config: Any, backend: str | None = None) -> str | None:
+    """What raygrpo cannot run in a parsed task.toml (Harbor's `TaskConfig`) on the suite's `backend`, as a message
+    naming the task and the feature; None when the task's shape is supported.
 
-    Two shapes that Harbor runs are not run here yet: multi-step tasks (`[[steps]]`, each step with its own
-    instruction, tests and solution) and a separate verifier environment (`[verifier] environment_mode =
-    "separate"`, or a `[verifier.environment]` table: the default of `harbor tasks init`), where the verifier runs
-    in its own container instead of the task's sandbox.
+    Multi-step tasks (`[[steps]]`) run everywhere (`raygrpo.envs.harbor.steps`). A separate verifier environment
+    (`[verifier] environment_mode = "separate"`, or a `[verifier.environment]` table: the default of `harbor tasks
+    init`; for a multi-step task, on any step, as Harbor resolves each step's mode) runs on docker only
+    (`raygrpo.envs.harbor.separate`).
     """
-    from harbor.models.task.verifier_mode import resolve_task_verifier_mode
+    from raygrpo.envs.harbor.separate import SEPARATE_BACKENDS, SEPARATE_REFUSAL, uses_separate_verifier
 
     name = f"task {config.task.name!r}" if config.task is not None else "this task"
-    if config.steps:
-        return (f"{name} is a multi-step task ({len(config.steps)} [[steps]] in task.toml), which raygrpo does not run "
-                "yet: give single-step tasks (instruction.md and tests/ at the top of the task dir)")
-    if resolve_task_verifier_mode(config).value != "shared":
-        return (f"{name} asks for a separate verifier environment ([verifier] environment_mode = \"separate\", the "
-                "default of `harbor tasks init`), which raygrpo does not run yet: set environment_mode = \"shared\" "
-                "so that tests/test.sh runs in the task's own sandbox")
+    if uses_separate_verifier(config) and backend not in SEPARATE_BACKENDS:
+        return f"{name} " + SEPARATE_REFUSAL.format(backend=backend or "local")
     return None
 
 
@@ -225,7 +223,9 @@ def scan_harbor_tasks(spec: HarborSpec, name: str) -> tuple[list[TaskRef], list[
         if task_dir in refused:
             continue
         task = load_task(task_dir)
-        meta: dict[str, Any] = {"task_dir": task_dir, "task_name": task.name, "instruction": task.instruction}
+        # A multi-step task opens with its first step's instruction.
+        instruction = task.step_instruction(task.config.steps[0].name) if task.has_steps else task.instruction
+        meta: dict[str, Any] = {"task_dir": task_dir, "task_name": task.name, "instruction": instruction}
         for key, value in (task.config.metadata or {}).items():
             if key not in RESERVED_METADATA:
                 meta[key] = value

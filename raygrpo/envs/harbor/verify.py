@@ -27,6 +27,7 @@ from raygrpo.core.errors import describe
 
 if TYPE_CHECKING:
     from harbor.environments.base import BaseEnvironment
+    from harbor.models.task.config import StepConfig
     from harbor.models.task.task import Task
     from harbor.models.trial.paths import TrialPaths
 
@@ -105,11 +106,16 @@ class _RecordingEnvironment:
 
 
 async def run_verifier(env: BaseEnvironment, task: Task, trial_paths: TrialPaths, evidence: VerifierEvidence, *,
-                       offline_tooling: bool = False, watch_missing: bool = False) -> Any:
+                       offline_tooling: bool = False, watch_missing: bool = False,
+                       step: StepConfig | None = None, skip_tests_upload: bool = False) -> Any:
     """Run Harbor's verifier for `task` in `env` as the task's verifier user, recording the exit code and the raw
     rewards in `evidence` (with `offline_tooling`, `test.sh` runs with `raygrpo.envs.harbor.offline`'s shims first on
     its `PATH`; with `watch_missing`, bash records the commands it cannot find: `missing_at_verify` reads them);
-    returns Harbor's `VerifierResult` and raises what Harbor raises."""
+    returns Harbor's `VerifierResult` and raises what Harbor raises.
+
+    With `step` (a multi-step task's current step), the step's tests are merged over the task's shared `tests/`,
+    and the step's `[steps.verifier]` env and user apply, as in Harbor's `MultiStepTrial`. With `skip_tests_upload`
+    (a separate verifier environment whose image bakes its tests in), the tests are not uploaded."""
     if offline_tooling:
         await install_shims(env, trial_paths.trial_dir)
     if watch_missing:
@@ -117,7 +123,7 @@ async def run_verifier(env: BaseEnvironment, task: Task, trial_paths: TrialPaths
     from harbor.models.trial.config import VerifierConfig
     from harbor.verifier.factory import VerifierFactory
 
-    recording = _RecordingEnvironment(env, _test_command(env, task, trial_paths), evidence, offline_tooling,
+    recording = _RecordingEnvironment(env, _test_command(env, task, trial_paths, step), evidence, offline_tooling,
                                       watch_missing)
     verifier = VerifierFactory.create_verifier_from_config(
         VerifierConfig(),
@@ -126,9 +132,15 @@ async def run_verifier(env: BaseEnvironment, task: Task, trial_paths: TrialPaths
         environment=recording,  # type: ignore[arg-type] - the sandbox, observed
         override_env=task.config.verifier.env or None,
         logger=logger,
+        verifier_env=(step.verifier.env or None) if step is not None else None,
+        step_name=step.name if step is not None else None,
+        skip_tests_upload=skip_tests_upload,
     )
-    # test.sh runs as the task's verifier user, as in a Harbor trial.
-    with env.with_default_user(task.config.verifier.user):
+    user = task.config.verifier.user
+    if step is not None and step.verifier.user is not None:
+        user = step.verifier.user
+    # test.sh runs as the task's (or the step's) verifier user, as in a Harbor trial.
+    with env.with_default_user(user):
         result = await verifier.verify()
     evidence.rewards = dict(result.rewards or {})
     return result
@@ -136,26 +148,32 @@ async def run_verifier(env: BaseEnvironment, task: Task, trial_paths: TrialPaths
 
 #: `_test_command`'s answers by (task dir, OS): every verification of a task runs the same command, and building
 #: it (a directory listing and path arithmetic) was a tenth of a rollout's CPU on a remote backend.
-_TEST_COMMANDS: dict[tuple[str, str], str] = {}
+_TEST_COMMANDS: dict[tuple[str, str, str], str] = {}
 _TEST_COMMANDS_KEPT = 4096
 
 
-def _test_command(env: BaseEnvironment, task: Task, trial_paths: TrialPaths) -> str:
-    """The command Harbor's verifier runs `test.sh` with (as `harbor.verifier.verifier.Verifier.verify` builds it).
+def _test_command(env: BaseEnvironment, task: Task, trial_paths: TrialPaths, step: StepConfig | None = None) -> str:
+    """The command Harbor's verifier runs `test.sh` with (as `harbor.verifier.verifier.Verifier.verify` builds it;
+    for a step, its own `tests/test.sh` where it has one, else the task's shared one).
 
-    Made once per task and OS: the task (parsed once per provider) does not change, and every trial dir has
+    Made once per task, step and OS: the task (parsed once per provider) does not change, and every trial dir has
     Harbor's one layout."""
-    key = (str(task.paths.task_dir), str(env.os))
+    key = (str(task.paths.task_dir), str(env.os), step.name if step is not None else "")
     command = _TEST_COMMANDS.get(key)
     if command is None:
         from harbor.models.trial.paths import EnvironmentPaths
         from harbor.utils.scripts import build_execution_command
 
         paths = EnvironmentPaths.for_os(env.os)
-        host_test = task.paths.discovered_test_path_for(env.os)
+        tests_dir = task.paths.tests_dir
+        host_test = None
+        if step is not None:
+            host_test = task.paths.discovered_step_test_path_for(step.name, env.os)
+            tests_dir = task.paths.step_tests_dir(step.name) if host_test is not None else tests_dir
+        host_test = host_test or task.paths.discovered_test_path_for(env.os)
         if host_test is None:
             return ""
-        script = paths.tests_dir / host_test.relative_to(task.paths.tests_dir).as_posix()
+        script = paths.tests_dir / host_test.relative_to(tests_dir).as_posix()
         stdout = paths.verifier_dir / trial_paths.test_stdout_path.relative_to(trial_paths.verifier_dir).as_posix()
         command = build_execution_command(str(script), stdout_path=str(stdout), task_os=env.os)
         if len(_TEST_COMMANDS) >= _TEST_COMMANDS_KEPT:
