@@ -8,7 +8,8 @@ streams the batch, printing one line per event for the test to act on:
     BUSY                                    once every actor has rollouts in flight
     DETECTED {"name", "state", "at"}        once per first actor, when the driver stops using it (unreachable or
                                             lost; `at` is `time.time()`)
-    RESULT {...}                            the trajectories, the pool after it got back to its size, dispatch stats,
+    RESULT {...}                            the trajectories, the pool after it got back to its size and settled its
+                                            unreachable actors (up to 90 s after the batch), dispatch stats,
                                             the batch's wall time
     FINAL {"leaked_envs": ...}              after the runtime shut down
 
@@ -69,7 +70,11 @@ def main() -> None:
         trajs = list(orchestrator.run(make_groups(runtime.tasks, cfg.rollout.group_size), on_poll=watch))
         wall_s = time.monotonic() - began
         deadline = time.monotonic() + 90
-        while pools.snapshot()["envs.local.pool"]["actors"] < 2 and time.monotonic() < deadline:
+        def settled() -> bool:  # back to two live actors, and none left unreachable (retired or lost)
+            snap = pools.snapshot()["envs.local.pool"]
+            return snap["actors"] >= 2 and not snap["unreachable"] and not snap["draining"]
+
+        while not settled() and time.monotonic() < deadline:
             pools.tick()
             time.sleep(0.5)
         say("RESULT", {
