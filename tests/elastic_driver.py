@@ -6,8 +6,14 @@ streams the batch, printing one line per event for the test to act on:
 
     ACTORS [{"name", "pid", "node"}, ...]   once the actors are live
     BUSY                                    once every actor has rollouts in flight
-    RESULT {...}                            the trajectories, the pool after it got back to its size, dispatch stats
+    DETECTED {"name", "state", "at"}        once per first actor, when the driver stops using it (unreachable or
+                                            lost; `at` is `time.time()`)
+    RESULT {...}                            the trajectories, the pool after it got back to its size and settled its
+                                            unreachable actors (up to 90 s after the batch), dispatch stats,
+                                            the batch's wall time
     FINAL {"leaked_envs": ...}              after the runtime shut down
+
+Extra `--set`-style overrides may follow on the command line (e.g. `workers.unreachable_after_s=10`).
 """
 
 from __future__ import annotations
@@ -38,12 +44,14 @@ def say(tag: str, payload: object = None) -> None:
 
 def main() -> None:
     init_ray()
-    cfg = load_config("rollout.yaml", OVERRIDES)
+    cfg = load_config("rollout.yaml", OVERRIDES + sys.argv[1:])
     with RolloutRuntime(cfg, resolve_run(cfg).tasks_by_env, actor_prefix="elastic-fault") as runtime:
         pools = runtime.pools
+        first = {n for n, _ in runtime.actors}
         say("ACTORS", [{"name": n, "pid": ray.get(h.pid.remote()), "node": ray.get(h.node_ip.remote())}
                        for n, h in runtime.actors])
         busy = False
+        detected: set[str] = set()
 
         def watch(orchestrator: Orchestrator) -> None:
             nonlocal busy
@@ -51,11 +59,22 @@ def main() -> None:
             if not busy and len(slots) == 2 and all(s.in_flight >= 2 for s in slots):
                 busy = True
                 say("BUSY")
+            states = {s.name: s.state.value for s in slots}
+            for name in sorted(first - detected):
+                if states.get(name, "dead") != "live":
+                    detected.add(name)
+                    say("DETECTED", {"name": name, "state": states.get(name, "dead"), "at": time.time()})
 
         orchestrator = Orchestrator(pools=pools, max_retries=cfg.workers.max_retries)
+        began = time.monotonic()
         trajs = list(orchestrator.run(make_groups(runtime.tasks, cfg.rollout.group_size), on_poll=watch))
+        wall_s = time.monotonic() - began
         deadline = time.monotonic() + 90
-        while pools.snapshot()["envs.local.pool"]["actors"] < 2 and time.monotonic() < deadline:
+        def settled() -> bool:  # back to two live actors, and none left unreachable (retired or lost)
+            snap = pools.snapshot()["envs.local.pool"]
+            return snap["actors"] >= 2 and not snap["unreachable"] and not snap["draining"]
+
+        while not settled() and time.monotonic() < deadline:
             pools.tick()
             time.sleep(0.5)
         say("RESULT", {
@@ -65,6 +84,8 @@ def main() -> None:
             "pool": pools.snapshot()["envs.local.pool"],
             "live_actor_nodes": [ray.get(h.node_ip.remote()) for _, h in runtime.actors],
             "lost_to_actors": orchestrator.stats.lost_to_actors, "retried": orchestrator.stats.retried,
+            "abandoned": orchestrator.stats.abandoned, "duplicates_discarded": orchestrator.stats.duplicates_discarded,
+            "wall_s": round(wall_s, 2),
         })
     say("FINAL", {"leaked_envs": runtime.leaked_envs})
 

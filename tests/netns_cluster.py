@@ -751,6 +751,26 @@ class NetnsCluster:
         _run(["ip", "link", "set", self._nodes[node].host_veth, "up"])
         logger.info("netns cluster %s: healed %s", self.id, node)
 
+    def _drop_rules(self, node: str, peer: str) -> list[list[str]]:
+        ip = self._nodes[peer].ip
+        return [["INPUT", "-s", ip, "-j", "DROP"], ["OUTPUT", "-d", ip, "-j", "DROP"]]
+
+    def drop(self, node: str, peer: str | None = None) -> None:
+        """Drop every packet between a node and `peer` (default: the head), both ways, with iptables rules in the
+        node's own namespace: silent loss, as a cut cable or a black-holing switch, with the links up. The rules go
+        with the namespace at teardown."""
+        peer = peer or self.specs[0].name
+        for rule in self._drop_rules(node, peer):
+            _run(["ip", "netns", "exec", self._nodes[node].netns, "iptables", "-w", "5", "-I", *rule])
+        logger.info("netns cluster %s: dropping packets between %s and %s", self.id, node, peer)
+
+    def undrop(self, node: str, peer: str | None = None) -> None:
+        """Remove the rules of `drop`."""
+        peer = peer or self.specs[0].name
+        for rule in self._drop_rules(node, peer):
+            _run(["ip", "netns", "exec", self._nodes[node].netns, "iptables", "-w", "5", "-D", *rule])
+        logger.info("netns cluster %s: packets flow again between %s and %s", self.id, node, peer)
+
     def _kill_all(self) -> None:
         self.killed.update(_kill_pids_in(self._netns_created, grace=self.kill_grace))
 

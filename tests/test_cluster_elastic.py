@@ -69,9 +69,9 @@ def cluster():
 class _Driver:
     """The driver running on the head node; its event lines are collected by a reader thread."""
 
-    def __init__(self, cluster: NetnsCluster, workdir: Path, sandbox_base: Path) -> None:
+    def __init__(self, cluster: NetnsCluster, workdir: Path, sandbox_base: Path, args: tuple[str, ...] = ()) -> None:
         env = {**cluster.env(cluster.gcs_address), "RAYGRPO_SANDBOX_ROOT": str(sandbox_base)}
-        self.proc = cluster.exec("head", [sys.executable, str(DRIVER)], cwd=workdir, env=env, text=True,
+        self.proc = cluster.exec("head", [sys.executable, str(DRIVER), *args], cwd=workdir, env=env, text=True,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         self.lines: list[str] = []
         self.events: dict[str, object] = {}
@@ -82,7 +82,7 @@ class _Driver:
         for line in self.proc.stdout:
             self.lines.append(line.rstrip())
             tag, _, payload = line.strip().partition(" ")
-            if tag in ("ACTORS", "BUSY", "RESULT", "FINAL"):
+            if tag in ("ACTORS", "BUSY", "DETECTED", "RESULT", "FINAL"):
                 self.events[tag] = json.loads(payload) if payload else True
 
     def wait(self, tag: str, timeout: float) -> object:
@@ -100,29 +100,36 @@ def _os_leaks(base: Path) -> tuple[list[int], list[str]]:
     return pids, sandbox_mounts(base)
 
 
-def _run_with_fault(cluster: NetnsCluster, tmp_path: Path, fault) -> tuple[dict, dict, dict]:
-    """Start the driver, apply `fault(actor)` to the first actor once both are busy (it may return a callable to
-    run once the driver is done), check the OS for leftovers, and return the lost actor, the driver's RESULT and its
-    FINAL."""
+def _run_with_fault(cluster: NetnsCluster, tmp_path: Path, fault, *, args: tuple[str, ...] = (),
+                    detection: dict | None = None, leak_wait_s: float = 30.0) -> tuple[dict, dict, dict]:
+    """Start the driver (extra overrides `args`), apply `fault(actor)` to the first actor once both are busy (None:
+    no fault; it may return a callable to run once the driver is done), check the OS for leftovers, and return the
+    first actor, the driver's RESULT and its FINAL. With `detection`, it gets the driver's DETECTED line
+    (`detected`) and the seconds from the fault to it (`detection_s`)."""
     workdir = Path(shutil.copytree(REPO / "examples" / "harbor_local", tmp_path / "suite"))
     (workdir / "slow.py").write_text(SLOW_POLICY)
     base = tmp_path / "sandboxes"
-    driver = _Driver(cluster, workdir, base)
+    driver = _Driver(cluster, workdir, base, args)
+    settle = None
     try:
         actors = driver.wait("ACTORS", 240)
         assert len({a["node"] for a in actors}) == 2, actors  # SPREAD: one per node
         driver.wait("BUSY", 120)
         victim = actors[0]
-        settle = fault(victim)
+        struck = time.time()
+        settle = fault(victim) if fault is not None else None
+        if detection is not None and fault is not None:
+            detection["detected"] = driver.wait("DETECTED", 120)
+            detection["detection_s"] = detection["detected"]["at"] - struck
         result = driver.wait("RESULT", 300)
-        final = driver.wait("FINAL", 120)
+        final = driver.wait("FINAL", 180)
         assert driver.proc.wait(60) == 0, driver.log()
     finally:
         if driver.proc.poll() is None:
             driver.proc.kill()
-    if callable(settle):
-        settle()
-    assert wait_until(lambda: _os_leaks(base) == ([], []), 30), _os_leaks(base)
+        if callable(settle):
+            settle()
+    assert wait_until(lambda: _os_leaks(base) == ([], []), leak_wait_s), _os_leaks(base)
     return victim, result, final
 
 

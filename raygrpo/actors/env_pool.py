@@ -143,6 +143,11 @@ class EnvPool:
             return {"name": self.settings.name, "live_envs": 0, "peak_envs": 0, "envs_opened": 0, "running": 0}
         return self._worker.stats()
 
+    async def ping(self) -> bool:
+        """Answers at once: the driver's probe of whether this actor is still reachable
+        (`raygrpo.driver.pools.reachability`)."""
+        return True
+
     async def pid(self) -> int:
         """The actor's process id (for fault-injection tests that kill it)."""
         return os.getpid()

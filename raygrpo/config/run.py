@@ -37,6 +37,13 @@ class WorkersConfig(BaseModel):
         node_cooldown_s: Seconds new env pool actors keep off the node of an actor that was lost or failed to start
             (while another node can take them): a dying node that Ray still counts alive, or one whose disk or
             sandbox root is unusable, would fail them too. 0 turns it off.
+        heartbeat_s: Seconds between the driver's probes of each live env pool actor (one small Ray call each; see
+            `raygrpo.driver.pools.reachability`). Must be less than `unreachable_after_s`.
+        unreachable_after_s: An env pool actor whose probe has gone unanswered this long (its node cut off, its
+            raylet dead, its process stuck) is unreachable: its rollouts in flight run again on other actors at once,
+            instead of after Ray declares its node dead (~30 s by default), and it gets no more. If it answers again
+            it is retired; results it still delivers count once (the first result of a rollout wins, later ones are
+            `duplicates_discarded`). Lower detects sooner; too low retires actors whose loop was only busy.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -50,6 +57,8 @@ class WorkersConfig(BaseModel):
     idle_timeout_s: float = Field(60.0, gt=0)
     actor_start_timeout_s: float = Field(600.0, gt=0)
     node_cooldown_s: float = Field(60.0, ge=0)
+    heartbeat_s: float = Field(2.0, gt=0)
+    unreachable_after_s: float = Field(10.0, gt=0)
 
     @model_validator(mode="after")
     def _sizes(self) -> WorkersConfig:
@@ -61,6 +70,10 @@ class WorkersConfig(BaseModel):
                 and self.min_env_actors > self.max_env_actors:
             raise ValueError(f"min_env_actors ({self.min_env_actors}) is larger than max_env_actors "
                              f"({self.max_env_actors})")
+        if self.heartbeat_s >= self.unreachable_after_s:
+            raise ValueError(f"heartbeat_s ({self.heartbeat_s:g}) must be less than unreachable_after_s "
+                             f"({self.unreachable_after_s:g}): an actor is probed every heartbeat_s and called "
+                             "unreachable after unreachable_after_s without an answer")
         return self
 
 

@@ -39,11 +39,11 @@ def collect(cfg: RunConfig, out_dir: str | Path, progress: bool | str = True) ->
     out = Path(out_dir)
     summary = RunSummary(requested=0)
     writer = TrajectoryWriter(out / "trajectories.jsonl")
-    lost = 0
+    dispatch = {"attempts_lost_to_actors": 0, "attempts_abandoned": 0, "duplicates_discarded": 0}
     session = RunSession(cfg, out, resolved.tasks_by_env, actor_prefix="raygrpo-envpool",
                          summarize=lambda: summary.to_dict(extra={
                              "server_live_sessions": session.runtime.server_live_sessions,
-                             "attempts_lost_to_actors": lost, "pools": session.runtime.pool_snapshot}))
+                             **dispatch, "pools": session.runtime.pool_snapshot}))
     try:
         with session:
             requests = make_groups(session.runtime.tasks, cfg.rollout.group_size)
@@ -63,7 +63,9 @@ def collect(cfg: RunConfig, out_dir: str | Path, progress: bool | str = True) ->
                                                                               orchestrator.in_flight))
             finally:
                 orchestrator.log_pools(pool_log, force=True)
-                lost = orchestrator.stats.lost_to_actors
+                stats = orchestrator.stats
+                dispatch.update(attempts_lost_to_actors=stats.lost_to_actors, attempts_abandoned=stats.abandoned,
+                                duplicates_discarded=stats.duplicates_discarded)
     finally:
         writer.close()
     return session.summary

@@ -204,7 +204,8 @@ class RolloutRuntime:
                                     workers.actor_num_cpus, min_actors=low, max_actors=high,
                                     idle_timeout_s=workers.idle_timeout_s,
                                     actor_start_timeout_s=workers.actor_start_timeout_s,
-                                    node_cooldown_s=workers.node_cooldown_s))
+                                    node_cooldown_s=workers.node_cooldown_s, heartbeat_s=workers.heartbeat_s,
+                                    unreachable_after_s=workers.unreachable_after_s))
         for name, spec in self.envs.items():
             pool = spec.pool
             if pool is not None:
@@ -215,7 +216,8 @@ class RolloutRuntime:
                     workers.actor_num_cpus if pool.num_cpus is None else pool.num_cpus,
                     int(pool.memory) if pool.memory else None, pool.resources, min_actors=low, max_actors=high,
                     idle_timeout_s=pool.idle_timeout_s or workers.idle_timeout_s,
-                    actor_start_timeout_s=workers.actor_start_timeout_s, node_cooldown_s=workers.node_cooldown_s))
+                    actor_start_timeout_s=workers.actor_start_timeout_s, node_cooldown_s=workers.node_cooldown_s,
+                    heartbeat_s=workers.heartbeat_s, unreachable_after_s=workers.unreachable_after_s))
         return groups
 
     def stop(self) -> None:

@@ -10,6 +10,14 @@ for an infrastructure reason (env or policy error, a dead actor) is run again, a
 its retry failed exactly as the attempt before it (same exception type and message): a failure that repeats
 identically is not a passing glitch, and retrying it again only costs time.
 
+An actor that stops answering the pools' probes for `workers.unreachable_after_s` (its node cut off, its raylet
+dead) is `unreachable`: its calls in flight are abandoned (its room released, their rollouts queued again at the
+front, as retries) without waiting for Ray to declare it dead, which takes ~30 s by default. An abandoned call is
+still watched: if the node comes back and delivers it, each rollout is scored once all the same, the first
+trajectory that settles it wins and later copies are discarded and counted (`duplicates_discarded`;
+`raygrpo.driver.copies`). Once every rollout of a call in flight (abandoned or not) has its final trajectory the call
+is cancelled, so the actor closes those sandboxes; queued copies of it are dropped.
+
 Rollouts of one group queued one after another go to an actor in one call (`EnvPool.run_many`) and come back
 together once the last of them ends: one Ray call per group instead of one per rollout, which was most of raygrpo's
 own CPU per rollout with remote sandboxes (benchmarks/README.md), and GRPO uses a group only once it is complete. A
@@ -33,7 +41,8 @@ import ray
 from ray.exceptions import RayActorError, TaskCancelledError
 
 from raygrpo.core.types import RolloutCall, Status, TaskRef, Trajectory
-from raygrpo.driver.pools import PoolSet, PoolSlot
+from raygrpo.driver.copies import RolloutCopies, RolloutId, Verdict
+from raygrpo.driver.pools import PoolSet, PoolSlot, SlotState
 from raygrpo.driver.pools.ray_metrics import PoolMetricsLog
 from raygrpo.driver.warm_hints import WarmHints
 
@@ -56,6 +65,11 @@ class RolloutRequest:
     policy: str | None = None
     hint: str | None = None
 
+    @property
+    def rid(self) -> RolloutId:
+        """The rollout's id, the same for every attempt and copy of it."""
+        return self.group_id, self.sample
+
 
 @dataclass
 class DispatchStats:
@@ -68,6 +82,11 @@ class DispatchStats:
     by_status: Counter = field(default_factory=Counter)
     #: Attempts that ended because their actor (or its node) was lost.
     lost_to_actors: int = 0
+    #: Rollouts in flight on an actor that went unreachable, run again elsewhere (also counted in `lost_to_actors`,
+    #: and in `retried` when queued again).
+    abandoned: int = 0
+    #: Results discarded because their rollout already had its final trajectory (see `raygrpo.driver.copies`).
+    duplicates_discarded: int = 0
 
 
 def make_groups(tasks: Iterable[TaskRef], group_size: int, min_version: int = 0) -> list[RolloutRequest]:
@@ -101,6 +120,12 @@ class Orchestrator:
         self.hints = WarmHints(pools)
         #: Per call in flight: its actor and its rollouts.
         self._pending: dict[Any, tuple[PoolSlot, list[RolloutRequest]]] = {}
+        #: Calls on actors that went unreachable: their rollouts were queued again; watched for late results.
+        self._abandoned: dict[Any, tuple[PoolSlot, list[RolloutRequest]]] = {}
+        #: Calls cancelled because every rollout of theirs was already settled.
+        self._cancelled: set[Any] = set()
+        #: Copies of each rollout out, and which have their final trajectory.
+        self.copies = RolloutCopies()
         self._queue: deque[RolloutRequest] = deque()
         self._queued: Counter[str] = Counter()
 
@@ -124,7 +149,7 @@ class Orchestrator:
     @property
     def outstanding(self) -> int:
         """Rollouts enqueued or in flight whose final trajectory has not been returned yet."""
-        return len(self._queue) + self.in_flight
+        return self.copies.open
 
     def enqueue(self, requests: Iterable[RolloutRequest]) -> None:
         """Add rollouts to run; `poll` dispatches them as actors have room.
@@ -137,6 +162,8 @@ class Orchestrator:
             if not self.pools.serves(env):
                 raise ValueError(f"no env pool actor serves environment {env!r}")
         self.hints.claim(requests)  # rollouts of tasks an actor was told of ahead go to that actor when it has room
+        for request in requests:
+            self.copies.add(request.rid)
         self._queue.extend(requests)
         self._queued.update(r.task.env for r in requests)
 
@@ -164,9 +191,11 @@ class Orchestrator:
         back (possibly none). Failed attempts with retries left go back to the front of the queue instead."""
         with self.pools.lock:
             self._tick()
+            self._abandon_unreachable()
             self.dispatch()
             wake = self.pools.wait_refs()
-        if not self._pending:
+        calls = [*self._pending, *self._abandoned]
+        if not calls:
             if self._queue:
                 stuck = sorted(env for env, n in self._queued.items() if n and not self.pools.can_run(env))
                 if stuck:
@@ -177,20 +206,32 @@ class Orchestrator:
                 else:
                     time.sleep(min(timeout, 0.1))
             return []
-        ready, _ = ray.wait(list(self._pending) + wake, num_returns=1, timeout=timeout)
+        ready, _ = ray.wait(calls + wake, num_returns=1, timeout=timeout)
         if ready:  # collect everything else that is already done too
-            ready, _ = ray.wait(list(self._pending), num_returns=len(self._pending), timeout=0)
+            ready, _ = ray.wait(calls, num_returns=len(calls), timeout=0)
         finals: list[Trajectory] = []
-        done: list[tuple[RolloutRequest, Trajectory]] = []
+        done: list[tuple[RolloutRequest, Trajectory, bool]] = []
         for ref in ready:
-            slot, batch = self._pending.pop(ref)
-            with self.pools.lock:
-                slot.release(len(batch))
-            done.extend(zip(batch, self._results(ref, slot, batch)))
-        for request, traj in done:
+            self._cancelled.discard(ref)
+            abandoned = ref in self._abandoned
+            slot, batch = self._abandoned.pop(ref) if abandoned else self._pending.pop(ref)
+            if not abandoned:
+                with self.pools.lock:
+                    slot.release(len(batch))
+            trajs, delivered = self._results(ref, slot, batch, abandoned)
+            done.extend((request, traj, delivered) for request, traj in zip(batch, trajs))
+        settled: set[RolloutId] = set()
+        for request, traj, delivered in done:
             self.stats.by_status[traj.status.value] += 1
             self.pools.metrics.record_attempt(traj.status.value)
-            if self._retry(request, traj):
+            verdict = self.copies.settle(request.rid, traj, may_retry=self._retry(request, traj), delivered=delivered)
+            if verdict is Verdict.DUPLICATE:
+                logger.info("%s/%s: a later copy (attempt %d, %s, %s) discarded: the rollout was already settled",
+                            request.group_id, request.sample, request.attempt, traj.worker, traj.status.value)
+                continue
+            if verdict is Verdict.SUPERSEDED:  # another copy of it is still out and settles it
+                continue
+            if verdict is Verdict.RETRY:
                 self.stats.retried += 1
                 self.stats.failed_attempts.append(traj)
                 if self.on_failed_attempt is not None:
@@ -200,7 +241,53 @@ class Orchestrator:
                 self._queued[request.task.env] += 1
                 continue
             finals.append(traj)
+            if self.copies.copies(request.rid):
+                settled.add(request.rid)
+        self.stats.duplicates_discarded = self.copies.duplicates_discarded
+        if settled:
+            self._drop_settled_copies(settled)
         return finals
+
+    def _abandon_unreachable(self) -> None:
+        """Abandon the calls in flight on actors that went unreachable: release their room and queue their rollouts
+        again at the front (within `max_retries`); the calls stay watched for late results (module docstring)."""
+        for ref, (slot, batch) in list(self._pending.items()):
+            if slot.state is not SlotState.UNREACHABLE:
+                continue
+            del self._pending[ref]
+            slot.release(len(batch))
+            self._abandoned[ref] = (slot, batch)
+            self.stats.abandoned += len(batch)
+            self.stats.lost_to_actors += len(batch)
+            again = [r for r in batch if r.attempt < self.max_retries and not self.copies.is_final(r.rid)]
+            for request in reversed(again):
+                self.copies.add(request.rid)
+                self._queue.appendleft(dataclasses.replace(request, attempt=request.attempt + 1, hint=None,
+                                                           last_error=f"env pool actor {slot.name} unreachable"))
+                self._queued[request.task.env] += 1
+            self.stats.retried += len(again)
+            logger.warning("%d rollout(s) on unreachable env pool actor %s queued again (%d had no retry left and "
+                           "wait for it)", len(batch), slot.name, len(batch) - len(again))
+
+    def _drop_settled_copies(self, settled: set[RolloutId]) -> None:
+        """Rollouts in `settled` just got their final trajectory while other copies were out: drop their queued
+        copies, and cancel every call in flight whose rollouts are all settled (the actor closes their sandboxes)."""
+        kept: deque[RolloutRequest] = deque()
+        for request in self._queue:
+            if request.rid in settled:
+                self.copies.drop(request.rid)
+                self._queued[request.task.env] -= 1
+            else:
+                kept.append(request)
+        self._queue = kept
+        for ref, (slot, batch) in [*self._pending.items(), *self._abandoned.items()]:
+            if ref not in self._cancelled and all(self.copies.is_final(r.rid) for r in batch):
+                self._cancelled.add(ref)
+                logger.info("cancelling a call of %d settled rollout(s) on %s", len(batch), slot.name)
+                try:
+                    ray.cancel(ref)
+                except Exception:  # noqa: BLE001 - already done, or its actor is gone
+                    pass
 
     def dispatch(self) -> None:
         """Give queued rollouts to actors with room, and tell warm actors which come to them next, without waiting
@@ -281,15 +368,19 @@ class Orchestrator:
         finally:
             self.cancel()
 
-    def _results(self, ref: Any, slot: PoolSlot, batch: list[RolloutRequest]) -> list[Trajectory]:
-        """The trajectories of one call, one per rollout in `batch`; unscored ones with the call's error if it failed."""
+    def _results(self, ref: Any, slot: PoolSlot, batch: list[RolloutRequest],
+                 abandoned: bool = False) -> tuple[list[Trajectory], bool]:
+        """The trajectories of one call, one per rollout in `batch`, and whether the actor delivered them; unscored
+        ones with the call's error if it failed (not delivered)."""
         try:
-            return ray.get(ref)
+            return ray.get(ref), True
         except RayActorError as exc:
             # Died, OOM-killed, its node died or is cut off: forgotten and killed for good, so a partitioned actor
-            # that comes back cannot deliver these rollouts too; the pool starts a replacement.
+            # that comes back cannot deliver these rollouts too; the pool starts a replacement. An abandoned call's
+            # rollouts were counted lost when it was abandoned.
             self.pools.lost(slot, exc)
-            self.stats.lost_to_actors += len(batch)
+            if not abandoned:
+                self.stats.lost_to_actors += len(batch)
             status, error = Status.ENV_ERROR, f"env pool actor {slot.name} died"
         except TaskCancelledError:
             status, error = Status.CANCELLED, "cancelled"
@@ -297,7 +388,7 @@ class Orchestrator:
             logger.warning("rollout on %s raised: %s", slot.name, exc)
             status, error = Status.ENV_ERROR, f"{type(exc).__name__}: {exc}"[:500]
         return [Trajectory(task=r.task, status=status, error=error, group_id=r.group_id, sample=r.sample,
-                           attempt=r.attempt, worker=slot.name) for r in batch]
+                           attempt=r.attempt, worker=slot.name) for r in batch], False
 
     def log_pools(self, log: PoolMetricsLog, force: bool = False) -> None:
         """Write the pools' figures and this orchestrator's to `log` (at most once per its interval)."""
@@ -309,12 +400,16 @@ class Orchestrator:
         self._queue.clear()
         self._queued.clear()
         self.hints.forget_queued()
-        for ref, (slot, batch) in list(self._pending.items()):
+        for ref, (slot, batch) in [*self._pending.items(), *self._abandoned.items()]:
             try:
                 ray.cancel(ref)
             except Exception:  # noqa: BLE001
                 pass
-            with self.pools.lock:
-                slot.release(len(batch))
+            if ref in self._pending:
+                with self.pools.lock:
+                    slot.release(len(batch))
         self._pending.clear()
+        self._abandoned.clear()
+        self._cancelled.clear()
+        self.copies.clear()
         self.pools.report(self, {})

@@ -310,6 +310,8 @@ class Learner:
         return {
             "rollouts_retried_total": stats.retried,
             "attempts_lost_to_actors_total": stats.lost_to_actors,
+            "attempts_abandoned_total": stats.abandoned,
+            "duplicates_discarded_total": stats.duplicates_discarded,
             "attempts_by_status": dict(sorted(stats.by_status.items())),
             "pools": {name: {k: snap[k] for k in ("actors", "starting", "target", "live_envs", "started", "drained",
                                                  "lost")} for name, snap in snapshot.items()},
@@ -363,6 +365,8 @@ class Learner:
             "failure_causes": self.outcomes.causes(),
             "rollouts_retried_total": dispatch["rollouts_retried_total"],
             "attempts_lost_to_actors_total": dispatch["attempts_lost_to_actors_total"],
+            "attempts_abandoned_total": dispatch["attempts_abandoned_total"],
+            "duplicates_discarded_total": dispatch["duplicates_discarded_total"],
             "pools": pool_snapshot,
             "env_actor_stats": actor_stats,
             "engines": engine_summary(self.cfg.policy, self.engines),

@@ -16,6 +16,14 @@ next tick refills the pool, on another node than the lost actor's while one fits
 to start is kept out the same way (`raygrpo.driver.pools.failed_node`): a dying node that Ray still counts alive,
 or one whose disk or sandbox root is unusable, would fail its replacement too. Either node is avoided for
 `node_cooldown_s` (`workers.node_cooldown_s`); a node Ray has declared dead takes no actor anyway.
+
+Every `heartbeat_s` each live actor is probed (`EnvPool.ping`, see `raygrpo.driver.pools.reachability` for why the
+driver probes); one whose probe has gone unanswered for `unreachable_after_s`, or raised, becomes `unreachable`: it
+takes no rollouts, the orchestrator runs its rollouts in flight again elsewhere, its node is cooled down, and it no
+longer counts towards the pool's size, so a replacement starts at once (the pool may briefly hold an unreachable
+actor beyond `max_actors`). It is never used again: if it answers once more it is retired (drained: its `shutdown`
+cancels what it still runs and closes those sandboxes), since a node that went silent for that long may do so again
+and its rollouts already run elsewhere; if Ray declares it dead meanwhile it is lost as above.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from typing import Any
 
 from raygrpo.driver.pools.failed_node import failed_start_node
 from raygrpo.driver.pools.group import ActorSpawner
+from raygrpo.driver.pools.reachability import HEARTBEAT_S, UNREACHABLE_AFTER_S
 from raygrpo.driver.pools.slot import PoolSlot, SlotState
 from raygrpo.envs.kinds import kind_of
 
@@ -57,6 +66,8 @@ class ElasticPool:
         idle_timeout_s: Idle seconds before an actor above the target is drained.
         actor_start_timeout_s: With no live actor, the longest an actor may take to start.
         node_cooldown_s: Seconds new actors keep off the node of an actor that was lost or failed to start.
+        heartbeat_s: Seconds between probes of each live actor.
+        unreachable_after_s: An actor whose probe has gone unanswered this long is unreachable.
         spawner: Starts new actors; None for a pool of given actors that never starts or drains any.
         bundle: One actor's resources (for the autoscaler hint).
         slots: Actors that already exist.
@@ -64,8 +75,9 @@ class ElasticPool:
 
     def __init__(self, name: str, envs: Iterable[str] | None, max_concurrent_per_actor: int, min_actors: int,
                  max_actors: int, *, idle_timeout_s: float = 60.0, actor_start_timeout_s: float = 600.0,
-                 node_cooldown_s: float = NODE_COOLDOWN_S, spawner: ActorSpawner | None = None, bundle: dict[str, float] | None = None,
-                 slots: list[PoolSlot] | None = None) -> None:
+                 node_cooldown_s: float = NODE_COOLDOWN_S, heartbeat_s: float = HEARTBEAT_S,
+                 unreachable_after_s: float = UNREACHABLE_AFTER_S, spawner: ActorSpawner | None = None,
+                 bundle: dict[str, float] | None = None, slots: list[PoolSlot] | None = None) -> None:
         self.name = name
         self.envs = frozenset(envs) if envs is not None else None
         #: The environments whose sandboxes its actors keep warm (the orchestrator tells those what comes next), and
@@ -78,13 +90,15 @@ class ElasticPool:
         self.idle_timeout_s = idle_timeout_s
         self.actor_start_timeout_s = actor_start_timeout_s
         self.node_cooldown_s = node_cooldown_s
+        self.heartbeat_s = heartbeat_s
+        self.unreachable_after_s = unreachable_after_s
         self.spawner = spawner
         self.bundle = dict(bundle or {})
         self.slots: list[PoolSlot] = list(slots or [])
         self.target = len(self.slots) if spawner is None else min_actors
         #: Final stats of the actors it drained.
         self.retired: list[dict[str, Any]] = []
-        self.started = self.drained = self.lost_count = self.start_failures = 0
+        self.started = self.drained = self.lost_count = self.start_failures = self.unreachable_count = 0
         #: Live, idle and busy seconds of the actors it no longer holds (see `PoolSlot`).
         self._gone = {"live_s": 0.0, "idle_s": 0.0, "busy_s": 0.0}
         self._failures_in_a_row = 0
@@ -100,7 +114,8 @@ class ElasticPool:
         g = spawner.group
         pool = cls(g.field, g.envs, g.max_concurrent_per_actor, g.min_actors, g.max_actors,
                    idle_timeout_s=g.idle_timeout_s, actor_start_timeout_s=g.actor_start_timeout_s,
-                   node_cooldown_s=g.node_cooldown_s, spawner=spawner, bundle=g.bundle)
+                   node_cooldown_s=g.node_cooldown_s, heartbeat_s=g.heartbeat_s,
+                   unreachable_after_s=g.unreachable_after_s, spawner=spawner, bundle=g.bundle)
         depths = {n: kind_of(spec).warm_depth(spec) for n, spec in g.envs.items()}
         pool.warm_envs = frozenset(n for n, depth in depths.items() if depth > 0)
         pool.warm_depth = max(depths.values(), default=0)
@@ -141,12 +156,14 @@ class ElasticPool:
         capacity_s = self.max_concurrent_per_actor * seconds["live_s"]
         return {
             "actors": self.count(SlotState.LIVE), "starting": self.count(SlotState.STARTING),
-            "draining": self.count(SlotState.DRAINING), "target": self.target, "min": self.min_actors,
+            "draining": self.count(SlotState.DRAINING), "unreachable": self.count(SlotState.UNREACHABLE),
+            "target": self.target, "min": self.min_actors,
             "max": self.max_actors, "in_flight": self.in_flight,
             "live_envs": sum(s.live_envs for s in self.slots if s.state is SlotState.LIVE),
             "envs_opened": sum(s.envs_opened for s in self.slots) + sum(int(r.get("envs_opened") or 0)
                                                                          for r in self.retired),
             "started": self.started, "drained": self.drained, "lost": self.lost_count,
+            "went_unreachable": self.unreachable_count,
             "start_failures": self.start_failures,
             "actor_seconds": round(seconds["live_s"], 3), "idle_actor_seconds": round(seconds["idle_s"], 3),
             "utilization": round(seconds["busy_s"] / capacity_s, 4) if capacity_s else None,
@@ -169,6 +186,7 @@ class ElasticPool:
         now = time.monotonic()
         self._settle_starts(ray)
         self._settle_drains(ray)
+        self._probe(ray, now)
         if self.spawner is None:
             return
         self.target = self.size_for(demand)
@@ -222,6 +240,7 @@ class ElasticPool:
             self._failures_in_a_row = 0
             slot.ready_ref = None
             slot.enter(SlotState.LIVE)
+            slot.reach.answered(time.monotonic())
             logger.info("%s: env pool actor %s is live", self.name, slot.name)
 
     def _drain_idle(self, now: float, active: int) -> None:
@@ -270,6 +289,45 @@ class ElasticPool:
             if slot.stats_ref is None:
                 slot.stats_ref = slot.handle.stats.remote()
 
+    def _probe(self, ray: Any, now: float) -> None:
+        """Read the answers of the probes in flight, mark actors silent too long unreachable, retire unreachable
+        ones that answered again, and probe the live ones that are due (see the module docstring)."""
+        from ray.exceptions import ActorDiedError
+
+        watched = [s for s in self.slots if s.state in (SlotState.LIVE, SlotState.UNREACHABLE)]
+        probes = {s.reach.probe_ref: s for s in watched if s.reach.probe_ref is not None}
+        for ref, slot in self._finished(ray, probes):
+            try:
+                ray.get(ref)
+            except Exception as exc:  # noqa: BLE001 - a failed probe is an answer too: the actor is not reachable
+                slot.reach.probe_ref = None
+                if slot.state is SlotState.LIVE:
+                    self._unreachable(slot, f"its probe failed: {type(exc).__name__}: {exc}"[:300])
+                elif isinstance(exc, ActorDiedError):
+                    self.lost(slot, exc)
+                continue
+            slot.reach.answered(now)
+            if slot.state is SlotState.UNREACHABLE:
+                logger.warning("%s: env pool actor %s answers again after %.1f s; retiring it (its rollouts ran "
+                               "elsewhere)", self.name, slot.name, now - slot.since)
+                slot.enter(SlotState.DRAINING)
+                slot.stop_ref = slot.handle.shutdown.remote()
+        for slot in watched:
+            if slot.state is SlotState.LIVE and slot.reach.unreachable(now, self.unreachable_after_s):
+                self._unreachable(slot, f"no answer for {slot.reach.silent_for(now):.1f} s "
+                                        f"(workers.unreachable_after_s={self.unreachable_after_s:g})")
+        for slot in watched:
+            if slot.alive and slot.state is not SlotState.DRAINING and slot.reach.due(now, self.heartbeat_s):
+                slot.reach.sent(slot.handle.ping.remote(), now)
+
+    def _unreachable(self, slot: PoolSlot, why: str) -> None:
+        """Stop using a silent actor: no more rollouts, not counted in the pool's size, its node cooled down."""
+        logger.warning("%s: env pool actor %s is unreachable: %s; its %d rollout(s) in flight run again elsewhere",
+                       self.name, slot.name, why, slot.in_flight)
+        self.unreachable_count += 1
+        slot.enter(SlotState.UNREACHABLE)
+        self._cool_down(slot.node_id, f"actor {slot.name} went unreachable there")
+
     def lost(self, slot: PoolSlot, reason: object) -> None:
         """Forget an actor whose call raised `RayActorError`, and kill it for good (see the module docstring)."""
         if slot.state is SlotState.DEAD:
@@ -308,6 +366,9 @@ class ElasticPool:
         stats = list(self.retired)
         for slot in [s for s in self.slots if s.state is SlotState.STARTING]:
             stats.append({"name": slot.name, "live_envs": 0})  # no rollout reached it: it holds no environment
+            self._forget(slot, ray)
+        for slot in [s for s in self.slots if s.state is SlotState.UNREACHABLE]:
+            stats.append({"name": slot.name, "live_envs": None})  # it cannot say; its node's reapers see to them
             self._forget(slot, ray)
         slots = [s for s in self.slots if s.alive]
         refs = [s.stop_ref if s.state is SlotState.DRAINING else s.handle.shutdown.remote() for s in slots]

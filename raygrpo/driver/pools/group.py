@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raygrpo.driver.placement import actor_resources
+from raygrpo.driver.pools.reachability import HEARTBEAT_S, UNREACHABLE_AFTER_S
 from raygrpo.agent.worker import WorkerSettings
 
 #: The label Ray gives every node: its id.
@@ -33,6 +34,9 @@ class PoolGroup:
         idle_timeout_s: An actor idle this long is drained (elastic pools only).
         actor_start_timeout_s: With no live actor, the longest its actors may take to start.
         node_cooldown_s: Seconds its new actors keep off the node of an actor that was lost or failed to start.
+        heartbeat_s: Seconds between the driver's probes of each of its live actors.
+        unreachable_after_s: One of its actors whose probe has gone unanswered this long is unreachable (its
+            rollouts run again elsewhere).
     """
 
     field: str
@@ -47,6 +51,8 @@ class PoolGroup:
     idle_timeout_s: float = 60.0
     actor_start_timeout_s: float = 600.0
     node_cooldown_s: float = 60.0
+    heartbeat_s: float = HEARTBEAT_S
+    unreachable_after_s: float = UNREACHABLE_AFTER_S
 
     @property
     def elastic(self) -> bool:

@@ -7,13 +7,17 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from raygrpo.driver.pools.reachability import Reachability
+
 
 class SlotState(str, Enum):
     """Where an env pool actor is in its life: `starting` (created, building its worker), `live` (takes rollouts),
-    `draining` (takes none; shutting down), `dead` (drained, lost or failed to start)."""
+    `unreachable` (silent for `workers.unreachable_after_s`: takes none, its rollouts run again elsewhere; retired if
+    it answers again), `draining` (takes none; shutting down), `dead` (drained, lost or failed to start)."""
 
     STARTING = "starting"
     LIVE = "live"
+    UNREACHABLE = "unreachable"
     DRAINING = "draining"
     DEAD = "dead"
 
@@ -50,6 +54,8 @@ class PoolSlot:
     #: From the actor's last stats: environments alive now, and opened since it started.
     live_envs: int = 0
     envs_opened: int = 0
+    #: Its probes: when it last answered, the probe in flight (`raygrpo.driver.pools.reachability`).
+    reach: Reachability = field(default_factory=Reachability)
     #: Seconds it was live (or draining), of those with nothing in flight, and rollout-seconds it ran.
     live_s: float = 0.0
     idle_s: float = 0.0
