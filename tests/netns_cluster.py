@@ -741,6 +741,19 @@ class NetnsCluster:
         logger.info("netns cluster %s: killed node %s (%d processes)", self.id, node, len(killed))
         return sorted(killed)
 
+    def restart_node(self, node: str, timeout: float = 120.0) -> None:
+        """`ray start` a killed worker node again (the host came back): it joins the cluster as a new node, with its
+        namespace, address, resources and environment as before; returns once Ray counts every node alive."""
+        node_ = self._nodes[node]
+        if node == self.specs[0].name:
+            raise NetnsError("the head cannot be restarted")
+        ray = _ray_bin()
+        if ray is None:
+            raise NetnsError("the `ray` command is not installed")
+        self._ray_start(node_, [ray, "start", "--address", self.gcs_address], time.monotonic() + timeout)
+        self.wait_for_nodes(len(self.specs), timeout=timeout)
+        logger.info("netns cluster %s: restarted node %s", self.id, node)
+
     def partition(self, node: str) -> None:
         """Cut a node off the bridge (its veth link down): a network partition."""
         _run(["ip", "link", "set", self._nodes[node].host_veth, "down"])

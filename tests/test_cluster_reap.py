@@ -206,3 +206,43 @@ def test_replacements_keep_off_a_node_whose_actor_failed_to_start(tmp_path, clus
     assert "keep off node" in (folder / "driver.log").read_text(), log
     assert summary["status_counts"] == {"ok": 18} and {t["node"] for t in trajs} == {cluster.node_ip("w2")}
     print(f"one failed start, replaced on the good node; run took {wall_s:.1f} s")
+
+
+@pytest.mark.timeout(480)
+def test_a_killed_workers_leftovers_are_reaped_when_it_comes_back_and_the_next_run_starts(tmp_path, cluster, bases):
+    """Last in this file: it kills w1 (every process in its namespace, as a lost host) and starts it again."""
+    first_folder = Path(shutil.copytree(REPO / "examples" / "harbor_local", tmp_path / "first"))
+    (first_folder / "slow.py").write_text(SLOW)
+    try:
+        first = _run(cluster, first_folder, "slow.py:slow")
+        assert wait_until(lambda: _real(bases["w1"]) or first.poll() is not None, 240, interval_s=0.2), \
+            _tail(first_folder)
+        (run1,) = _runs(bases["w1"])
+        cluster.kill_node("w1")
+        # The run carries on without w1: its rollouts there are retried on w2, and every rollout ends ok.
+        assert first.wait(300) == 0, _tail(first_folder)
+        summary = json.loads((first_folder / "out" / "summary.json").read_text())
+        assert summary["status_counts"] == {"ok": 18}, summary
+        left = _sandboxes(bases["w1"], run1)
+        assert left, "the killed node kept nothing to reap"  # the folders of the sandboxes w1 ran when it died
+
+        cluster.restart_node("w1")
+        second_folder = Path(shutil.copytree(REPO / "examples" / "harbor_local", tmp_path / "second"))
+        second = _run(cluster, second_folder, "policies.py:wrong")
+        began = time.monotonic()
+        assert wait_until(lambda: not (bases["w1"] / run1).exists(), 180, interval_s=0.2), \
+            (_sandboxes(bases["w1"]), _tail(second_folder))
+        reaped_s = time.monotonic() - began
+        assert sandbox_processes(bases["w1"] / run1) == []
+        assert second.wait(240) == 0, _tail(second_folder)
+        summary = json.loads((second_folder / "out" / "summary.json").read_text())
+        assert summary["status_counts"] == {"ok": 18} and summary["leaked_envs"] == 0, summary
+        trajs = [json.loads(x) for x in (second_folder / "out" / "trajectories.jsonl").read_text().splitlines()]
+        assert cluster.node_ip("w1") in {t["node"] for t in trajs}  # the returned node took part
+        print(f"{len(left)} sandbox folder(s) of the killed node's run reaped {reaped_s:.1f} s after the next run "
+              "began")
+    finally:
+        for base in bases.values():
+            reap_base(base, stale_after_s=0)
+    for base in bases.values():
+        assert not base.exists() or list(base.iterdir()) == [], (base, list(base.iterdir()))
