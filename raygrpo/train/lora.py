@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from accelerate.utils import is_peft_model
+
 from raygrpo.config.train import PeftConfig
 
 
@@ -21,14 +23,6 @@ def lora_config(peft: PeftConfig) -> Any:
 
     return LoraConfig(r=peft.r, lora_alpha=peft.lora_alpha, lora_dropout=peft.dropout,
                       target_modules=peft.target_modules, task_type="CAUSAL_LM")
-
-
-def is_peft_model(model: Any) -> bool:
-    try:
-        from peft import PeftModel
-    except ImportError:
-        return False
-    return isinstance(model, PeftModel)
 
 
 def _adapted_layers(base: Any) -> dict[str, Any]:
