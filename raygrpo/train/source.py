@@ -166,7 +166,7 @@ class RolloutSource:
         The queue's first `groups_per_step - _head_taken` groups complete the batch consumed at `_head_version`, the
         next `groups_per_step` the one after, and so on: the group's step is the version it will be consumed at.
         """
-        kept = place if self._keep_fraction == 1.0 else math.floor(place * self._keep_fraction)
+        kept = math.floor(place * self._keep_fraction)  # the place itself when nothing is dropped
         step = self._head_version + (kept + self._head_taken) // self.groups_per_step
         pushed = step - step % self.weight_sync_every
         return max(0, min(step - self.max_staleness, pushed))
