@@ -1,5 +1,6 @@
 """One episode of a Harbor task: `HarborAdapter` gets its sandbox (warm, cold or hedged), drives it through the
-harness, grades it with Harbor's `Verifier` and stops it; and the errors it raises.
+harness, grades it with Harbor's `Verifier` (`raygrpo.envs.harbor.grading`) and stops it; and the errors it raises
+(the verifier's are `raygrpo.envs.harbor.grading`'s).
 
 Outcomes, as the agent loop (`raygrpo.agent.rollout`) reports them:
 
@@ -29,25 +30,17 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import logging
-import shutil
-import tempfile
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from raygrpo.envs.base import EnvError, RewardMissingError, refuse_call
-from raygrpo.envs.harbor.sandbox import HarborSandbox
-from raygrpo.envs.harbor.separate import (collect_artifacts, place_artifacts, uses_separate_verifier,
-                                          verifier_definition, verifier_task)
+from raygrpo.envs.base import EnvError, refuse_call
+from raygrpo.envs.harbor.grading import EpisodeGrading
+from raygrpo.envs.harbor.separate import uses_separate_verifier
 from raygrpo.envs.harbor.solution import run_solution
 from raygrpo.envs.harbor.steps import StepProgress, prepare_step
-from raygrpo.envs.harbor.tooling import probe_commands
-from raygrpo.envs.harbor.verify import VerifierEvidence, gather, missing_at_verify, run_verifier
 from raygrpo.envs.live import LiveAdapter, LiveAdapters
 from raygrpo.envs.harbor.rewards import reduce_rewards
-from raygrpo.core.errors import TaskError, VerifierError, describe
-from raygrpo.core.scratch import process_scratch
+from raygrpo.core.errors import TaskError, describe
 from raygrpo.core.types import Observation, TaskRef, ToolResult
 
 if TYPE_CHECKING:
@@ -56,23 +49,14 @@ if TYPE_CHECKING:
     from harbor.models.trial.paths import TrialPaths
 
     from raygrpo.envs.harbor.context import SuiteContext
+    from raygrpo.envs.harbor.sandbox import HarborSandbox
     from raygrpo.envs.harbor.starts import SandboxStarts
     from raygrpo.envs.harbor.warm import WarmPool
     from raygrpo.envs.harbor.harness import Harness
 
-logger = logging.getLogger(__name__)
-
 
 class HarborStartError(EnvError):
     """The sandbox could not be created or started, or its healthcheck failed (retried as `env_error`)."""
-
-
-class HarborVerifierError(EnvError):
-    """The task's verifier crashed (infrastructure: retried as `env_error`)."""
-
-
-class HarborVerifierTimeout(TimeoutError):
-    """The task's verifier ran past its deadline; the rollout ends unscored with status `timeout`."""
 
 
 class Episodes(LiveAdapters):
@@ -104,9 +88,9 @@ class Episodes(LiveAdapters):
         await self.close_all(timeout_s, "sandbox(es)")
 
 
-class HarborAdapter(LiveAdapter):
+class HarborAdapter(EpisodeGrading, LiveAdapter):
     """One episode of one Harbor task: a sandbox started in `start`, driven through the harness, graded by the
-    task's verifier in `score`, stopped in `close`.
+    task's verifier in `score` (`raygrpo.envs.harbor.grading.EpisodeGrading`), stopped in `close`.
 
     `timings` records seconds per phase of this episode: of its sandbox's start when it started one (`create`,
     `governor_wait`, `backoff`, `start`, `healthcheck`), the wait for a warm one (`warm_wait`), then `exec` (summed
@@ -139,15 +123,9 @@ class HarborAdapter(LiveAdapter):
         self.timings: dict[str, float] = {}
         self._tool_names: set[str] = set()
         self._dead: str | None = None
-        self._evidence: VerifierEvidence | None = None
-        self._score_cancelled = False
         self._tooling_missing: list[str] = []
         #: Where a multi-step task's episode stands (None for a task without `[[steps]]`).
         self._steps: StepProgress | None = None
-        #: The sandbox a separate verifier environment runs in, while a verification holds one.
-        self._verifier_sandbox: HarborSandbox | None = None
-        #: Where the artifacts of the verification under way are kept on the host (removed after it).
-        self._artifacts_tmp: str | None = None
 
     # ── state ─────────────────────────────────────────────────────────────────────────────────────────────────────
 
@@ -355,166 +333,6 @@ class HarborAdapter(LiveAdapter):
             raise
         finally:
             self.timings["solution"] = time.perf_counter() - began
-
-    async def score(self) -> float:
-        """Run the task's verifier (for a multi-step task: the current step's) and reduce its rewards to one number.
-        It runs in the task's sandbox, or, for a separate verifier environment, in a sandbox of its own started for
-        it and stopped afterwards (`_start_verifier_sandbox`). What the verifier left behind (exit code, output tail,
-        raw rewards, and for a failed verification its sandbox's `/logs`) is in `verifier` afterwards, however it
-        ended.
-
-        Raises:
-            HarborVerifierTimeout: The verifier ran past `verifier_timeout_s` (or the task's own timeout).
-            RewardMissingError: The verifier wrote no usable reward.
-            HarborVerifierError: The verifier crashed.
-            EnvError: The sandbox is dead or was never started.
-        """
-        if not self._started or self.env is None or self.harbor_task is None:
-            raise EnvError(f"{self.label}: score() before start()")
-        if self._dead is not None:
-            raise EnvError(f"{self.label}: the sandbox is dead ({self._dead})")
-        evidence = self._evidence = VerifierEvidence(tooling_missing=list(self._tooling_missing))
-        reward: float | None = None
-        began = time.perf_counter()
-        try:
-            try:
-                reward = await self._score(evidence)
-            except RewardMissingError as exc:
-                await self._check_tooling(evidence, None, exc)
-                raise
-            await self._check_tooling(evidence, reward)
-            return reward
-        finally:
-            self.timings["verify"] = time.perf_counter() - began
-            verifier = self._verifier_sandbox  # a separate verifier's sandbox: the evidence is there
-            try:
-                if not self._score_cancelled:
-                    keep = self.spec.keep_logs == "all" or (self.spec.keep_logs == "failed"
-                                                            and not (reward or 0) >= 1.0)
-                    env, paths = (verifier.env, verifier.trial.paths) if verifier is not None and verifier.ready \
-                        else (self.env, self._trial_paths)
-                    await gather(env, paths, evidence, keep_logs=keep, keep_logs_kib=self.spec.keep_logs_kib,
-                                 label=self.label)
-            finally:
-                await self._close_verifier_sandbox()
-
-    async def _check_tooling(self, evidence: VerifierEvidence, reward: float | None,
-                             cause: BaseException | None = None) -> None:
-        """The verdict stands unless the probe at start showed the verifier's tooling missing and the verifier then
-        did not award full reward: then it is not the model's (`VerifierError`, status `verifier_error`). A missing
-        command counts only when the verifier's shell also failed to find it while it ran
-        (`raygrpo.envs.harbor.verify_missing`): a word the probe took for a command never sets a verdict aside."""
-        if not self._tooling_missing or (reward is not None and reward >= 1.0):
-            return
-        missing = list(self._tooling_missing)
-        commands = probe_commands(missing)
-        if commands:
-            evidence.missing_at_verify = await missing_at_verify(self.env, self._trial_paths)
-            unconfirmed = [c for c in commands if c not in evidence.missing_at_verify]
-            missing = [m for m in missing if not set(probe_commands([m])) & set(unconfirmed)]
-            if unconfirmed:
-                logger.info("%s: the probe found %s missing before the model acted, but the verifier's shell did "
-                            "not miss it: not held against the verdict", self.label, ", ".join(unconfirmed))
-        if not missing:
-            return
-        verdict = f"reward {reward:g}" if reward is not None else "no reward"
-        raise VerifierError(
-            f"{self.label}: the verifier's tooling was missing before the model acted: "
-            f"{', '.join(missing)}; its verdict ({verdict}) is not the model's") from cause
-
-    async def _score(self, evidence: VerifierEvidence) -> float:
-        from harbor.verifier.verifier import RewardFileEmptyError, RewardFileNotFoundError, VerifierOutputParseError
-        from pydantic import ValidationError
-
-        step = self._steps.step if self._steps is not None else None
-        timeout = self.spec.verifier_timeout_s or (step.verifier.timeout_sec if step is not None else None) \
-            or self.harbor_task.config.verifier.timeout_sec
-        definition = verifier_definition(self.harbor_task, step)
-        env, trial_paths = self.env, self._trial_paths
-        try:
-            if definition is not None:
-                env, trial_paths = await self._start_verifier_sandbox(definition, step)
-            result = await asyncio.wait_for(
-                run_verifier(env, self.harbor_task, trial_paths, evidence,
-                             offline_tooling=self.spec.offline_tooling,
-                             watch_missing=bool(probe_commands(self._tooling_missing)), step=step,
-                             skip_tests_upload=definition is not None and definition.bundled_tests), timeout)
-        except TimeoutError:
-            raise HarborVerifierTimeout(f"{self.label}: the verifier did not finish within {timeout:g} s") from None
-        except (RewardFileNotFoundError, RewardFileEmptyError, VerifierOutputParseError, ValidationError) as exc:
-            raise RewardMissingError(f"{self.label}: the verifier wrote no usable reward: {describe(exc)}") from None
-        except asyncio.CancelledError:
-            self._score_cancelled = True
-            raise
-        except (EnvError, TaskError):
-            raise
-        except Exception as exc:  # noqa: BLE001 - uploading tests, running test.sh or reading results failed
-            raise HarborVerifierError(f"{self.label}: the verifier crashed: {describe(exc)}") from exc
-        return reduce_rewards(dict(result.rewards or {}), self.spec.reward_reduce, self.spec.reward_key, self.label)
-
-    async def _start_verifier_sandbox(self, definition: Any, step: Any) -> tuple[BaseEnvironment, TrialPaths]:
-        """Collect the declared artifacts from the task's sandbox, start the separate verifier's own sandbox
-        (`raygrpo.envs.harbor.separate`; through the suite's gate, tracked like every sandbox) and place the
-        artifacts in it; returns its environment and trial paths. The sandbox is closed after the verification.
-
-        Raises:
-            TaskError: The verifier's image does not build.
-            HarborVerifierError: The verifier's sandbox did not start, or the artifacts could not be moved.
-        """
-        task = self.harbor_task
-        agent_os = self.env.os
-        self._artifacts_tmp = tempfile.mkdtemp(prefix="raygrpo-artifacts-", dir=process_scratch())
-        try:
-            artifacts_dir = await collect_artifacts(self.env, task, step, Path(self._artifacts_tmp))
-        except Exception as exc:  # noqa: BLE001 - the task's sandbox could not hand its files over: infrastructure
-            raise HarborVerifierError(f"{self.label}: could not collect the artifacts: {describe(exc)}") from exc
-        if self._steps is None or self._steps.index + 1 >= len(self._steps.steps):
-            # The last verification: the task's sandbox has no further use and is stopped first, as Harbor does
-            # (its live slot is free for the verifier's; between steps both are alive).
-            await self.sandbox.close()
-            self._dead = "stopped before its separate verifier ran"
-        sandbox = self._verifier_sandbox = HarborSandbox(self.context, self.sandbox.task_dir,
-                                                         task=verifier_task(task, definition))
-        began = time.perf_counter()
-        try:
-            await sandbox.start()
-        except TimeoutError:
-            raise HarborVerifierError(f"{self.label}: the verifier's sandbox did not start within start_timeout_s="
-                                      f"{self.spec.start_timeout_s:g}") from None
-        except (EnvError, TaskError):
-            raise
-        except Exception as exc:  # noqa: BLE001 - every backend fails its own way
-            docker = self.context.docker
-            broken = await docker.start_failed(sandbox.harbor_task, exc) if docker is not None else None
-            if broken is not None:
-                raise broken from exc
-            cause = (docker.explain(exc) if docker is not None else None) or describe(exc)
-            raise HarborVerifierError(f"{self.label}: the verifier's sandbox failed to start: {cause}") from exc
-        finally:
-            self.timings["verifier_start"] = time.perf_counter() - began
-        try:
-            await place_artifacts(sandbox.env, agent_os, task, step, artifacts_dir)
-        except Exception as exc:  # noqa: BLE001 - uploading into the verifier's sandbox failed: infrastructure
-            raise HarborVerifierError(f"{self.label}: could not place the artifacts in the verifier's sandbox: "
-                                      f"{describe(exc)}") from exc
-        return sandbox.env, sandbox.trial.paths
-
-    async def _close_verifier_sandbox(self) -> None:
-        """Close the separate verifier's sandbox, if one was started (`HarborSandbox.close`: never raises)."""
-        sandbox, self._verifier_sandbox = self._verifier_sandbox, None
-        folder, self._artifacts_tmp = self._artifacts_tmp, None
-        try:
-            if sandbox is not None:
-                await sandbox.close()
-        finally:
-            if folder is not None:
-                await asyncio.to_thread(shutil.rmtree, folder, True)
-
-    @property
-    def verifier(self) -> dict[str, Any] | None:
-        """What the last verification left behind (`raygrpo.envs.harbor.verify.VerifierEvidence` as a dict); None
-        before `score`."""
-        return self._evidence.to_dict() if self._evidence is not None else None
 
     def _holds_resources(self) -> bool:
         return self.sandbox is not None or self._verifier_sandbox is not None or self._artifacts_tmp is not None

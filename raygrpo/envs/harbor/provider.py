@@ -25,16 +25,11 @@ from typing import Any
 
 from raygrpo.core.types import TaskRef
 from raygrpo.envs.base import EnvError
-from raygrpo.envs.harbor.adapter import (
-    Episodes,
-    HarborAdapter,
-    HarborStartError,
-    HarborVerifierError,
-    HarborVerifierTimeout,
-)
+from raygrpo.envs.harbor.adapter import Episodes, HarborAdapter, HarborStartError
 from raygrpo.envs.harbor.context import SuiteContext, SuiteTasks
 from raygrpo.envs.harbor.docker import DockerSupport
 from raygrpo.envs.harbor.environment import harbor_import_path
+from raygrpo.envs.harbor.grading import HarborVerifierError, HarborVerifierTimeout
 from raygrpo.envs.harbor.harness import load_harness
 from raygrpo.envs.harbor.leases import HarborLeases
 from raygrpo.envs.harbor.starts import SandboxStarts
