@@ -38,7 +38,8 @@ from typing import Any
 from raygrpo.config import PolicyConfig, RunConfig, load_config
 from raygrpo.core.errors import ResolveError, first_line
 from raygrpo.driver.launch import RolloutRuntime
-from raygrpo.driver.orchestrator import Orchestrator, RolloutRequest
+from raygrpo.driver.attempts import RolloutRequest
+from raygrpo.driver.orchestrator import Orchestrator
 from raygrpo.driver.progress import Progress, progress_mode
 from raygrpo.driver.resolve import resolve_run
 from raygrpo.driver.runtime import init_ray, shutdown_ray

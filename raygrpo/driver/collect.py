@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from raygrpo.config import RunConfig
-from raygrpo.driver.orchestrator import Orchestrator, make_groups
+from raygrpo.driver.attempts import make_groups
+from raygrpo.driver.orchestrator import Orchestrator
 from raygrpo.driver.pools.ray_metrics import PoolMetricsLog
 from raygrpo.driver.progress import Progress, progress_mode
 from raygrpo.driver.resolve import resolve_run

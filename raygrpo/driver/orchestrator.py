@@ -6,9 +6,8 @@ others back. The actors come from the run's env pools (`raygrpo.driver.pools.Poo
 they grow while rollouts queue up, drain idle actors, and replace lost ones (an actor or its node that died or was
 cut off: its rollouts are retried on the others). Every
 requested rollout ends as exactly one yielded trajectory: scored, or unscored with its status. A rollout that failed
-for an infrastructure reason (env or policy error, a dead actor) is run again, at most `max_retries` times, unless
-its retry failed exactly as the attempt before it (same exception type and message): a failure that repeats
-identically is not a passing glitch, and retrying it again only costs time.
+for an infrastructure reason (env or policy error, a dead actor) is run again, within `max_retries`, by the rule of
+`raygrpo.driver.attempts` (which also defines the requests: `RolloutRequest`, `make_groups`).
 
 An actor that stops answering the pools' probes for `workers.unreachable_after_s` (its node cut off, its raylet
 dead) is `unreachable`: its calls in flight are abandoned (its room released, their rollouts queued again at the
@@ -27,11 +26,9 @@ that have room, as dispatching rollout by rollout would, instead of filling one 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
-import uuid
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -41,34 +38,14 @@ import ray
 from ray.exceptions import RayActorError, TaskCancelledError
 
 from raygrpo.core.types import RolloutCall, Status, TaskRef, Trajectory
+from raygrpo.driver.attempts import RolloutRequest, next_attempt, should_retry, unscored_attempts
+from raygrpo.driver.attempts import make_groups  # noqa: F401 (re-exported: tests and benchmarks import it from here)
 from raygrpo.driver.copies import RolloutCopies, RolloutId, Verdict
 from raygrpo.driver.pools import PoolSet, PoolSlot, SlotState
 from raygrpo.driver.pools.ray_metrics import PoolMetricsLog
 from raygrpo.driver.warm_hints import WarmHints
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class RolloutRequest:
-    """One rollout to run: a task, the group it belongs to, its index in the group, which attempt this is, the
-    lowest policy version it may generate with (`SamplingParams.min_version`), how its last attempt failed, a
-    built-in acting policy (`"oracle"`, `"noop"`) to run it with instead of the run's (None: the run's), and the
-    actor told it comes next (its warm pool starts the sandbox ahead; None: none was)."""
-
-    task: TaskRef
-    group_id: str
-    sample: int = 0
-    attempt: int = 0
-    min_version: int = 0
-    last_error: str | None = None
-    policy: str | None = None
-    hint: str | None = None
-
-    @property
-    def rid(self) -> RolloutId:
-        """The rollout's id, the same for every attempt and copy of it."""
-        return self.group_id, self.sample
 
 
 @dataclass
@@ -87,17 +64,6 @@ class DispatchStats:
     abandoned: int = 0
     #: Results discarded because their rollout already had its final trajectory (see `raygrpo.driver.copies`).
     duplicates_discarded: int = 0
-
-
-def make_groups(tasks: Iterable[TaskRef], group_size: int, min_version: int = 0) -> list[RolloutRequest]:
-    """Repeat each task `group_size` times as one group (adjacent, so the group finishes together)."""
-    requests = []
-    for task in tasks:
-        group_id = f"{task.env}:{task.split}:{task.index}:{uuid.uuid4().hex[:8]}"
-        requests.extend(
-            RolloutRequest(task, group_id, sample, min_version=min_version) for sample in range(group_size)
-        )
-    return requests
 
 
 class Orchestrator:
@@ -224,7 +190,8 @@ class Orchestrator:
         for request, traj, delivered in done:
             self.stats.by_status[traj.status.value] += 1
             self.pools.metrics.record_attempt(traj.status.value)
-            verdict = self.copies.settle(request.rid, traj, may_retry=self._retry(request, traj), delivered=delivered)
+            may_retry = should_retry(request, traj, self.max_retries)
+            verdict = self.copies.settle(request.rid, traj, may_retry=may_retry, delivered=delivered)
             if verdict is Verdict.DUPLICATE:
                 logger.info("%s/%s: a later copy (attempt %d, %s, %s) discarded: the rollout was already settled",
                             request.group_id, request.sample, request.attempt, traj.worker, traj.status.value)
@@ -236,8 +203,7 @@ class Orchestrator:
                 self.stats.failed_attempts.append(traj)
                 if self.on_failed_attempt is not None:
                     self.on_failed_attempt(traj)
-                self._queue.appendleft(dataclasses.replace(request, attempt=request.attempt + 1, last_error=traj.error,
-                                                           hint=None))
+                self._queue.appendleft(next_attempt(request, traj.error))
                 self._queued[request.task.env] += 1
                 continue
             finals.append(traj)
@@ -262,8 +228,7 @@ class Orchestrator:
             again = [r for r in batch if r.attempt < self.max_retries and not self.copies.is_final(r.rid)]
             for request in reversed(again):
                 self.copies.add(request.rid)
-                self._queue.appendleft(dataclasses.replace(request, attempt=request.attempt + 1, hint=None,
-                                                           last_error=f"env pool actor {slot.name} unreachable"))
+                self._queue.appendleft(next_attempt(request, f"env pool actor {slot.name} unreachable"))
                 self._queued[request.task.env] += 1
             self.stats.retried += len(again)
             logger.warning("%d rollout(s) on unreachable env pool actor %s queued again (%d had no retry left and "
@@ -339,17 +304,6 @@ class Orchestrator:
         """Tell warm actors which queued rollouts and foreseen tasks come to them next (`WarmHints.tell`)."""
         self.hints.tell(self._queue, sum(1 for n in self._queued.values() if n))
 
-    def _retry(self, request: RolloutRequest, traj: Trajectory) -> bool:
-        """Whether to run a failed attempt again: an infrastructure failure, retries left, and not the same failure
-        as the attempt before it."""
-        if not traj.status.is_infra_failure or request.attempt >= self.max_retries:
-            return False
-        if request.last_error is not None and traj.error == request.last_error:
-            logger.info("%s/%s failed again as before (%s); not retried", request.task.env, request.task.index,
-                        traj.error)
-            return False
-        return True
-
     def run(self, requests: Iterable[RolloutRequest], stop: threading.Event | None = None,
             on_poll: Callable[[Orchestrator], None] | None = None) -> Iterator[Trajectory]:
         """Yield one final trajectory per request, in completion order.
@@ -387,8 +341,7 @@ class Orchestrator:
         except Exception as exc:  # noqa: BLE001 - a task that raised: report, do not lose the rollout
             logger.warning("rollout on %s raised: %s", slot.name, exc)
             status, error = Status.ENV_ERROR, f"{type(exc).__name__}: {exc}"[:500]
-        return [Trajectory(task=r.task, status=status, error=error, group_id=r.group_id, sample=r.sample,
-                           attempt=r.attempt, worker=slot.name) for r in batch], False
+        return unscored_attempts(batch, slot.name, status, error), False
 
     def log_pools(self, log: PoolMetricsLog, force: bool = False) -> None:
         """Write the pools' figures and this orchestrator's to `log` (at most once per its interval)."""

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from raygrpo.driver.orchestrator import Orchestrator, make_groups
+from raygrpo.driver.attempts import make_groups
+from raygrpo.driver.orchestrator import Orchestrator
 from raygrpo.train.metrics import mean_interval, per_env_stats, reward_stats
 from raygrpo.core.types import UNVERSIONED, TaskRef
 

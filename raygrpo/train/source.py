@@ -43,7 +43,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from raygrpo.driver.orchestrator import Orchestrator, make_groups
+from raygrpo.driver.attempts import make_groups
+from raygrpo.driver.orchestrator import Orchestrator
 from raygrpo.train.groups import Group, GroupAssembler
 from raygrpo.train.schedule import TaskSchedule
 
