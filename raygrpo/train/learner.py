@@ -36,13 +36,11 @@ from raygrpo.train.checkpoint import (REFERENCE_DIR, checkpoint_step, find_check
 from raygrpo.train.evaluate import evaluate
 from raygrpo.train.groups import to_rollout_output
 from raygrpo.train.grpo_args import learner_grpo_config
-from raygrpo.train.logp_mismatch import FIELDS as LOGP_FIELDS
 from raygrpo.train.lora import lora_config, save_model
-from raygrpo.train.off_policy import FIELDS as IS_WEIGHT_FIELDS
-from raygrpo.train.metrics import (MetricsLog, RolloutLog, per_env_stats, plot_rewards, reward_stats,
-                                    sandbox_stats)
+from raygrpo.train.metrics import MetricsLog, RolloutLog, plot_rewards
 from raygrpo.train.schedule import TaskSchedule
 from raygrpo.train.source import RolloutSource
+from raygrpo.train.step_metrics import batch_fields, dispatch_fields, train_record, zero_variance_total
 from raygrpo.train.correction import correction_for, reports_sampling_logprobs
 from raygrpo.train.trainer import RolloutGRPOTrainer
 from raygrpo.train.warmup import warm_up_on
@@ -235,20 +233,8 @@ class Learner:
         if self.rollouts is not None:
             for traj in trajs:
                 self.rollouts.write(traj, step=step + 1)
-        self._step.update(
-            generated_by_version=version,
-            wait_s=batch.wait_s,
-            dropped_groups=batch.dropped,
-            **({"zero_variance_groups": batch.zero_variance, "zero_variance_groups_trained": batch.zero_variance_trained}
-               if self.cfg.train.dynamic_sampling.enabled else {}),
-            staleness_mean=sum(batch.staleness) / len(batch.staleness) if batch.staleness else 0.0,
-            staleness_max=max(batch.staleness, default=0),
-            groups=len(batch.groups),
-            **reward_stats(trajs),
-            **sandbox_stats(trajs),
-            envs={env: {**s, "groups": sum(1 for g in batch.groups if g.env == env)}
-                  for env, s in per_env_stats(trajs).items()},
-        )
+        self._step.update(batch_fields(batch, trajs, version,
+                                       dynamic_sampling=self.cfg.train.dynamic_sampling.enabled))
         trainer.policy_version = version  # its samples of this version are fresh (raygrpo.train.logp_mismatch)
         return to_rollout_output(batch.groups, fallback_id=int(self.tokenizer.eos_token_id))
 
@@ -271,51 +257,13 @@ class Learner:
         step = self._step
         self._step = {}
         elapsed = time.perf_counter() - step.pop("started", time.perf_counter())
-        record = {
-            "step": state.global_step,
-            "kind": "train",
-            "policy_version": self.version_of(state.global_step),
-            "weight_push_s": 0.0 if self.engines else None,
-            **step,
-            "trl_reward": logs.get("reward"),
-            "loss": logs.get("loss"),
-            "kl": logs.get("kl"),
-            "grad_norm": logs.get("grad_norm"),
-            "learning_rate": logs.get("learning_rate"),
-            # Logged by the trainer on generating steps (None on the others).
-            **{name: logs.get(name) for name in (*LOGP_FIELDS, *IS_WEIGHT_FIELDS)},
-            # Everything else TRL logged (clip_ratio/*, entropy, frac_reward_zero_std, ...), under TRL's names.
-            **{k: v for k, v in logs.items() if k != "reward"},
-            "dropped_groups_total": self.source.dropped_total,
-            **self._zero_variance_total(),
-            **self._dispatch_fields(),
-            "task_position": self.source.schedule.position,
-            "step_s": elapsed,
-            "train_s": max(0.0, elapsed - step.get("wait_s", 0.0)),
-        }
+        record = train_record(step, logs, global_step=state.global_step,
+                              policy_version=self.version_of(state.global_step), pushes_weights=bool(self.engines),
+                              source=self.source, pools=self.pools,
+                              dynamic_sampling=self.cfg.train.dynamic_sampling.enabled, elapsed=elapsed)
         assert self.metrics is not None
         self.metrics.write(record)
         self.progress.update(step=state.global_step, reward_mean=record.get("reward_mean"), phase="training")
-
-    def _zero_variance_total(self) -> dict[str, int]:
-        """`zero_variance_groups_total` where dynamic sampling is on (nothing otherwise)."""
-        if not self.cfg.train.dynamic_sampling.enabled:
-            return {}
-        return {"zero_variance_groups_total": self.source.zero_variance_total}
-
-    def _dispatch_fields(self) -> dict[str, Any]:
-        """Retries, actor losses and pool sizes so far, for the step's metrics line."""
-        stats = self.source.orchestrator.stats
-        snapshot = self.pools.snapshot() if self.pools is not None else {}
-        return {
-            "rollouts_retried_total": stats.retried,
-            "attempts_lost_to_actors_total": stats.lost_to_actors,
-            "attempts_abandoned_total": stats.abandoned,
-            "duplicates_discarded_total": stats.duplicates_discarded,
-            "attempts_by_status": dict(sorted(stats.by_status.items())),
-            "pools": {name: {k: snap[k] for k in ("actors", "starting", "target", "live_envs", "started", "drained",
-                                                 "lost")} for name, snap in snapshot.items()},
-        }
 
     # ------------------------------------------------------------------ run
 
@@ -340,7 +288,7 @@ class Learner:
         finally:
             self.source.close()
             self._eval_orchestrator.cancel()
-            dispatch = self._dispatch_fields()
+            dispatch = dispatch_fields(self.source.orchestrator.stats, self.pools)
             pool_snapshot = self.pools.snapshot() if self.pools is not None else {}
             actor_stats = self.pools.close() if self.pools is not None else []
             self.metrics.close()
@@ -355,7 +303,7 @@ class Learner:
             "policy_version": self.version_of(trainer.state.global_step),
             "learner_seconds": time.perf_counter() - start,
             "dropped_groups_total": self.source.dropped_total,
-            **self._zero_variance_total(),
+            **zero_variance_total(self.source, dynamic_sampling=self.cfg.train.dynamic_sampling.enabled),
             "task_position": self.source.schedule.position,
             "warmup": self.warmup_stats,
             "resumed": self.resumed,
