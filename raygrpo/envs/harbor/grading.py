@@ -77,14 +77,17 @@ class EpisodeGrading:
 
     @property
     def label(self) -> str:
+        """How errors and logs name the episode (`HarborAdapter.label`)."""
         raise NotImplementedError
 
     @property
     def env(self) -> BaseEnvironment | None:
+        """The task's sandbox's Harbor environment (`HarborAdapter.env`)."""
         raise NotImplementedError
 
     @property
     def _trial_paths(self) -> TrialPaths | None:
+        """The task's sandbox's trial paths (`HarborAdapter._trial_paths`)."""
         raise NotImplementedError
 
     async def score(self) -> float:
