@@ -181,3 +181,13 @@ def test_a_clean_planted_package_passes(tmp_path):
     assert find_cycles(graph) == []
     assert layer_problems(graph, [["pkg", "pkg.a"], ["pkg.b"]]) == []
 
+
+
+#: The most lines a module of the package may have (issue 39): past it, a module holds more than one job.
+MAX_MODULE_LINES = 400
+
+
+def test_no_module_is_over_the_line_limit():
+    long = {str(path.relative_to(PACKAGE.parent)): n for path in sorted(PACKAGE.rglob("*.py"))
+            if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by job): {long}"
