@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 def batch_fields(batch: Batch, trajs: list[Trajectory], version: int, *, dynamic_sampling: bool) -> dict[str, Any]:
     """The figures of a step's batch: the policy version it was generated for, the wait for it, the groups dropped
-    (and all-equal ones, with dynamic sampling on), staleness, rewards, sandbox timings and the same per environment;
+    (and all-equal ones, with dynamic sampling on), staleness (mean, max, and groups per staleness:
+    `staleness_counts` `{"0": 3, "2": 1}`), rewards, sandbox timings and the same per environment;
     `trajs` are the batch's trajectories."""
     return dict(
         generated_by_version=version,
@@ -34,6 +35,7 @@ def batch_fields(batch: Batch, trajs: list[Trajectory], version: int, *, dynamic
            if dynamic_sampling else {}),
         staleness_mean=sum(batch.staleness) / len(batch.staleness) if batch.staleness else 0.0,
         staleness_max=max(batch.staleness, default=0),
+        staleness_counts={str(lag): batch.staleness.count(lag) for lag in sorted(set(batch.staleness))},
         groups=len(batch.groups),
         **reward_stats(trajs),
         **sandbox_stats(trajs),
