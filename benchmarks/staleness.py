@@ -3,13 +3,15 @@
 DESIGN section 6, item 10; issue 41. Real `raygrpo train` runs (`raygrpo.train.run.train`: env pool actors, a
 transformers engine, the learner actor with TRL's GRPOTrainer, all on the tiny model) on the echo task of
 `examples/echo` served by `staleness_env.StalenessEchoEnvironment`, whose `echo` call answers after a seeded random
-latency per rollout (slow with probability 0.1, see that module): groups whose rollouts are all fast are consumed by
-the next step, groups with a slow rollout two versions later. One Ray runtime serves every run.
+latency per rollout (slow with probability 0.1, see that module). At the default `--scale` (2.5 s) a slow rollout
+lasts about three training steps, so the learner sometimes waits and the groups it consumes are 0, 1 or 2 versions
+stale (`staleness_counts`); at 0.6 s rollouts end within a step and nearly every group is 2 versions stale. One Ray
+runtime serves every run.
 
 Per seed: the tiny model gets `examples/echo`'s supervised format warm-up once, in this process (it then calls
 `echo` with one of 8 words at random: ~1 in 8 rollouts wins), and every arm starts GRPO from that saved model, with
 the same run seed and the same latency draws (the split `stale-<scale>-s<seed>`). Arms, same workload (one task,
-`--steps` steps of 4 groups of 8, two turns of at most 48 tokens, `--lr` (1e-3 constant), no KL):
+`--steps` steps of 4 groups of 8, two turns of at most 48 tokens, `--lr` (5e-4 constant), no KL):
 
 - `none`: async, `train.max_staleness: 2`, `off_policy: {mode: none}`, `behaviour_ratio: false` (TRL as is: its
   ratio is against the learner's own log-probs at the generation batch, so stale groups are trained on uncorrected).
@@ -22,7 +24,8 @@ Per arm, from `metrics.jsonl`: the reward curve (mean reward per step with unsco
 consumed: 4 per step in every arm), `auc` (the curve's mean over all steps: the area under reward vs groups
 consumed, per group), `final_reward` (mean of the last 5 steps), `peak_reward`, `clip_frac`
 (`clip_ratio/region_mean` mean over steps), `truncated_frac` (`is_weight/truncated_frac` mean), `is_weight_max`,
-`dropped_groups` (`dropped_groups_total` at the end), `mean_staleness` / `max_staleness`, and `steps_per_min` (wall
+`dropped_groups` (`dropped_groups_total` at the end), `mean_staleness` / `max_staleness`, `staleness_counts` (consumed
+groups per staleness over the run), and `steps_per_min` (wall
 time between the first and the last step's metrics line, as the driver sees them appear). All arms' curves go into
 one plot, `OUT/staleness_rewards.png`.
 
@@ -32,8 +35,8 @@ steps_per_min(sync); `tis_better_than_none`: auc(tis) > auc(none); `tis_no_colla
 - 0.5.
 
 Prints progress to stderr and one JSON line on stdout: the arms as keys (per-seed figures under `seeds`, medians
-beside them), and `targets`. Run: `python benchmarks/staleness.py --quick` (one seed: 12.4 minutes on 2 cores under
-other sessions' load, warm-up 31 s, each arm 1.5-4.5 min with its start-up) or `python benchmarks/staleness.py --seeds
+beside them), and `targets`. Run: `python benchmarks/staleness.py --quick` (one seed: ~13 minutes on 2 cores at load
+1-6, warm-up 11-18 s, sync 5-6 min, each async arm 2-2.7 min with its start-up) or `python benchmarks/staleness.py --seeds
 0 1 2` (three seeds; `--reuse` takes arms an earlier run left in `--out`). `--out` keeps the run folders and the plot (default
 `runs/bench-staleness`); `--dry-run` runs 3 steps per arm to check the plumbing.
 """
@@ -137,6 +140,17 @@ def _mean(values: list[float | None]) -> float | None:
     return statistics.fmean(present) if present else None
 
 
+def _counts(per_step: list[dict[str, int] | None]) -> dict[str, int] | None:
+    """Consumed groups per staleness over a run (None where the metrics predate `staleness_counts`)."""
+    if any(c is None for c in per_step):
+        return None
+    total: dict[str, int] = {}
+    for counts in per_step:
+        for lag, n in counts.items():
+            total[lag] = total.get(lag, 0) + n
+    return dict(sorted(total.items()))
+
+
 def run_arm(args: argparse.Namespace, arm: str, seed: int, model: Path, out: Path) -> dict[str, Any]:
     """Train one arm and return its figures."""
     from raygrpo.train.correction import correction_for
@@ -175,6 +189,7 @@ def run_arm(args: argparse.Namespace, arm: str, seed: int, model: Path, out: Pat
         "dropped_groups": records[-1].get("dropped_groups_total", 0),
         "mean_staleness": _mean([r.get("staleness_mean") for r in records]),
         "max_staleness": max(r.get("staleness_max", 0) for r in records),
+        "staleness_counts": _counts([r.get("staleness_counts") for r in records]),
         "steps_per_min": 60.0 * (len(records) - 1) / wall if wall > 0 else None,
         "wait_s_mean": _mean([r.get("wait_s") for r in records[1:]]),
         "train_s_mean": _mean([r.get("train_s") for r in records[1:]]),
@@ -185,7 +200,7 @@ def run_arm(args: argparse.Namespace, arm: str, seed: int, model: Path, out: Pat
     (out / "result.json").write_text(json.dumps(result))
     log(f"seed {seed} {arm}: auc {result['auc']:.3f}, final {last:.3f}, peak {result['peak_reward']:.3f}, "
         f"clip {result['clip_frac'] or 0:.3f}, trunc {result['truncated_frac'] or 0:.3f}, "
-        f"staleness {result['mean_staleness']:.2f} (max {result['max_staleness']}), dropped {result['dropped_groups']}, "
+        f"staleness {result['mean_staleness']:.2f} (groups per staleness {result['staleness_counts']}), dropped {result['dropped_groups']}, "
         f"{result['steps_per_min'] or 0:.1f} steps/min ({run_s:.0f} s with start-up)")
     return result
 
@@ -264,11 +279,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one seed (the first of --seeds)")
     parser.add_argument("--dry-run", action="store_true", help="3 steps per arm, one seed: checks the plumbing")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=30, help="GRPO steps per arm (4 groups of 8 each)")
-    parser.add_argument("--lr", type=float, default=1.0e-3,
-                        help="learning rate (constant; the echo example's: 2e-3 broke even sync in 1 of 3 seeds)")
-    parser.add_argument("--scale", type=float, default=0.6,
-                        help="latency scale in s: fast rollouts take 0-0.5x it, slow ones (1 in 10) 1.5-2.5x")
+    parser.add_argument("--steps", type=int, default=40, help="GRPO steps per arm (4 groups of 8 each)")
+    parser.add_argument("--lr", type=float, default=5.0e-4,
+                        help="learning rate (constant; half the echo example's: at 1e-3 and 2e-3 runs collapsed "
+                             "under staleness, and 2e-3 broke even sync in 1 of 3 seeds)")
+    parser.add_argument("--scale", type=float, default=2.5,
+                        help="latency scale in s: fast rollouts take 0-0.5x it, slow ones (1 in 10) 1.5-2.5x; at "
+                             "2.5 the slowest rollouts span about three training steps, so consumed groups are 0, 1 "
+                             "or 2 versions stale (at 0.6 nearly all were 2)")
     parser.add_argument("--warmup-steps", type=int, default=150,
                         help="steps of the format warm-up (its loss is at its floor, ~0.10, by ~75)")
     parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)

@@ -5,9 +5,11 @@ otherwise, the episode ends either way; same prompt and tool), so a model warmed
 learns it from the reward in a few dozen steps. What this class adds is how long a rollout takes: the `echo` call is answered only after a
 latency drawn for each session, so rollouts differ in length the way agentic ones do (an environment step after the
 model's turn: a test suite, a tool, a sandbox). The model's turn is generated first, with the weights the engine has
-at dispatch; the group is complete, and can be consumed, only when its slowest rollout's `echo` returns. A group
-whose rollouts all answer quickly is consumed by the next step (0–1 versions stale); one with a slow rollout is
-consumed later, 2 versions stale (or dropped past `train.max_staleness`).
+at dispatch; the group is complete, and can be consumed, only when its slowest rollout's `echo` returns. When the
+slow latencies span a few training steps (the benchmark's scale 2.5 s), a group whose rollouts all answer quickly is
+consumed within a step (0–1 versions stale) and one with a slow rollout later, up to 2 versions stale (or dropped
+past `train.max_staleness`); when every latency ends within a step, the producer's run-ahead queues complete groups
+and nearly all are consumed `max_staleness` versions stale.
 
 The draw: each rollout is slow with probability `P_SLOW` (latency uniform in `SLOW` × scale) and otherwise fast
 (uniform in `FAST` × scale), from one `random.Random(seed)` per split in the server process, one draw per session
