@@ -20,9 +20,10 @@ the same run seed and the same latency draws (the split `stale-<scale>-s<seed>`)
   times the importance weight pi_prox / pi_behaviour truncated to [0, 2]).
 - `sync`: sync mode, the run's default correction (each step waits for its slowest rollout; no group is stale).
 
-Per arm, from `metrics.jsonl`: the reward curve (mean reward per step with unscored rollouts at 0, against groups
-consumed: 4 per step in every arm), `auc` (the curve's mean over all steps: the area under reward vs groups
-consumed, per group), `final_reward` (mean of the last 5 steps), `peak_reward`, `clip_frac`
+Per arm, from `metrics.jsonl`: the reward curve (mean reward of each generation batch with unscored rollouts at 0,
+against groups consumed: 4 per step in every arm; with `--steps-per-generation` k a batch of 4k groups feeds k
+steps, and only the step that consumed it carries its figures), `auc` (the curve's mean over all batches: the area
+under reward vs groups consumed, per group), `final_reward` (mean of the last 5 batches), `peak_reward`, `clip_frac`
 (`clip_ratio/region_mean` mean over steps), `truncated_frac` (`is_weight/truncated_frac` mean), `is_weight_max`,
 `dropped_groups` (`dropped_groups_total` at the end), `mean_staleness` / `max_staleness`, `staleness_counts` (consumed
 groups per staleness over the run), and `steps_per_min` (wall
@@ -161,12 +162,15 @@ def run_arm(args: argparse.Namespace, arm: str, seed: int, model: Path, out: Pat
     start = time.perf_counter()
     records, seen = train_watched(cfg, out, args.verbose)
     run_s = time.perf_counter() - start
-    # Mean reward per step over every rollout, unscored ones at 0 (a model that stops answering scores lower).
-    rewards = [(r.get("reward_mean") or 0.0) * (r.get("scored_fraction") or 0.0) for r in records]
+    # The reward of each generation batch over every rollout, unscored ones at 0 (a model that stops answering scores
+    # lower). With several optimizer steps per generation batch only the step that consumed the batch has its
+    # figures; the others' lines carry none and are not points of the curve.
+    batches = [r for r in records if r.get("groups") is not None]
+    rewards = [(r.get("reward_mean") or 0.0) * (r.get("scored_fraction") or 0.0) for r in batches]
     groups = []
     total = 0
-    for r in records:
-        total += r.get("groups", GROUPS_PER_STEP)
+    for r in batches:
+        total += r["groups"]
         groups.append(total)
     wall = seen[records[-1]["step"]] - seen[records[0]["step"]]
     last = statistics.fmean(rewards[-LAST_N:])
@@ -189,7 +193,7 @@ def run_arm(args: argparse.Namespace, arm: str, seed: int, model: Path, out: Pat
         "dropped_groups": records[-1].get("dropped_groups_total", 0),
         "mean_staleness": _mean([r.get("staleness_mean") for r in records]),
         "max_staleness": max(r.get("staleness_max", 0) for r in records),
-        "staleness_counts": _counts([r.get("staleness_counts") for r in records]),
+        "staleness_counts": _counts([r.get("staleness_counts") for r in batches]),
         "steps_per_min": 60.0 * (len(records) - 1) / wall if wall > 0 else None,
         "wait_s_mean": _mean([r.get("wait_s") for r in records[1:]]),
         "train_s_mean": _mean([r.get("train_s") for r in records[1:]]),
