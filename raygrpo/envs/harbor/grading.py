@@ -65,6 +65,11 @@ class EpisodeGrading:
     _dead: str | None
     _steps: StepProgress | None
     _tooling_missing: list[str]
+    # Properties of `HarborAdapter`: how errors and logs name the episode, and the task's sandbox's Harbor
+    # environment and trial paths.
+    label: str
+    env: BaseEnvironment | None
+    _trial_paths: TrialPaths | None
 
     #: What the last verification left behind (None before `score`).
     _evidence: VerifierEvidence | None = None
@@ -74,21 +79,6 @@ class EpisodeGrading:
     _verifier_sandbox: HarborSandbox | None = None
     #: Where the artifacts of the verification under way are kept on the host (removed after it).
     _artifacts_tmp: str | None = None
-
-    @property
-    def label(self) -> str:
-        """How errors and logs name the episode (`HarborAdapter.label`)."""
-        raise NotImplementedError
-
-    @property
-    def env(self) -> BaseEnvironment | None:
-        """The task's sandbox's Harbor environment (`HarborAdapter.env`)."""
-        raise NotImplementedError
-
-    @property
-    def _trial_paths(self) -> TrialPaths | None:
-        """The task's sandbox's trial paths (`HarborAdapter._trial_paths`)."""
-        raise NotImplementedError
 
     async def score(self) -> float:
         """Run the task's verifier (for a multi-step task: the current step's) and reduce its rewards to one number.
