@@ -282,7 +282,8 @@ def run(shape: Shape, work: Path) -> dict[str, Any]:
 
     from raygrpo.core.environ import PROCESS_ENV, apply_process_env
     from raygrpo.driver.launch import RolloutRuntime
-    from raygrpo.driver.orchestrator import Orchestrator, RolloutRequest
+    from raygrpo.driver.attempts import RolloutRequest
+    from raygrpo.driver.orchestrator import Orchestrator
     from raygrpo.driver.resolve import resolve_run
     from raygrpo.testing.fake_provider.audit import audit
     from raygrpo.testing.fake_provider.service import FakeProviderProcess

@@ -85,7 +85,8 @@ def arm_config(url: str, *, elastic: bool, peak: int, k: int, idle_timeout_s: fl
 def run_arm(name: str, url: str, args: argparse.Namespace, peak: int) -> dict[str, Any]:
     """Run the bursts on one arm's pool; returns its figures and its samples over time."""
     from raygrpo.driver.launch import RolloutRuntime
-    from raygrpo.driver.orchestrator import Orchestrator, RolloutRequest
+    from raygrpo.driver.attempts import RolloutRequest
+    from raygrpo.driver.orchestrator import Orchestrator
     from raygrpo.driver.resolve import resolve_run
 
     cfg = arm_config(url, elastic=name == "elastic", peak=peak, k=args.k, idle_timeout_s=args.idle_timeout)

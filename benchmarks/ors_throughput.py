@@ -162,7 +162,8 @@ def raygrpo_config(url: str, episodes: int, actors: int):
 
 
 def run_raygrpo(runtime, episodes: int) -> tuple[float, dict]:
-    from raygrpo.driver.orchestrator import Orchestrator, make_groups
+    from raygrpo.driver.attempts import make_groups
+    from raygrpo.driver.orchestrator import Orchestrator
     from raygrpo.driver.pools import PoolSet
 
     requests = make_groups(runtime.tasks[:episodes], group_size=1)

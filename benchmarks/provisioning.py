@@ -248,7 +248,7 @@ def raygrpo_batches(cfg, group_size: int, repeats: int, total: int, *, first_apa
     most tool calls any rollout made, the medians of the rollouts' phases, and the sandboxes the runtime found left
     after it. `first_apart`: one more batch first, reported on its own (`first_batch_s`: on docker it builds the
     tasks' images)."""
-    from raygrpo.driver.orchestrator import make_groups
+    from raygrpo.driver.attempts import make_groups
     from session_cpu import SessionCpu
 
     cpu = SessionCpu(exclude=set())
@@ -287,7 +287,8 @@ def raygrpo_stream(cfg, group_size: int, batches: int, total: int, in_flight: in
     its completions, from the n/4-th to the 3n/4-th, which leaves out the first starts' latency and the drain at the
     end; only for a stream of at least twice `in_flight` rollouts (the most run at once), so that its middle is past
     the first wave."""
-    from raygrpo.driver.orchestrator import Orchestrator, make_groups
+    from raygrpo.driver.attempts import make_groups
+    from raygrpo.driver.orchestrator import Orchestrator
 
     cores = os.cpu_count() or 1
     with _runtime(cfg) as runtime:
@@ -447,7 +448,7 @@ def remote_arm(args, dirs: list[Path], total: int, per_actor: int) -> dict[str, 
 
 
 def local_arm(args, dirs: list[Path], total: int, per_actor: int, work: Path) -> dict[str, Any]:
-    from raygrpo.driver.orchestrator import make_groups
+    from raygrpo.driver.attempts import make_groups
     from raygrpo.driver.runtime import init_ray, shutdown_ray
 
     log("local arm: bwrap backend, 1.0 s of injected start latency")

@@ -125,7 +125,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from raygrpo.driver.launch import RolloutRuntime
-    from raygrpo.driver.orchestrator import Orchestrator, RolloutRequest
+    from raygrpo.driver.attempts import RolloutRequest
+    from raygrpo.driver.orchestrator import Orchestrator
     from raygrpo.driver.pools import PoolSet
     from raygrpo.driver.resolve import resolve_run
     from raygrpo.driver.runtime import init_ray, shutdown_ray

@@ -26,7 +26,8 @@ import ray
 
 from raygrpo.config import load_config
 from raygrpo.driver.launch import RolloutRuntime
-from raygrpo.driver.orchestrator import Orchestrator, make_groups
+from raygrpo.driver.attempts import make_groups
+from raygrpo.driver.orchestrator import Orchestrator
 from raygrpo.driver.resolve import resolve_run
 from raygrpo.driver.runtime import init_ray
 

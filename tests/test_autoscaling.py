@@ -88,7 +88,8 @@ def test_a_burst_adds_nodes_and_they_go_when_the_pool_drains(cluster, tmp_path):
     nodes, every rollout ends `ok`, then every actor drains (`drained == started`) and the nodes are removed."""
     from raygrpo.config import load_config
     from raygrpo.driver.launch import RolloutRuntime
-    from raygrpo.driver.orchestrator import Orchestrator, make_groups
+    from raygrpo.driver.attempts import make_groups
+    from raygrpo.driver.orchestrator import Orchestrator
     from raygrpo.driver.resolve import resolve_run
     from tests.e2e_support import NapEnvironment
     from tests.ors_utils import ors_server

@@ -311,7 +311,8 @@ def sleeping(containers: list) -> int:
 
 
 def _stream(runtime, max_retries: int):
-    from raygrpo.driver.orchestrator import Orchestrator, make_groups
+    from raygrpo.driver.attempts import make_groups
+    from raygrpo.driver.orchestrator import Orchestrator
     from raygrpo.driver.pools import PoolSet
 
     stop = threading.Event()

@@ -104,7 +104,8 @@ def _busy_runtime(cfg_overrides):
 
 @pytest.mark.timeout(240)
 def test_cancelled_batch_kills_every_sandbox_process(sandbox_base):
-    from raygrpo.driver.orchestrator import Orchestrator, make_groups
+    from raygrpo.driver.attempts import make_groups
+    from raygrpo.driver.orchestrator import Orchestrator
     from raygrpo.driver.pools import PoolSet
 
     with _busy_runtime([]) as runtime:
@@ -125,7 +126,8 @@ def test_cancelled_batch_kills_every_sandbox_process(sandbox_base):
 
 @pytest.mark.timeout(240)
 def test_sigkill_of_an_env_pool_actor_is_reaped(sandbox_base):
-    from raygrpo.driver.orchestrator import Orchestrator, make_groups
+    from raygrpo.driver.attempts import make_groups
+    from raygrpo.driver.orchestrator import Orchestrator
     from raygrpo.driver.pools import PoolSet
 
     with _busy_runtime(["rollout.rollout_timeout_s=90"]) as runtime:

@@ -142,7 +142,8 @@ def test_failed_run_leaves_no_session(tmp_path):
 @pytest.mark.parametrize("tasks, group_size", [(16, 1), (4, 4)])
 def test_cancelled_batch_leaves_no_session(tmp_path, tasks, group_size):
     from raygrpo.driver.launch import RolloutRuntime
-    from raygrpo.driver.orchestrator import Orchestrator, make_groups
+    from raygrpo.driver.attempts import make_groups
+    from raygrpo.driver.orchestrator import Orchestrator
     from raygrpo.driver.pools import PoolSet
     from raygrpo.driver.resolve import resolve_run
 

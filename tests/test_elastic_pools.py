@@ -19,7 +19,8 @@ import ray
 from raygrpo.driver.collect import collect
 from raygrpo.config import load_config
 from raygrpo.driver.launch import RolloutRuntime
-from raygrpo.driver.orchestrator import Orchestrator, make_groups
+from raygrpo.driver.attempts import make_groups
+from raygrpo.driver.orchestrator import Orchestrator
 from raygrpo.driver.resolve import resolve_run
 from tests.e2e_support import NapEnvironment
 from tests.ors_utils import ors_server, wait_until

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from raygrpo.driver.orchestrator import Orchestrator, RolloutRequest, make_groups
+from raygrpo.driver.attempts import RolloutRequest, make_groups
+from raygrpo.driver.orchestrator import Orchestrator
 from raygrpo.driver.pools import PoolSet
 from raygrpo.core.types import TaskRef
 from tests.dispatch_recorder import RecordingActor

@@ -12,7 +12,8 @@ import pytest
 
 from raygrpo.driver.collect import collect
 from raygrpo.config import ConfigError, load_config
-from raygrpo.driver.orchestrator import Orchestrator, make_groups
+from raygrpo.driver.attempts import make_groups
+from raygrpo.driver.orchestrator import Orchestrator
 from raygrpo.driver.placement import PlacementError, actor_resources, check_fits
 from raygrpo.driver.pools import PoolSet
 from raygrpo.core.types import TaskRef

@@ -18,7 +18,8 @@ from ray.exceptions import TaskCancelledError
 
 from raygrpo.core.types import Status, TaskRef, Trajectory
 from raygrpo.driver.copies import RolloutCopies, Verdict
-from raygrpo.driver.orchestrator import Orchestrator, make_groups
+from raygrpo.driver.attempts import make_groups
+from raygrpo.driver.orchestrator import Orchestrator
 from raygrpo.driver.pools import PoolSet, SlotState
 from raygrpo.driver.pools.reachability import Reachability
 

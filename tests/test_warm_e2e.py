@@ -60,7 +60,8 @@ def _sandbox_ids(base: Path) -> set[str]:
 
 @pytest.mark.timeout(240)
 def test_a_cancelled_batch_stops_the_warm_sandboxes_too(sandbox_base):
-    from raygrpo.driver.orchestrator import Orchestrator, make_groups
+    from raygrpo.driver.attempts import make_groups
+    from raygrpo.driver.orchestrator import Orchestrator
 
     with _busy_runtime([]) as runtime:
         stop = threading.Event()
@@ -80,7 +81,8 @@ def test_a_cancelled_batch_stops_the_warm_sandboxes_too(sandbox_base):
 
 @pytest.mark.timeout(240)
 def test_the_warm_sandboxes_of_a_killed_actor_are_reaped(sandbox_base):
-    from raygrpo.driver.orchestrator import Orchestrator, make_groups
+    from raygrpo.driver.attempts import make_groups
+    from raygrpo.driver.orchestrator import Orchestrator
 
     with _busy_runtime(["rollout.rollout_timeout_s=90", "workers.max_retries=0"]) as runtime:
         ((_, victim),) = runtime.actors

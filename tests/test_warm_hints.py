@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from raygrpo.driver.orchestrator import Orchestrator, RolloutRequest
+from raygrpo.driver.attempts import RolloutRequest
+from raygrpo.driver.orchestrator import Orchestrator
 from raygrpo.driver.pools import PoolSet
 from raygrpo.driver.warm_hints import WarmHints
 from raygrpo.core.types import TaskRef

@@ -39,7 +39,6 @@ from ray.exceptions import RayActorError, TaskCancelledError
 
 from raygrpo.core.types import RolloutCall, Status, TaskRef, Trajectory
 from raygrpo.driver.attempts import RolloutRequest, next_attempt, should_retry, unscored_attempts
-from raygrpo.driver.attempts import make_groups  # noqa: F401 (re-exported: tests and benchmarks import it from here)
 from raygrpo.driver.copies import RolloutCopies, RolloutId, Verdict
 from raygrpo.driver.pools import PoolSet, PoolSlot, SlotState
 from raygrpo.driver.pools.ray_metrics import PoolMetricsLog
