@@ -100,6 +100,20 @@ def test_ratio_is_taken_against_the_behaviour_logprobs(tiny_model_dir, tmp_path)
     assert abs(stale_loss - plain_loss) > 0.1
 
 
+def test_the_behaviour_delta_caps_a_negative_advantage_tokens_ratio(tiny_model_dir, tmp_path):
+    """Two versions stale by e^2: PPO's clip holds the rewarded rollout at 1 + epsilon, but without `delta` the
+    penalised one's term grows with the ratio (7.4 here); the learner's default for `behaviour` caps it at 4."""
+    from raygrpo.train.grpo_args import BEHAVIOUR_DELTA
+
+    for delta, bound in ((None, math.e ** 2), (BEHAVIOUR_DELTA, BEHAVIOUR_DELTA)):
+        trainer, _ = _trainer(_rollout_trainer("behaviour"), tiny_model_dir, tmp_path / str(delta), shift=2.0,
+                              delta=delta)
+        inputs, loss = _step(trainer)
+        advantages = inputs["advantages"].tolist()
+        eps = trainer.args.epsilon_high if trainer.args.epsilon_high is not None else trainer.args.epsilon
+        assert loss == pytest.approx(-((1 + eps) * advantages[0] + bound * advantages[1]) / 2, rel=1e-2)
+
+
 @pytest.mark.parametrize("grpo, n", [
     ({"num_iterations": 2}, 2),  # the batch is trained on twice: TRL computes old log-probs from the learner
     ({"steps_per_generation": 2}, 4),  # one generation batch spans two optimizer steps: the same

@@ -368,6 +368,24 @@ def test_policy_versions_count_the_generation_batch_trl_builds_from_generation_b
         _run_cfg(trainer={"generation_batch_size": 12, "per_device_train_batch_size": 8})
 
 
+def test_the_behaviour_correction_bounds_negative_advantage_ratios_unless_trainer_delta_is_set(tmp_path):
+    from raygrpo.train.correction import correction_for
+    from raygrpo.train.grpo_args import BEHAVIOUR_DELTA, learner_grpo_config
+
+    engine = {"kind": "transformers"}
+    cfg = _run_cfg(policy=engine, train={"mode": "async"})
+    assert correction_for(cfg).mode == "behaviour"
+    assert learner_grpo_config(cfg, str(tmp_path)).delta == BEHAVIOUR_DELTA == 4.0
+    # What the user sets is kept, `null` included (TRL's one-sided clip).
+    assert learner_grpo_config(_run_cfg(policy=engine, trainer={"delta": 6}), str(tmp_path)).delta == 6
+    assert learner_grpo_config(_run_cfg(policy=engine, trainer={"delta": None}), str(tmp_path)).delta is None
+    # Not the behaviour correction, or a loss that does not read delta: TRL's default.
+    for cfg in (_run_cfg(policy=engine, train={"mode": "async", "off_policy": {"mode": "tis"}}),
+                _run_cfg(policy=engine, train={"behaviour_ratio": False}),
+                _run_cfg(policy=engine, trainer={"loss_type": "cispo"})):
+        assert learner_grpo_config(cfg, str(tmp_path)).delta is None
+
+
 def test_a_vllm_server_gets_token_level_importance_weights_with_both_bounds(tmp_path):
     from raygrpo.train.grpo_args import learner_grpo_config
 

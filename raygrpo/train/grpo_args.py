@@ -60,9 +60,20 @@ def trl_importance_sampling(correction: Any) -> dict[str, Any]:
     }
 
 
+#: `GRPOConfig.delta` for the `behaviour` correction where `trainer.delta` is unset: PPO's clip bounds a
+#: positive-advantage token's ratio against the sampling policy at 1 + epsilon, but a negative-advantage token's term
+#: grows with its ratio, which reached 3 at 1-2 versions of lag and ~380 for single tokens in benchmarks/staleness.py.
+#: TRL's two-sided clip (the INTELLECT-2 report's delta, as dual-clip PPO's c) caps that term at 4x the advantage.
+BEHAVIOUR_DELTA = 4.0
+
+#: The loss types whose clipped surrogate reads `delta` (grpo_trainer.py `_compute_loss`).
+_DELTA_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
+
+
 def learner_grpo_config(cfg: Any, output_dir: str):
     """The `GRPOConfig` of a run's learner: the `trainer:` mapping plus what raygrpo owns (group size, temperature,
-    seed, vLLM server mode and its importance weight, checkpoints only between generation batches). Raises
+    seed, vLLM server mode and its importance weight, checkpoints only between generation batches) and, for the
+    `behaviour` correction, `delta` (`BEHAVIOUR_DELTA`) unless `trainer.delta` is set (`null` turns it off). Raises
     `ValueError` where TRL's generation batches would not span whole optimizer steps as raygrpo counts them
     (`RunConfig.steps_per_version`), or the off-policy correction does not fit the loss."""
     from raygrpo.policy.vllm_serve import trl_server_kwargs
@@ -89,6 +100,9 @@ def learner_grpo_config(cfg: Any, output_dir: str):
         owned.update(trl_importance_sampling(correction))
     else:
         owned["use_vllm"] = False
+    if correction.mode == "behaviour" and "delta" not in cfg.trainer and \
+            cfg.trainer.get("loss_type", "dapo") in _DELTA_LOSSES:
+        owned["delta"] = BEHAVIOUR_DELTA
     args = build_grpo_config(cfg.trainer, **owned)
     per_generation = args.steps_per_generation * args.num_iterations
     if per_generation % args.gradient_accumulation_steps or \

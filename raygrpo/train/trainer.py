@@ -16,7 +16,8 @@ TRL's loss sees it (`adjust_generation_output`), in this order:
      proximal policy: TRL's, where it computed them, else one forward pass), and each token's advantage is weighted
      by the bounded importance weight `pi_prox / pi_behaviour` (`raygrpo.train.off_policy`).
    - `behaviour`: the log-probs the engine sampled with replace TRL's old log-probs: PPO-clip against the stale
-     sampling policy itself (`train.behaviour_ratio`).
+     sampling policy itself (`train.behaviour_ratio`), with TRL's two-sided clip `delta` bounding negative-advantage
+     tokens (`raygrpo.train.grpo_args.BEHAVIOUR_DELTA`).
    - `none`: TRL's batch as it is.
 
 With a vLLM server (`policy.url`, `policy.serve`) TRL computes the proximal log-probs and the importance weight itself
