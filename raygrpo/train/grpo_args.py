@@ -100,10 +100,9 @@ def learner_grpo_config(cfg: Any, output_dir: str):
         owned.update(trl_importance_sampling(correction))
     else:
         owned["use_vllm"] = False
-    if correction.mode == "behaviour" and "delta" not in cfg.trainer and \
-            cfg.trainer.get("loss_type", "dapo") in _DELTA_LOSSES:
-        owned["delta"] = BEHAVIOUR_DELTA
     args = build_grpo_config(cfg.trainer, **owned)
+    if correction.mode == "behaviour" and "delta" not in cfg.trainer and args.loss_type in _DELTA_LOSSES:
+        args.delta = BEHAVIOUR_DELTA
     per_generation = args.steps_per_generation * args.num_iterations
     if per_generation % args.gradient_accumulation_steps or \
             per_generation // args.gradient_accumulation_steps != cfg.steps_per_version:
