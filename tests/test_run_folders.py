@@ -90,6 +90,51 @@ def test_a_crashed_runs_folder_is_reaped_and_a_live_run_is_untouched(tmp_path, p
     assert reap_node(base).local.removed_anything is False
 
 
+KILLED_MIDWAY = r"""
+import os, signal, sys
+from pathlib import Path
+from raygrpo.sandbox import owners
+
+folder, stage = Path(sys.argv[1]), sys.argv[2]
+reg = owners.Registration(folder, "t0-aaaaaaaa")
+
+
+def killed(path, *_):
+    # The SIGKILL lands here: while the label is being written, or after the removal took the label (as
+    # `shutil.rmtree` may, in whatever order the directory lists) and before the rest of the tree went.
+    if stage == "removing":
+        (path / "owner.json").unlink()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+if stage == "creating":
+    owners._write_json = killed
+    reg.create()
+else:
+    reg.create()
+    (reg.dir / "fs").mkdir()
+    (reg.dir / "fs" / "data.txt").write_text("x" * 4096)
+    owners.remove_tree = killed
+    reg.release()
+"""
+
+
+@pytest.mark.parametrize("stage", ["creating", "removing"])
+def test_an_owner_killed_while_making_or_removing_its_sandbox_leaves_nothing_the_next_reap_keeps(tmp_path, stage):
+    # CI (stop 52): a run's driver was killed while an actor removed a finished sandbox; the directory lost its
+    # owner.json before the rest, so the next run's start-up reap took it for one being created and kept it.
+    base = tmp_path / "sandboxes"
+    folder = base / DEAD_RUN
+    folder.mkdir(parents=True)
+    owner = subprocess.run([sys.executable, "-c", KILLED_MIDWAY, str(folder), stage], timeout=30,
+                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert owner.returncode == -9
+    assert list(folder.iterdir()) != []  # the kill left something behind
+    report = reap_base(base, stale_after_s=60.0)  # as an env pool actor's start-up reap does
+    assert report.sandboxes == [f"{DEAD_RUN}/t0-aaaaaaaa"], report
+    assert report.folders == [DEAD_RUN] and not base.joinpath(DEAD_RUN).exists()
+
+
 def test_a_dead_users_mark_alone_does_not_spare_a_folder_but_a_live_one_does(tmp_path, procs):
     base = tmp_path / "sandboxes"
     folder = base / DEAD_RUN

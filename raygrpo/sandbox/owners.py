@@ -172,12 +172,25 @@ class Registration:
         self.dir = self.root / self.sandbox_id
 
     def create(self) -> Path:
-        """Create the directory with its owner label and heartbeat, and start beating."""
-        self.dir.mkdir(parents=True, exist_ok=False)
-        _write_json(self.dir / "owner.json", owner_record(self.owner_id))
-        (self.dir / "heartbeat").touch()
+        """Create the directory with its owner label and heartbeat, and start beating.
+
+        The directory is made under a claim name of this process (`CLAIM_PREFIX`), labelled, then renamed into
+        place, so a sandbox directory never lacks its `owner.json`: an owner killed half-way leaves a claim that
+        any reaper takes over once this process is gone, instead of a directory with no owner that a reaper must
+        judge by its age.
+        """
+        if self.dir.exists():
+            raise FileExistsError(self.dir)
+        making = self._claim()
+        making.mkdir(parents=True)
+        _write_json(making / "owner.json", owner_record(self.owner_id))
+        (making / "heartbeat").touch()
+        os.rename(making, self.dir)
         _heartbeat.add(self.dir / "heartbeat")
         return self.dir
+
+    def _claim(self) -> Path:
+        return self.root / f"{CLAIM_PREFIX}{self.sandbox_id}.{os.getpid()}"
 
     def record_processes(self, bwrap_pid: int, init_pid: int | None) -> None:
         _write_json(
@@ -191,10 +204,19 @@ class Registration:
         )
 
     def release(self, *, remove: bool = True) -> None:
-        """Stop beating; remove the directory, or mark it stopped (kept for inspection, never reaped)."""
+        """Stop beating; remove the directory, or mark it stopped (kept for inspection, never reaped).
+
+        Removal first renames the directory to this process's claim (as a reaper does), so an owner killed while
+        removing a large tree leaves a claim that reapers take over, not a half-removed directory without its
+        `owner.json`."""
         _heartbeat.discard(self.dir / "heartbeat")
         if remove:
-            remove_tree(self.dir)
+            claim = self._claim()
+            try:
+                os.rename(self.dir, claim)
+            except FileNotFoundError:
+                return  # a reaper claimed it first, or it was never made
+            remove_tree(claim)
         elif self.dir.exists():
             _write_json(self.dir / STOPPED_MARK, {"stopped": time.time()})
 
