@@ -18,6 +18,8 @@ the same run seed and the same latency draws (the split `stale-<scale>-s<seed>`)
 - `behaviour`: async, `off_policy: {mode: none}`, `behaviour_ratio: true` (PPO ratio against the sampling log-probs).
 - `tis`: async, `off_policy: {mode: tis}` (decoupled PPO: clip against the learner's proximal log-probs; advantages
   times the importance weight pi_prox / pi_behaviour truncated to [0, 2]).
+- `mis` (not run unless named in `--arms`): as `tis`, but tokens whose weight falls outside [0.5, 2] get weight 0
+  instead of being truncated (masked importance sampling, IcePop).
 - `sync`: sync mode, the run's default correction (each step waits for its slowest rollout; no group is stale).
 
 Per arm, from `metrics.jsonl`: the reward curve (mean reward of each generation batch with unscored rollouts at 0,
@@ -33,7 +35,7 @@ one plot, `OUT/staleness_rewards.png`.
 Targets, per seed (each reported with whether it held; medians over the seeds beside them):
 `tis_vs_sync_per_group`: auc(tis) >= 0.9 * auc(sync); `tis_faster_than_sync`: steps_per_min(tis) >
 steps_per_min(sync); `tis_better_than_none`: auc(tis) > auc(none); `tis_no_collapse`: final_reward(tis) >= peak(tis)
-- 0.5.
+- 0.5. The same four are reported for `mis` (`mis_vs_sync_per_group`, ...) when it ran.
 
 Prints progress to stderr and one JSON line on stdout: the arms as keys (per-seed figures under `seeds`, medians
 beside them), and `targets`. Run: `python benchmarks/staleness.py --quick` (one seed: ~13 minutes on 2 cores at load
@@ -64,6 +66,8 @@ from learner_overlap import train_watched  # noqa: E402
 from staleness_env import split_for  # noqa: E402
 
 ARMS = ("sync", "none", "behaviour", "tis")
+#: Arms run only when `--arms` names them.
+EXTRA_ARMS = ("mis",)
 GROUPS_PER_STEP = 4
 GROUP_SIZE = 8
 LAST_N = 5
@@ -105,8 +109,8 @@ def run_config(args: argparse.Namespace, arm: str, seed: int, model: Path):
                              "save_rollouts": False}
     if arm in ("none", "behaviour"):
         train.update(off_policy={"mode": "none"}, behaviour_ratio=arm == "behaviour")
-    elif arm == "tis":
-        train.update(off_policy={"mode": "tis"})
+    elif arm in ("tis", "mis"):
+        train.update(off_policy={"mode": arm})
     return load_config(data={
         "envs": {"stale": {
             "kind": "ors",
@@ -216,7 +220,7 @@ def plot(runs: dict[str, dict[int, dict[str, Any]]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colours = {"sync": "black", "none": "tab:red", "behaviour": "tab:orange", "tis": "tab:blue"}
+    colours = {"sync": "black", "none": "tab:red", "behaviour": "tab:orange", "tis": "tab:blue", "mis": "tab:green"}
     fig, ax = plt.subplots(figsize=(8, 5))
     for arm, by_seed in runs.items():
         for i, (seed, result) in enumerate(sorted(by_seed.items())):
@@ -234,18 +238,18 @@ def plot(runs: dict[str, dict[int, dict[str, Any]]], path: Path) -> None:
     plt.close(fig)
 
 
-def targets(runs: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
-    """Each target per seed, and whether it held in every seed."""
-    seeds = sorted(runs["tis"])
+def targets(runs: dict[str, dict[int, dict[str, Any]]], arm: str = "tis") -> dict[str, Any]:
+    """Each target for `arm` per seed, and whether it held in every seed."""
+    seeds = sorted(runs[arm])
+    mine, sync, none = runs[arm], runs["sync"], runs["none"]
     checks = {
-        "tis_vs_sync_per_group": ("auc(tis) >= 0.9 * auc(sync)",
-                                  lambda s: runs["tis"][s]["auc"] >= 0.9 * runs["sync"][s]["auc"]),
-        "tis_faster_than_sync": ("steps_per_min(tis) > steps_per_min(sync)",
-                                 lambda s: (runs["tis"][s]["steps_per_min"] or 0) > (runs["sync"][s]["steps_per_min"]
-                                                                                    or 0)),
-        "tis_better_than_none": ("auc(tis) > auc(none)", lambda s: runs["tis"][s]["auc"] > runs["none"][s]["auc"]),
-        "tis_no_collapse": (f"last-{LAST_N} mean reward of tis >= its peak - 0.5",
-                            lambda s: not runs["tis"][s]["collapsed"]),
+        f"{arm}_vs_sync_per_group": (f"auc({arm}) >= 0.9 * auc(sync)",
+                                     lambda s: mine[s]["auc"] >= 0.9 * sync[s]["auc"]),
+        f"{arm}_faster_than_sync": (f"steps_per_min({arm}) > steps_per_min(sync)",
+                                    lambda s: (mine[s]["steps_per_min"] or 0) > (sync[s]["steps_per_min"] or 0)),
+        f"{arm}_better_than_none": (f"auc({arm}) > auc(none)", lambda s: mine[s]["auc"] > none[s]["auc"]),
+        f"{arm}_no_collapse": (f"last-{LAST_N} mean reward of {arm} >= its peak - 0.5",
+                               lambda s: not mine[s]["collapsed"]),
     }
     out: dict[str, Any] = {}
     for name, (rule, check) in checks.items():
@@ -293,7 +297,7 @@ def main() -> None:
                              "or 2 versions stale (at 0.6 nearly all were 2)")
     parser.add_argument("--warmup-steps", type=int, default=150,
                         help="steps of the format warm-up (its loss is at its floor, ~0.10, by ~75)")
-    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS + EXTRA_ARMS)
     parser.add_argument("--steps-per-generation", type=int, default=1,
                         help="optimizer steps per generation batch (TRL's steps_per_generation): above 1 a policy "
                              "version spans several steps, and PPO's clip against the proximal policy acts from the "
@@ -344,6 +348,8 @@ def main() -> None:
     result: dict[str, Any] = {arm: summarise(by_seed) for arm, by_seed in runs.items()}
     if all(arm in runs for arm in ("sync", "none", "tis")):
         result["targets"] = targets(runs)
+    if all(arm in runs for arm in ("sync", "none", "mis")):
+        result["targets_mis"] = targets(runs, "mis")
     result["config"] = {"steps": args.steps, "steps_per_generation": args.steps_per_generation, "lr": args.lr,
                         "scale_s": args.scale, "seeds": args.seeds,
                         "groups_per_step": GROUPS_PER_STEP, "group_size": GROUP_SIZE, "max_staleness": 2,

@@ -127,9 +127,9 @@ class OffPolicyConfig(BaseModel):
             where TRL drives a vLLM server (`policy.url`: TRL weights its samples anyway; raygrpo makes it token
             level with both bounds), else `"none"` (engine actors then clip against the sampling policy:
             `behaviour_ratio`). With one optimizer step per generation batch, `tis`/`mis` leave PPO's clip inert (the
-            proximal policy is the one being optimised): measured on the echo task in async mode they collapsed
-            where `behaviour_ratio` did not (docs/training.md); set them to compare, or with `num_iterations > 1` /
-            several optimizer steps per generation batch, where the clip acts.
+            proximal policy is the one being optimised): measured on the echo task in async mode `tis` collapsed
+            where `behaviour_ratio` did not, and `mis` did not either (docs/training.md); set them to compare, or
+            with `num_iterations > 1` / several optimizer steps per generation batch, where the clip acts.
             With a vLLM server TRL applies the weight itself (`vllm_importance_sampling_mode` `token_truncate` or
             `token_mask`, with these bounds).
         low (`float`, *optional*):
