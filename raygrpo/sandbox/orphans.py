@@ -5,7 +5,9 @@ A sandbox is an *orphan* when its owner process is gone (same host and boot: the
 another process) or its heartbeat is older than `stale_after_s`. `reap_orphans` kills an orphan's processes (its
 PID-namespace init; the kernel then kills everything else in the namespace) and removes its directory. Several
 processes may reap at once: a reaper first claims a sandbox by renaming its directory (atomic), so each orphan is
-reaped exactly once. `OrphanReaper` runs both kinds of reaping periodically from a thread: the driver runs one over
+reaped exactly once. An owner makes and removes its sandbox's directory under such a claim too (`Registration`), so a
+directory under a sandbox's own name always has its `owner.json`, and a claim whose process is gone is taken over.
+`OrphanReaper` runs both kinds of reaping periodically from a thread: the driver runs one over
 its run's sandboxes, every env pool actor one over its node's.
 """
 
