@@ -58,6 +58,23 @@ def test_refusals_are_recognised_in_what_backends_raise():
                   httpx.HTTPStatusError("500", request=request, response=httpx.Response(500, request=request))):
         assert rate_limit_signal(other) is None, other
 
+    for said in ("HTTP 429", "HTTP/1.1 429 Too Many Requests", "status code 429", "status_code=429", "error 429",
+                 "the server answered: Error: 429", "code: 429"):
+        assert rate_limit_signal(RuntimeError(said)) is not None, said
+
+
+def test_a_429_that_is_not_a_status_is_not_a_refusal():
+    # CI (stop 53's check): a task's docker build failed in a run whose pytest folder was `pytest-429`; the path in
+    # the compose error read as a refusal, and the start was backed off for minutes instead of being a task error.
+    build = RuntimeError(
+        "docker compose build failed (exit 1): Step 4/6 : RUN python3 -c \"import urllib.request\"\n"
+        " ---> Running in 5a14e345928e\nTraceback (most recent call last):\n"
+        '  File "/usr/local/lib/python3.12/urllib/request.py", line 429, in open\n'
+        "urllib.error.URLError: <urlopen error [Errno -2] Name or service not known>\n"
+        "compose file: /tmp/pytest-of-root/pytest-429/test_example_suite_on_docker_t0/trials/x/compose.json\n"
+        "Sending build context to Docker daemon  0.429kB, took 0.429 s; task-429; run 429 of 500")
+    assert rate_limit_signal(build) is None
+
 
 def test_backoff_grows_is_jittered_and_honours_retry_after():
     settings = BackoffSettings(initial_s=1.0, max_s=8.0, jitter=0.5)

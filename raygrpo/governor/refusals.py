@@ -13,7 +13,13 @@ import random
 import re
 from dataclasses import dataclass
 
-_RATE_LIMIT_TEXT = re.compile(r"\b429\b|too many requests|rate[ _-]?limit", re.IGNORECASE)
+#: The words of a refusal. A bare "429" is not one: a path (`/tmp/pytest-429/...`), a line number or a size in a
+#: failure's text would read as a refusal and back the start off for minutes; the status counts only where the text
+#: says it is one ("HTTP 429", "status code 429", "error 429", "429 Too Many Requests").
+_RATE_LIMIT_TEXT = re.compile(
+    r"too many requests|rate[ _-]?limit|\b(?:http(?:/[\d.]+)?|status(?:[ _]?code)?|code|error)\W{0,3}429\b",
+    re.IGNORECASE,
+)
 _LIVE_TEXT = re.compile(r"\blive\b|concurren|quota|too many (sandboxes|instances)", re.IGNORECASE)
 
 
@@ -51,8 +57,8 @@ def rate_limit_signal(exc: BaseException) -> RateLimitSignal | None:
 
     Backends raise their own types (e2b `RateLimitException`, httpx `HTTPStatusError` on 429, raygrpo's fake
     provider `ProviderRateLimited`), so this looks at the whole chain: a status code of 429, a class named for rate
-    limits, or the words ("429", "too many requests", "rate limit"). A `retry_after_s` attribute or a Retry-After
-    header is used as given.
+    limits, or the words ("too many requests", "rate limit", or 429 named as a status: "HTTP 429", "status code
+    429"). A `retry_after_s` attribute or a Retry-After header is used as given.
     """
     for e in _chain(exc):
         response = getattr(e, "response", None)
