@@ -27,6 +27,7 @@ from raygrpo.sandbox.owners import (
     CLAIM_PREFIX,
     HOSTNAME,
     STOPPED_MARK,
+    claim_path,
     heartbeat_age,
     is_run_folder,
     kill_sandbox_processes,
@@ -87,7 +88,7 @@ def reap_orphans(root: str | os.PathLike | None = None, stale_after_s: float = 1
             sid = name
             if not _is_orphan(d, stale_after_s):
                 continue
-        claim = base / f"{CLAIM_PREFIX}{sid}.{os.getpid()}"
+        claim = claim_path(base, sid)
         try:
             os.rename(d, claim)
         except (FileNotFoundError, OSError):

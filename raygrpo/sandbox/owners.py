@@ -45,6 +45,12 @@ STOPPED_MARK = "stopped.json"
 RUN_ID = re.compile(r"^run-[0-9a-f]{12}$")
 
 
+def claim_path(root: Path, sandbox_id: str) -> Path:
+    """This process's claim on sandbox `sandbox_id` under `root`: the name its directory takes while this process makes
+    it, removes it or reaps it (`CLAIM_PREFIX`, the id, `.`, this pid)."""
+    return root / f"{CLAIM_PREFIX}{sandbox_id}.{os.getpid()}"
+
+
 def is_run_folder(path: Path) -> bool:
     """Whether a directory under the sandbox root is a run's folder (not a sandbox's own directory)."""
     return bool(RUN_ID.match(path.name)) and not (path / "owner.json").exists()
@@ -181,16 +187,13 @@ class Registration:
         """
         if self.dir.exists():
             raise FileExistsError(self.dir)
-        making = self._claim()
+        making = claim_path(self.root, self.sandbox_id)
         making.mkdir(parents=True)
         _write_json(making / "owner.json", owner_record(self.owner_id))
         (making / "heartbeat").touch()
         os.rename(making, self.dir)
         _heartbeat.add(self.dir / "heartbeat")
         return self.dir
-
-    def _claim(self) -> Path:
-        return self.root / f"{CLAIM_PREFIX}{self.sandbox_id}.{os.getpid()}"
 
     def record_processes(self, bwrap_pid: int, init_pid: int | None) -> None:
         _write_json(
@@ -211,7 +214,7 @@ class Registration:
         `owner.json`."""
         _heartbeat.discard(self.dir / "heartbeat")
         if remove:
-            claim = self._claim()
+            claim = claim_path(self.root, self.sandbox_id)
             try:
                 os.rename(self.dir, claim)
             except FileNotFoundError:
