@@ -111,6 +111,8 @@ def run_config(args: argparse.Namespace, arm: str, seed: int, model: Path):
         train.update(off_policy={"mode": "none"}, behaviour_ratio=arm == "behaviour")
     elif arm in ("tis", "mis"):
         train.update(off_policy={"mode": arm})
+        if args.proximal_decay is not None:
+            train["off_policy"]["proximal_decay"] = args.proximal_decay
     return load_config(data={
         "envs": {"stale": {
             "kind": "ors",
@@ -181,6 +183,7 @@ def run_arm(args: argparse.Namespace, arm: str, seed: int, model: Path, out: Pat
     result = {
         "mode": cfg.train.mode,
         "correction": correction.mode,
+        "proximal_decay": correction.proximal_decay,
         "steps": len(records),
         "groups_consumed": groups[-1],
         "auc": statistics.fmean(rewards),
@@ -282,6 +285,18 @@ def summarise(by_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def reusable(saved: Path, args: argparse.Namespace, arm: str, seed: int, model: Path) -> bool:
+    """Whether an earlier run's `result.json` is of this arm as configured now: the same number of steps and the
+    same proximal policy (`--proximal-decay`; a result from before the field counts as decay 0)."""
+    if not saved.exists():
+        return False
+    from raygrpo.train.correction import correction_for
+
+    earlier = json.loads(saved.read_text())
+    decay = correction_for(run_config(args, arm, seed, model)).proximal_decay
+    return earlier["steps"] == args.steps and earlier.get("proximal_decay", 0.0) == decay
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one seed (the first of --seeds)")
@@ -302,6 +317,9 @@ def main() -> None:
                         help="optimizer steps per generation batch (TRL's steps_per_generation): above 1 a policy "
                              "version spans several steps, and PPO's clip against the proximal policy acts from the "
                              "second")
+    parser.add_argument("--proximal-decay", type=float, default=None,
+                        help="train.off_policy.proximal_decay of the tis and mis arms (PPO-EWMA: the proximal policy "
+                             "as a moving average of the learner's weights); unset: the config's default")
     parser.add_argument("--out", default=str(ROOT / "runs" / "bench-staleness"), help="run folders and the plot")
     parser.add_argument("--reuse", action="store_true",
                         help="take an arm's figures from OUT/s<seed>-<arm>/result.json where an earlier run of the "
@@ -336,7 +354,7 @@ def main() -> None:
             order = args.arms[i % len(args.arms):] + args.arms[:i % len(args.arms)]
             for arm in order:
                 saved = out / f"s{seed}-{arm}" / "result.json"
-                if args.reuse and saved.exists() and json.loads(saved.read_text())["steps"] == args.steps:
+                if args.reuse and reusable(saved, args, arm, seed, models[seed]):
                     runs[arm][seed] = json.loads(saved.read_text())
                     log(f"seed {seed} {arm}: reused {saved}")
                     continue

@@ -253,6 +253,15 @@ def test_which_runs_report_sampling_logprobs_and_how_they_correct_for_staleness(
         cfg(engine, behaviour_ratio=True, off_policy={"mode": "tis"})
     with pytest.raises(ConfigError, match="low .2.0. must be below high"):
         cfg(engine, off_policy={"mode": "mis", "low": 2.0, "high": 1.0})
+    # PPO-EWMA: the proximal policy as a moving average, for engine actors' rollouts only.
+    lagging = cfg(engine, mode="async", off_policy={"mode": "tis", "proximal_decay": 0.5})
+    assert correction_for(lagging) == Correction("tis", 0.0, 2.0, 0.5)
+    with pytest.raises(ConfigError, match="proximal_decay sets the proximal policy of mode tis or mis"):
+        cfg(engine, mode="async", off_policy={"mode": "none", "proximal_decay": 0.5})
+    with pytest.raises(ConfigError, match="train.off_policy.proximal_decay sets the proximal policy the learner"):
+        cfg(server, off_policy={"mode": "tis", "proximal_decay": 0.5})
+    with pytest.raises(ConfigError, match="proximal_decay"):
+        cfg(engine, off_policy={"mode": "tis", "proximal_decay": 1.0})
     # vLLM engine actors (neither a server URL nor one raygrpo starts) would be engine actors like transformers'.
     assert PolicyConfig.model_construct(kind="vllm").engine_actors
     assert not PolicyConfig(kind="vllm", url="http://127.0.0.1:1").engine_actors
@@ -417,3 +426,61 @@ def test_truncated_rollouts_leave_the_loss_with_mask_truncated_completions(tiny_
         inputs = trainer._generate_and_score_completions([{"prompt": "slot"} for _ in range(4)])
         mask = inputs["completion_mask"] * inputs.get("tool_mask", torch.ones_like(inputs["completion_mask"]))
         assert int((mask.sum(dim=1) > 0).sum()) == kept
+
+
+# ----------------------------------------------------------------- PPO-EWMA: a proximal policy that lags the learner
+
+
+def test_a_proximal_decay_takes_the_proximal_logprobs_from_the_moving_average_of_the_weights(
+    tiny_model_dir, tmp_path
+):
+    """With `proximal_decay`, the first batch starts the average at the learner's weights; after the learner moves,
+    the next batch's proximal log-probs (TRL's old log-probs: PPO's clip and the importance weight are taken against
+    them) are those of `decay * before + (1 - decay) * after`, and the learner's own weights are untouched."""
+    trainer, own = _trainer(_rollout_trainer("tis", proximal_decay=0.25), tiny_model_dir, tmp_path / "t", shift=0.0,
+                            bf16=False)
+    trainer.model.train()
+    n = len(own)
+    first = _generate(trainer)
+    assert torch.allclose(first["old_per_token_logps"][:, :n], torch.tensor([own, own]), atol=1e-5)
+    before = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
+    with torch.no_grad():  # the learner moves, as an optimizer step would move it
+        for p in trainer.model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    after = {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
+
+    second = _generate(trainer)
+    assert all(torch.equal(p, after[k]) for k, p in trainer.model.named_parameters())  # swapped back
+    rows = torch.ones(2, dtype=torch.bool)
+    current = _completion_logps(trainer, second, rows)
+    with torch.no_grad():
+        for k, p in trainer.model.named_parameters():
+            p.copy_(0.25 * before[k] + 0.75 * after[k])
+    expected = _completion_logps(trainer, second, rows)
+    assert torch.allclose(second["old_per_token_logps"], expected, atol=1e-5)
+    assert not torch.allclose(second["old_per_token_logps"], current, atol=1e-3)  # not the learner's own
+    # The importance weight is taken against the average too: the behaviour log-probs are the first weights'.
+    weight = torch.exp(expected[0, :n] - torch.tensor(own)).mean().item()
+    assert trainer._metrics["train"]["is_weight/mean"][-1] == pytest.approx(weight, rel=1e-4)
+
+
+def test_a_checkpoint_keeps_the_moving_average_and_a_resume_continues_from_it(tiny_model_dir, tmp_path):
+    trainer, _ = _trainer(_rollout_trainer("tis", proximal_decay=0.5), tiny_model_dir, tmp_path / "run",
+                          shift=0.0, max_steps=2, save_steps=1, save_strategy="steps")
+    trainer.train()
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    from raygrpo.train.proximal import PROXIMAL_FILE
+
+    assert (checkpoint / PROXIMAL_FILE).is_file()
+    kept = {k: v.clone() for k, v in trainer.proximal.average.items()}
+    resumed, _ = _trainer(_rollout_trainer("tis", proximal_decay=0.5), tiny_model_dir, tmp_path / "run",
+                          shift=0.0, max_steps=2, save_steps=1, save_strategy="steps")
+    assert resumed.proximal.average is None
+    resumed._load_from_checkpoint(str(checkpoint))
+    assert resumed.proximal.average.keys() == kept.keys()
+    assert all(torch.equal(resumed.proximal.average[k], kept[k]) for k in kept)
+    # Without a decay nothing is kept: the proximal policy is the resumed weights themselves.
+    plain, _ = _trainer(_rollout_trainer("tis"), tiny_model_dir, tmp_path / "plain", shift=0.0, max_steps=1,
+                        save_steps=1, save_strategy="steps")
+    plain.train()
+    assert plain.proximal is None and not (tmp_path / "plain" / "checkpoint-1" / PROXIMAL_FILE).exists()

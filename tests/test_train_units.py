@@ -379,6 +379,9 @@ def test_the_behaviour_correction_bounds_negative_advantage_ratios_unless_traine
     # What the user sets is kept, `null` included (TRL's one-sided clip).
     assert learner_grpo_config(_run_cfg(policy=engine, trainer={"delta": 6}), str(tmp_path)).delta == 6
     assert learner_grpo_config(_run_cfg(policy=engine, trainer={"delta": None}), str(tmp_path)).delta is None
+    # Decoupled PPO against a lagging proximal policy: its ratio is not 1 at a batch's first step either.
+    lagging = _run_cfg(policy=engine, train={"mode": "async", "off_policy": {"mode": "tis", "proximal_decay": 0.5}})
+    assert learner_grpo_config(lagging, str(tmp_path)).delta == BEHAVIOUR_DELTA
     # Not the behaviour correction, or a loss that does not read delta: TRL's default.
     for cfg in (_run_cfg(policy=engine, train={"mode": "async", "off_policy": {"mode": "tis"}}),
                 _run_cfg(policy=engine, train={"behaviour_ratio": False}),

@@ -208,6 +208,10 @@ class RunConfig(BaseModel):
             raise ValueError(f"train.off_policy.mode {mode!r} weights tokens by the log-probs the policy sampled "
                              f"with; policy.kind {self.policy.kind!r} reports none (scripted turns are certain): set "
                              "it to none or leave it out")
+        if self.train.off_policy.proximal_decay and not self.policy.engine_actors:
+            raise ValueError("train.off_policy.proximal_decay sets the proximal policy the learner computes for "
+                             "engine actors' rollouts; with a vLLM server (policy.url/serve) TRL computes it from the "
+                             "current weights: leave it out")
 
     def _check_save_steps(self) -> None:
         """A checkpoint inside a generation batch cannot be resumed faithfully: TRL regenerates on resume, which

@@ -108,6 +108,8 @@ class WarmupConfig(BaseModel):
 
 #: The bounds of each off-policy mode when `train.off_policy` leaves them out (see `OffPolicyConfig`).
 OFF_POLICY_BOUNDS: dict[str, tuple[float, float]] = {"tis": (0.0, 2.0), "mis": (0.5, 2.0)}
+#: `train.off_policy.proximal_decay` where it is left out (see `OffPolicyConfig`).
+PROXIMAL_DECAY = 0.0
 
 
 class OffPolicyConfig(BaseModel):
@@ -138,6 +140,12 @@ class OffPolicyConfig(BaseModel):
         high (`float`, *optional*):
             Upper bound of `w`; defaults to 2.0 for both (the truncation level of the TIS paper; IcePop masks
             outside [0.5, 2]).
+        proximal_decay (`float`, *optional*):
+            The proximal policy of `tis`/`mis` as an exponential moving average of the learner's weights (PPO-EWMA,
+            `raygrpo.train.proximal`): each generation batch moves the average towards the learner by
+            `1 - proximal_decay`, so it lags by about `proximal_decay / (1 - proximal_decay)` batches and PPO's clip
+            bounds how far the learner moves from it even with one optimizer step per batch. 0: the learner's weights
+            at the start of the batch. Engine actors only (with a vLLM server TRL computes the proximal log-probs).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -145,11 +153,14 @@ class OffPolicyConfig(BaseModel):
     mode: Literal["none", "tis", "mis"] | None = None
     low: float | None = Field(None, ge=0)
     high: float | None = Field(None, gt=0)
+    proximal_decay: float | None = Field(None, ge=0, lt=1)
 
     @model_validator(mode="after")
     def _ordered(self) -> OffPolicyConfig:
         if self.mode == "none" and (self.low is not None or self.high is not None):
             raise ValueError("low and high bound the importance weight of mode tis or mis; mode none has none")
+        if self.mode not in ("tis", "mis") and self.proximal_decay is not None:
+            raise ValueError("proximal_decay sets the proximal policy of mode tis or mis; set mode to one of them")
         if self.low is not None and self.high is not None and self.low >= self.high:
             raise ValueError(f"low ({self.low}) must be below high ({self.high})")
         return self
@@ -158,6 +169,10 @@ class OffPolicyConfig(BaseModel):
         """`(low, high)` for `mode` (`tis` or `mis`), the unset ones at their defaults."""
         low, high = OFF_POLICY_BOUNDS[mode]
         return (low if self.low is None else self.low, high if self.high is None else self.high)
+
+    def decay(self) -> float:
+        """`proximal_decay`, at its default where unset."""
+        return PROXIMAL_DECAY if self.proximal_decay is None else self.proximal_decay
 
 
 class DynamicSamplingConfig(BaseModel):

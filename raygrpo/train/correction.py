@@ -20,11 +20,14 @@ class Correction:
         mode: `"none"`, `"behaviour"`, `"tis"` or `"mis"` (see the module docstring).
         low: Lower bound of the importance weight (`tis`, `mis`).
         high: Upper bound of the importance weight (`tis`, `mis`).
+        proximal_decay: The proximal policy (`tis`, `mis`) as a moving average of the learner's weights with this
+            decay (`raygrpo.train.proximal`); 0: the learner's weights at the start of the batch.
     """
 
     mode: Literal["none", "behaviour", "tis", "mis"] = "none"
     low: float = 0.0
     high: float = 2.0
+    proximal_decay: float = 0.0
 
 
 def reports_sampling_logprobs(cfg: RunConfig) -> bool:
@@ -47,7 +50,8 @@ def correction_for(cfg: RunConfig) -> Correction:
     if mode is None:
         mode = "tis" if cfg.policy.kind == "vllm" and not cfg.policy.engine_actors else "none"
     if mode in ("tis", "mis"):
-        return Correction(mode, *off_policy.bounds(mode))
+        decay = off_policy.decay() if cfg.policy.engine_actors else 0.0  # TRL computes a vLLM server's
+        return Correction(mode, *off_policy.bounds(mode), decay)
     if cfg.policy.engine_actors and cfg.train.behaviour_ratio is not False:
         return Correction("behaviour")
     return Correction("none")

@@ -64,6 +64,8 @@ def trl_importance_sampling(correction: Any) -> dict[str, Any]:
 #: positive-advantage token's ratio against the sampling policy at 1 + epsilon, but a negative-advantage token's term
 #: grows with its ratio, which reached 3 at 1-2 versions of lag and ~380 for single tokens in benchmarks/staleness.py.
 #: TRL's two-sided clip (the INTELLECT-2 report's delta, as dual-clip PPO's c) caps that term at 4x the advantage.
+#: The same holds for `tis`/`mis` with a lagging proximal policy (`train.off_policy.proximal_decay`), whose ratio is
+#: not 1 at a batch's first step either.
 BEHAVIOUR_DELTA = 4.0
 
 #: The loss types whose clipped surrogate reads `delta` (grpo_trainer.py `_compute_loss`).
@@ -73,7 +75,8 @@ _DELTA_LOSSES = ("grpo", "bnpo", "dr_grpo", "dapo", "luspo")
 def learner_grpo_config(cfg: Any, output_dir: str):
     """The `GRPOConfig` of a run's learner: the `trainer:` mapping plus what raygrpo owns (group size, temperature,
     seed, vLLM server mode and its importance weight, checkpoints only between generation batches) and, for the
-    `behaviour` correction, `delta` (`BEHAVIOUR_DELTA`) unless `trainer.delta` is set (`null` turns it off). Raises
+    `behaviour` correction and a lagging proximal policy, `delta` (`BEHAVIOUR_DELTA`) unless `trainer.delta` is set
+    (`null` turns it off). Raises
     `ValueError` where TRL's generation batches would not span whole optimizer steps as raygrpo counts them
     (`RunConfig.steps_per_version`), or the off-policy correction does not fit the loss."""
     from raygrpo.policy.vllm_serve import trl_server_kwargs
@@ -101,7 +104,8 @@ def learner_grpo_config(cfg: Any, output_dir: str):
     else:
         owned["use_vllm"] = False
     args = build_grpo_config(cfg.trainer, **owned)
-    if correction.mode == "behaviour" and "delta" not in cfg.trainer and args.loss_type in _DELTA_LOSSES:
+    lagging = correction.mode == "behaviour" or correction.proximal_decay > 0
+    if lagging and "delta" not in cfg.trainer and args.loss_type in _DELTA_LOSSES:
         args.delta = BEHAVIOUR_DELTA
     per_generation = args.steps_per_generation * args.num_iterations
     if per_generation % args.gradient_accumulation_steps or \

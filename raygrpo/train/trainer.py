@@ -12,9 +12,10 @@ TRL's loss sees it (`adjust_generation_output`), in this order:
    (`raygrpo.train.loss_rows`).
 3. It corrects for staleness as its `Correction` says:
 
-   - `tis` / `mis`: decoupled PPO. TRL's old log-probs become the learner's own at the start of the batch (the
-     proximal policy: TRL's, where it computed them, else one forward pass), and each token's advantage is weighted
-     by the bounded importance weight `pi_prox / pi_behaviour` (`raygrpo.train.off_policy`).
+   - `tis` / `mis`: decoupled PPO. TRL's old log-probs become the proximal policy's: the learner's own at the start
+     of the batch (TRL's, where it computed them, else one forward pass) or, with `proximal_decay`, those of a moving
+     average of its weights (`raygrpo.train.proximal`); each token's advantage is weighted by the bounded importance
+     weight `pi_prox / pi_behaviour` (`raygrpo.train.off_policy`).
    - `behaviour`: the log-probs the engine sampled with replace TRL's old log-probs: PPO-clip against the stale
      sampling policy itself (`train.behaviour_ratio`), with TRL's two-sided clip `delta` bounding negative-advantage
      tokens (`raygrpo.train.grpo_args.BEHAVIOUR_DELTA`).
@@ -26,6 +27,7 @@ With a vLLM server (`policy.url`, `policy.serve`) TRL computes the proximal log-
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,6 +38,7 @@ from raygrpo.train.logp_mismatch import record_logp_mismatch
 from raygrpo.train.loss_rows import remove_rows_from_loss, rows_out_of_loss
 from raygrpo.train.correction import Correction
 from raygrpo.train.off_policy import importance_weights, weighted_advantages
+from raygrpo.train.proximal import ProximalWeights
 
 
 class RolloutGRPOTrainer(GenerationOutputHook, GRPOTrainer):
@@ -60,16 +63,23 @@ class RolloutGRPOTrainer(GenerationOutputHook, GRPOTrainer):
         super().__init__(*args, **kwargs)
         self.correction = correction
         self.sampling_logprobs = sampling_logprobs
+        lagging = correction.mode in ("tis", "mis") and correction.proximal_decay > 0
+        #: The moving average that is the proximal policy (PPO-EWMA), where `proximal_decay` asks for one.
+        self.proximal = ProximalWeights(correction.proximal_decay) if lagging else None
 
     def adjust_generation_output(self, output: dict[str, Any], inputs: list[dict[str, Any]]) -> dict[str, Any]:
         behaviour = output.get("sampling_per_token_logps") if self.sampling_logprobs else None
         mode = self.correction.mode if behaviour is not None and not self.use_vllm else "none"
-        if mode in ("tis", "mis") and output.get("old_per_token_logps") is None:
+        if mode in ("tis", "mis") and self.proximal is None and output.get("old_per_token_logps") is None:
             # The proximal log-probs: the learner's own, computed once here and reused by the mismatch figures.
-            rows = torch.ones(behaviour.size(0), dtype=torch.bool, device=behaviour.device)
-            output["old_per_token_logps"] = completion_logps(self, output, rows).to(behaviour.dtype)
+            output["old_per_token_logps"] = self._batch_logps(output, behaviour.dtype)
         if behaviour is not None:
             record_logp_mismatch(self, output, inputs, self.policy_version)
+        if mode in ("tis", "mis") and self.proximal is not None:
+            # After the mismatch figures, which compare the sampler with the learner's own weights.
+            self.proximal.advance(self.model)
+            with self.proximal.swapped_in(self.model):
+                output["old_per_token_logps"] = self._batch_logps(output, behaviour.dtype)
         removed = remove_rows_from_loss(output, rows_out_of_loss(inputs, self.args.mask_truncated_completions))
         log_trainer_metrics(self, {"rows_out_of_loss": float(removed)})
         if mode == "behaviour":
@@ -84,3 +94,20 @@ class RolloutGRPOTrainer(GenerationOutputHook, GRPOTrainer):
             output["advantages"] = weighted_advantages(output["advantages"], weights)
             log_trainer_metrics(self, figures)
         return output
+
+    def _batch_logps(self, output: dict[str, Any], dtype: torch.dtype) -> torch.Tensor:
+        """The model's log-probs of every completion token of the batch, as it stands now."""
+        rows = torch.ones(output["completion_ids"].size(0), dtype=torch.bool, device=output["completion_ids"].device)
+        return completion_logps(self, output, rows).to(dtype)
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """transformers' checkpoint, plus the proximal average (a resumed run continues it, not restarts it)."""
+        super()._save_checkpoint(model, trial)
+        if self.proximal is not None:
+            self.proximal.save(Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}")
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+        """transformers' resume, plus the proximal average its checkpoint kept."""
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        if self.proximal is not None:
+            self.proximal.load(Path(resume_from_checkpoint))
