@@ -16,8 +16,10 @@ the same run seed and the same latency draws (the split `stale-<scale>-s<seed>`)
 - `none`: async, `train.max_staleness: 2`, `off_policy: {mode: none}`, `behaviour_ratio: false` (TRL as is: its
   ratio is against the learner's own log-probs at the generation batch, so stale groups are trained on uncorrected).
 - `behaviour`: async, `off_policy: {mode: none}`, `behaviour_ratio: true` (PPO ratio against the sampling log-probs).
-- `tis`: async, `off_policy: {mode: tis}` (decoupled PPO: clip against the learner's proximal log-probs; advantages
-  times the importance weight pi_prox / pi_behaviour truncated to [0, 2]).
+- `tis`: async, `off_policy: {mode: tis}` (decoupled PPO: clip against the proximal policy's log-probs, by default
+  a moving average of the learner's weights one batch behind (PPO-EWMA, `proximal_decay` 0.5; `--proximal-decay 0`:
+  the learner's own weights at the batch, the arm as first measured); advantages times the importance weight
+  pi_prox / pi_behaviour truncated to [0, 2]).
 - `mis` (not run unless named in `--arms`): as `tis`, but tokens whose weight falls outside [0.5, 2] get weight 0
   instead of being truncated (masked importance sampling, IcePop).
 - `sync`: sync mode, the run's default correction (each step waits for its slowest rollout; no group is stale).

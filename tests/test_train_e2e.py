@@ -99,16 +99,15 @@ def test_async_generation_batches_of_two_steps_consume_their_groups_and_a_resume
     """`trainer.generation_batch_size` spanning two optimizer steps: one policy version per generation batch, so
     the async producer's groups arrive within max_staleness and none is dropped (counted one version per step, every
     prefetched group was). With `off_policy: tis`, stale groups get truncated importance weights, whose figures and
-    TRL's own reach metrics.jsonl; its proximal policy, a moving average of the weights (`proximal_decay`), is kept
-    with each checkpoint. A resume dispatches the groups the checkpoint left pending: over both runs, the tasks
+    TRL's own reach metrics.jsonl; its proximal policy, a moving average of the weights (`proximal_decay` 0.5 by
+    default), is kept with each checkpoint. A resume dispatches the groups the checkpoint left pending: over both runs, the tasks
     consumed plus those still pending are exactly the schedule's first places."""
     from raygrpo.train.proximal import PROXIMAL_FILE
     from raygrpo.train.run import train
     from raygrpo.train.schedule import TaskSchedule
 
     out = tmp_path / "run"
-    off_policy = {"mode": "tis", "proximal_decay": 0.5}
-    sections = {"train": {"mode": "async", "max_staleness": 1, "off_policy": off_policy},
+    sections = {"train": {"mode": "async", "max_staleness": 1, "off_policy": {"mode": "tis"}},
                 "envs": {"echo": {"kind": "ors", "environment": ECHO, "split": "train", "indices": [0, 1, 2, 3, 4]}}}
     trainer = {"per_device_train_batch_size": 4, "generation_batch_size": 8, "save_steps": 2}
     summary = train(_config(tiny_model_dir, trainer={**trainer, "max_steps": 4}, **sections), out, progress=False)

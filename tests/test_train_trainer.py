@@ -241,10 +241,12 @@ def test_which_runs_report_sampling_logprobs_and_how_they_correct_for_staleness(
     assert correction_for(cfg(engine, mode="async")) == Correction("behaviour")
     assert correction_for(cfg(server)) == Correction("tis", 0.0, 2.0)
     assert correction_for(cfg(server, off_policy={"mode": "none"})) == Correction("none")
-    assert correction_for(cfg(engine, mode="async", off_policy={"mode": "tis"})) == Correction("tis", 0.0, 2.0)
-    assert correction_for(cfg(engine, off_policy={"mode": "mis"})) == Correction("mis", 0.5, 2.0)
+    # Engine actors' tis/mis take a moving average of the weights as the proximal policy (PPO-EWMA), 0.5 unless set.
+    assert correction_for(cfg(engine, mode="async", off_policy={"mode": "tis"})) == Correction("tis", 0.0, 2.0, 0.5)
+    assert correction_for(cfg(engine, off_policy={"mode": "mis"})) == Correction("mis", 0.5, 2.0, 0.5)
     assert correction_for(cfg(engine, mode="async", off_policy={"mode": "none"})) == Correction("behaviour")
-    assert correction_for(cfg(engine, mode="async", off_policy={"mode": "tis", "high": 3})) == Correction("tis", 0, 3)
+    assert correction_for(cfg(engine, mode="async", off_policy={"mode": "tis", "high": 3})) == \
+        Correction("tis", 0, 3, 0.5)
     scripted = cfg({"kind": "scripted", "script": "m:f"}, mode="async")
     assert not reports_sampling_logprobs(scripted) and correction_for(scripted) == Correction("none")
     with pytest.raises(ConfigError, match="train.off_policy.mode 'tis' weights tokens by the log-probs"):
@@ -253,9 +255,9 @@ def test_which_runs_report_sampling_logprobs_and_how_they_correct_for_staleness(
         cfg(engine, behaviour_ratio=True, off_policy={"mode": "tis"})
     with pytest.raises(ConfigError, match="low .2.0. must be below high"):
         cfg(engine, off_policy={"mode": "mis", "low": 2.0, "high": 1.0})
-    # PPO-EWMA: the proximal policy as a moving average, for engine actors' rollouts only.
-    lagging = cfg(engine, mode="async", off_policy={"mode": "tis", "proximal_decay": 0.5})
-    assert correction_for(lagging) == Correction("tis", 0.0, 2.0, 0.5)
+    # The proximal policy is the learner's own weights where asked; a moving average for engine actors' rollouts only.
+    current = cfg(engine, mode="async", off_policy={"mode": "tis", "proximal_decay": 0})
+    assert correction_for(current) == Correction("tis", 0.0, 2.0, 0.0)
     with pytest.raises(ConfigError, match="proximal_decay sets the proximal policy of mode tis or mis"):
         cfg(engine, mode="async", off_policy={"mode": "none", "proximal_decay": 0.5})
     with pytest.raises(ConfigError, match="train.off_policy.proximal_decay sets the proximal policy the learner"):

@@ -379,11 +379,11 @@ def test_the_behaviour_correction_bounds_negative_advantage_ratios_unless_traine
     # What the user sets is kept, `null` included (TRL's one-sided clip).
     assert learner_grpo_config(_run_cfg(policy=engine, trainer={"delta": 6}), str(tmp_path)).delta == 6
     assert learner_grpo_config(_run_cfg(policy=engine, trainer={"delta": None}), str(tmp_path)).delta is None
-    # Decoupled PPO against a lagging proximal policy: its ratio is not 1 at a batch's first step either.
-    lagging = _run_cfg(policy=engine, train={"mode": "async", "off_policy": {"mode": "tis", "proximal_decay": 0.5}})
+    # Decoupled PPO against a lagging proximal policy (tis's default): its ratio is not 1 at a batch's first step.
+    lagging = _run_cfg(policy=engine, train={"mode": "async", "off_policy": {"mode": "tis"}})
     assert learner_grpo_config(lagging, str(tmp_path)).delta == BEHAVIOUR_DELTA
-    # Not the behaviour correction, or a loss that does not read delta: TRL's default.
-    for cfg in (_run_cfg(policy=engine, train={"mode": "async", "off_policy": {"mode": "tis"}}),
+    # Not the behaviour correction nor a lagging proximal policy, or a loss that does not read delta: TRL's default.
+    for cfg in (_run_cfg(policy=engine, train={"mode": "async", "off_policy": {"mode": "tis", "proximal_decay": 0}}),
                 _run_cfg(policy=engine, train={"behaviour_ratio": False}),
                 _run_cfg(policy=engine, trainer={"loss_type": "cispo"})):
         assert learner_grpo_config(cfg, str(tmp_path)).delta is None

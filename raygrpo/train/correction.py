@@ -41,17 +41,18 @@ def correction_for(cfg: RunConfig) -> Correction:
     (`policy.url`: TRL always weights its samples, and raygrpo makes that token level with both bounds); `behaviour`
     for engine actors unless `train.behaviour_ratio` is false; else `none`.
 
-    `tis` is not the engine actors' default: with one optimizer step per generation batch the proximal policy is the
-    policy being optimised, decoupled PPO's clip never acts, and the update is an unclipped policy gradient; measured
-    on the echo task in async mode (benchmarks/staleness.py), it collapsed where clipping against the sampling policy
-    (`behaviour`) kept a trust region (docs/training.md)."""
+    `tis` is not the engine actors' default. Against the learner's own weights at the batch (`proximal_decay: 0`)
+    one optimizer step per generation batch leaves decoupled PPO's clip inert, and on the echo task in async mode
+    (benchmarks/staleness.py) it collapsed where clipping against the sampling policy (`behaviour`) did not; with
+    its default moving-average proximal policy (PPO-EWMA) it has not collapsed there, but `behaviour` has the longer
+    record (docs/training.md). Engine actors' `tis`/`mis` get `proximal_decay`; a vLLM server's TRL computes its
+    own proximal log-probs, so 0 there."""
     off_policy = cfg.train.off_policy
     mode = off_policy.mode
     if mode is None:
         mode = "tis" if cfg.policy.kind == "vllm" and not cfg.policy.engine_actors else "none"
     if mode in ("tis", "mis"):
-        decay = off_policy.decay() if cfg.policy.engine_actors else 0.0  # TRL computes a vLLM server's
-        return Correction(mode, *off_policy.bounds(mode), decay)
+        return Correction(mode, *off_policy.bounds(mode), off_policy.decay() if cfg.policy.engine_actors else 0.0)
     if cfg.policy.engine_actors and cfg.train.behaviour_ratio is not False:
         return Correction("behaviour")
     return Correction("none")
