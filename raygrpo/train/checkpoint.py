@@ -14,7 +14,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from transformers.trainer_utils import get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +46,11 @@ def find_checkpoint(checkpoints: Path, resume: bool) -> str | None:
     if resume and checkpoint is None:
         logger.warning("--resume: no checkpoint under %s; starting from scratch", checkpoints)
     return checkpoint
+
+
+def checkpoint_folder(output_dir: str | Path, step: int) -> Path:
+    """The folder transformers saves the checkpoint of optimizer `step` in (`<output_dir>/checkpoint-<step>`)."""
+    return Path(output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{step}"
 
 
 def checkpoint_step(checkpoint: str) -> int:

@@ -31,8 +31,8 @@ from raygrpo.driver.orchestrator import Orchestrator
 from raygrpo.core.outcome import Outcomes
 from raygrpo.policy.tiny import resolve_model_path
 from raygrpo.driver.pools import ActorSpawner, PoolSet
-from raygrpo.train.checkpoint import (REFERENCE_DIR, checkpoint_step, find_checkpoint, optimizer_fingerprint,
-                                      read_state, uses_reference, write_state)
+from raygrpo.train.checkpoint import (REFERENCE_DIR, checkpoint_folder, checkpoint_step, find_checkpoint,
+                                      optimizer_fingerprint, read_state, uses_reference, write_state)
 from raygrpo.train.evaluate import evaluate
 from raygrpo.train.groups import to_rollout_output
 from raygrpo.train.grpo_args import learner_grpo_config
@@ -352,7 +352,7 @@ class _StepCallback(TrainerCallback):
 
     def on_save(self, args, state, control, **kwargs):
         source = self.learner.source
-        write_state(Path(args.output_dir) / f"checkpoint-{state.global_step}", step=state.global_step,
+        write_state(checkpoint_folder(args.output_dir, state.global_step), step=state.global_step,
                     policy_version=self.learner.version_of(state.global_step), schedule=source.state_dict(),
                     dropped_groups_total=source.dropped_total, zero_variance_groups_total=source.zero_variance_total,
                     reference=self.learner.warmed)

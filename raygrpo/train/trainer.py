@@ -34,6 +34,7 @@ import torch
 from trl import GRPOTrainer
 
 from raygrpo.core.compat import GenerationOutputHook, completion_logps, log_trainer_metrics
+from raygrpo.train.checkpoint import checkpoint_folder
 from raygrpo.train.logp_mismatch import record_logp_mismatch
 from raygrpo.train.loss_rows import remove_rows_from_loss, rows_out_of_loss
 from raygrpo.train.correction import Correction
@@ -104,7 +105,7 @@ class RolloutGRPOTrainer(GenerationOutputHook, GRPOTrainer):
         """transformers' checkpoint, plus the proximal average (a resumed run continues it, not restarts it)."""
         super()._save_checkpoint(model, trial)
         if self.proximal is not None:
-            self.proximal.save(Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}")
+            self.proximal.save(checkpoint_folder(self.args.output_dir, self.state.global_step))
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
         """transformers' resume, plus the proximal average its checkpoint kept."""
