@@ -117,8 +117,11 @@ def test_async_replaces_all_equal_groups_and_dispatches_extra_ones_ahead():
             assert batch.zero_variance_trained == 0 and batch.dropped == 0
             seen += batch.zero_variance
         assert source.zero_variance_total == seen >= 4  # half the tasks are all-equal
-        time.sleep(0.3)
-        # Half the groups are all-equal: the producer keeps more outstanding than the look-ahead, for them.
+        # Half the groups are all-equal: the producer keeps more outstanding than the look-ahead, for them. It
+        # dispatches from its own thread, so wait for it (bounded) instead of a fixed sleep a loaded machine outruns.
+        deadline = time.monotonic() + 10
+        while orchestrator.enqueued_groups - 8 - seen <= source.lookahead and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert orchestrator.enqueued_groups - 8 - seen > source.lookahead
     finally:
         source.close()

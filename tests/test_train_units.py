@@ -177,8 +177,13 @@ def test_async_groups_dispatched_mid_batch_are_destined_past_the_batch_in_progre
     try:
         batch = source.next_batch(2, current_version=0)
         assert len(batch.groups) == 2 and batch.dropped == 0
-        time.sleep(0.2)
-        assert orchestrator.min_versions == [0, 0, 0, 0, 1, 1]
+        # The source dispatches from its own thread: wait for the last dispatch instead of a fixed sleep, which a
+        # loaded machine outran (the list was complete only by the time the failure message was built).
+        deadline = time.monotonic() + 10
+        while len(orchestrator.min_versions) < 6 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)  # room for a dispatch too many to show up
+        assert list(orchestrator.min_versions) == [0, 0, 0, 0, 1, 1]
     finally:
         source.close()
 
