@@ -28,10 +28,11 @@ Per arm, from `metrics.jsonl`: the reward curve (mean reward of each generation 
 against groups consumed: 4 per step in every arm; with `--steps-per-generation` k a batch of 4k groups feeds k
 steps, and only the step that consumed it carries its figures), `auc` (the curve's mean over all batches: the area
 under reward vs groups consumed, per group), `final_reward` (mean of the last 5 batches), `peak_reward`, `clip_frac`
-(`clip_ratio/region_mean` mean over steps), `truncated_frac` (`is_weight/truncated_frac` mean), `is_weight_max`,
-`dropped_groups` (`dropped_groups_total` at the end), `mean_staleness` / `max_staleness`, `staleness_counts` (consumed
-groups per staleness over the run), and `steps_per_min` (wall
-time between the first and the last step's metrics line, as the driver sees them appear). All arms' curves go into
+(`clip_ratio/region_mean` mean over steps), `truncated_frac` (`is_weight/truncated_frac` mean), `masked_frac`
+(`mis`: `is_weight/masked_frac` mean), `is_weight_max`, `dropped_groups` (`dropped_groups_total` at the end),
+`mean_staleness` / `max_staleness`, `staleness_counts` (consumed groups per staleness over the run), `steps_per_min`
+(wall time between the first and the last step's metrics line, as the driver sees them appear), and
+`ended_below_start`. All arms' curves go into
 one plot, `OUT/staleness_rewards.png`.
 
 Targets, per seed (each reported with whether it held; medians over the seeds beside them):
@@ -204,6 +205,7 @@ def run_arm(args: argparse.Namespace, arm: str, seed: int, model: Path, out: Pat
         "ended_below_start": ended_below_start(rewards),
         "clip_frac": _mean([r.get("clip_ratio/region_mean") for r in records]),
         "truncated_frac": _mean([r.get("is_weight/truncated_frac") for r in records]),
+        "masked_frac": _mean([r.get("is_weight/masked_frac") for r in records]),
         "is_weight_mean": _mean([r.get("is_weight/mean") for r in records]),
         "is_weight_max": max((r["is_weight/max"] for r in records if r.get("is_weight/max") is not None),
                              default=None),
@@ -223,6 +225,7 @@ def run_arm(args: argparse.Namespace, arm: str, seed: int, model: Path, out: Pat
     log(f"seed {seed} {arm}: auc {result['auc']:.3f}, final {last:.3f}, peak {result['peak_reward']:.3f}"
         f"{', ENDED BELOW ITS START' if result['ended_below_start'] else ''}, "
         f"clip {result['clip_frac'] or 0:.3f}, trunc {result['truncated_frac'] or 0:.3f}, "
+        f"masked {result['masked_frac'] or 0:.3f}, "
         f"staleness {result['mean_staleness']:.2f} (groups per staleness {result['staleness_counts']}), dropped {result['dropped_groups']}, "
         f"{result['steps_per_min'] or 0:.1f} steps/min ({run_s:.0f} s with start-up)")
     return result
@@ -289,12 +292,12 @@ def summarise(by_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
             return [r(x) for x in v]
         return v
 
-    keys = ("auc", "final_reward", "peak_reward", "clip_frac", "truncated_frac", "is_weight_max", "dropped_groups",
-            "mean_staleness", "max_staleness", "steps_per_min", "wait_s_mean", "train_s_mean")
+    keys = ("auc", "final_reward", "peak_reward", "clip_frac", "truncated_frac", "masked_frac", "is_weight_max",
+            "dropped_groups", "mean_staleness", "max_staleness", "steps_per_min", "wait_s_mean", "train_s_mean")
     first = next(iter(by_seed.values()))
     out: dict[str, Any] = {"mode": first["mode"], "correction": first["correction"]}
     for key in keys:
-        values = [v[key] for v in by_seed.values() if v[key] is not None]
+        values = [v[key] for v in by_seed.values() if v.get(key) is not None]  # older results lack newer keys
         out[key] = r(statistics.median(values)) if values else None
     out["auc_per_seed"] = [r(by_seed[s]["auc"]) for s in sorted(by_seed)]
     out["seeds"] = {str(s): {k: r(v) for k, v in res.items() if k not in ("groups",)} for s, res in
