@@ -138,12 +138,12 @@ class OffPolicyConfig(BaseModel):
             outside [0.5, 2]).
         proximal_decay (`float`, *optional*):
             The proximal policy of `tis`/`mis` as an exponential moving average of the learner's weights (PPO-EWMA,
-            `raygrpo.train.proximal`): each generation batch moves the average towards the learner by
-            `1 - proximal_decay`, so it lags by about `proximal_decay / (1 - proximal_decay)` batches and PPO's clip
+            `raygrpo.train.proximal`): each optimizer step moves the average towards the learner by
+            `1 - proximal_decay`, so it lags by about `proximal_decay / (1 - proximal_decay)` steps and PPO's clip
             (with `trainer.delta` at 4 unless set) bounds how far the learner moves from it even with one optimizer
-            step per batch. Defaults to 0.5 (one batch behind). 0: the learner's weights at the start of the batch,
-            where one optimizer step per batch leaves the clip inert (the proximal policy is the one being optimised)
-            and `tis` collapsed in 1 of 3 seeds at lr 1e-3 on the echo task in async mode, against none of 3 with 0.5
+            step per generation batch. Defaults to 0.5 (one step behind). 0: the learner's weights at the start of
+            the batch, where one optimizer step per batch leaves the clip inert (the proximal policy is the one being
+            optimised) and `tis` collapsed in 1 of 3 seeds at lr 1e-3 on the echo task in async mode, against none of 3 with 0.5
             (docs/training.md). Costs one copy of the trained weights (the adapters only with `train.peft`) and one
             forward pass per batch. Engine actors only: with a vLLM server TRL computes the proximal log-probs.
     """

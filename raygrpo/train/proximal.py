@@ -5,12 +5,14 @@ batch and a batch feeds one optimizer step, `pi_prox` is `pi_theta` itself at th
 bounds nothing, so consecutive steps can push the same tokens as far as they like. Hilton, Cobbe and Schulman
 ("Batch size-invariance for policy optimization", 2022), who introduced decoupled PPO, take the proximal policy as an
 exponential moving average of the learner's weights instead (PPO-EWMA): it lags the learner by about
-`decay / (1 - decay)` generation batches, so the clip bounds how far the learner moves from where it was over the
-last few, and the importance weight `pi_prox / pi_behaviour` is taken against a policy nearer the stale one that
+`decay / (1 - decay)` optimizer steps, so the clip bounds how far the learner moves from where it was over the last
+few, and the importance weight `pi_prox / pi_behaviour` is taken against a policy nearer the stale one that
 sampled.
 
-`ProximalWeights` keeps that average of the trainable parameters (a LoRA run's adapter weights only), advances it
-once per generation batch, and swaps it into the model for the forward pass that computes the proximal log-probs.
+`ProximalWeights` keeps that average of the trainable parameters (a LoRA run's adapter weights only); the trainer
+(`raygrpo.train.trainer`) starts it at the first generation batch, advances it after every optimizer step (as the
+paper does, so the lag in steps does not change with the number of steps a batch feeds), and swaps it into the
+model for the forward pass that computes each batch's proximal log-probs.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from raygrpo.core.compat import GenerationOutputHook, completion_logps, log_trainer_metrics
@@ -65,8 +66,11 @@ class RolloutGRPOTrainer(GenerationOutputHook, GRPOTrainer):
         self.correction = correction
         self.sampling_logprobs = sampling_logprobs
         lagging = correction.mode in ("tis", "mis") and correction.proximal_decay > 0
-        #: The moving average that is the proximal policy (PPO-EWMA), where `proximal_decay` asks for one.
+        #: The moving average that is the proximal policy (PPO-EWMA), where `proximal_decay` asks for one. It
+        #: advances after every optimizer step, so its lag in steps does not depend on how many steps a batch feeds.
         self.proximal = ProximalWeights(correction.proximal_decay) if lagging else None
+        if self.proximal is not None:
+            self.add_callback(_AdvanceProximal(self))
 
     def adjust_generation_output(self, output: dict[str, Any], inputs: list[dict[str, Any]]) -> dict[str, Any]:
         behaviour = output.get("sampling_per_token_logps") if self.sampling_logprobs else None
@@ -77,8 +81,10 @@ class RolloutGRPOTrainer(GenerationOutputHook, GRPOTrainer):
         if behaviour is not None:
             record_logp_mismatch(self, output, inputs, self.policy_version)
         if mode in ("tis", "mis") and self.proximal is not None:
-            # After the mismatch figures, which compare the sampler with the learner's own weights.
-            self.proximal.advance(self.model)
+            # After the mismatch figures, which compare the sampler with the learner's own weights. The first batch
+            # (or a resume from a checkpoint that kept no average) starts the average at the learner's weights.
+            if self.proximal.average is None:
+                self.proximal.advance(self.model)
             with self.proximal.swapped_in(self.model):
                 output["old_per_token_logps"] = self._batch_logps(output, behaviour.dtype)
         removed = remove_rows_from_loss(output, rows_out_of_loss(inputs, self.args.mask_truncated_completions))
@@ -112,3 +118,16 @@ class RolloutGRPOTrainer(GenerationOutputHook, GRPOTrainer):
         super()._load_from_checkpoint(resume_from_checkpoint, model)
         if self.proximal is not None:
             self.proximal.load(Path(resume_from_checkpoint))
+
+
+class _AdvanceProximal(TrainerCallback):
+    """Moves the trainer's proximal average towards its weights after each optimizer step (not each micro-batch of
+    gradient accumulation); before the first batch started it there is nothing to move."""
+
+    def __init__(self, trainer: RolloutGRPOTrainer) -> None:
+        self.trainer = trainer
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        proximal = self.trainer.proximal
+        if proximal is not None and proximal.average is not None:
+            proximal.advance(self.trainer.model)
