@@ -17,12 +17,15 @@ the same run seed and the same latency draws (the split `stale-<scale>-s<seed>`)
   ratio is against the learner's own log-probs at the generation batch, so stale groups are trained on uncorrected).
 - `behaviour`: async, `off_policy: {mode: none}`, `behaviour_ratio: true` (PPO ratio against the sampling log-probs).
 - `tis`: async, `off_policy: {mode: tis}` (decoupled PPO: clip against the proximal policy's log-probs, by default
-  a moving average of the learner's weights one batch behind (PPO-EWMA, `proximal_decay` 0.5; `--proximal-decay 0`:
-  the learner's own weights at the batch, the arm as first measured); advantages times the importance weight
-  pi_prox / pi_behaviour truncated to [0, 2]).
+  a moving average of the learner's weights one optimizer step behind (PPO-EWMA, `proximal_decay` 0.5;
+  `--proximal-decay 0`: the learner's own weights at the batch, the arm as first measured); advantages times the
+  importance weight pi_prox / pi_behaviour truncated to [0, 2]).
 - `mis` (not run unless named in `--arms`): as `tis`, but tokens whose weight falls outside [0.5, 2] get weight 0
   instead of being truncated (masked importance sampling, IcePop).
 - `sync`: sync mode, the run's default correction (each step waits for its slowest rollout; no group is stale).
+
+`--mask-truncated` sets `trainer.mask_truncated_completions` in every arm: rollouts cut at the token limit leave the
+loss (DAPO's overlong filtering) instead of training with their advantage.
 
 Per arm, from `metrics.jsonl`: the reward curve (mean reward of each generation batch with unscored rollouts at 0,
 against groups consumed: 4 per step in every arm; with `--steps-per-generation` k a batch of 4k groups feeds k
@@ -142,6 +145,7 @@ def run_config(args: argparse.Namespace, arm: str, seed: int, model: Path):
             "beta": 0.0,
             "max_completion_length": 64,
             "save_strategy": "no",
+            "mask_truncated_completions": args.mask_truncated,
         },
         "ray": {"num_cpus": 4},
     })
@@ -195,6 +199,7 @@ def run_arm(args: argparse.Namespace, arm: str, seed: int, model: Path, out: Pat
         "mode": cfg.train.mode,
         "correction": correction.mode,
         "proximal_decay": correction.proximal_decay,
+        "mask_truncated": args.mask_truncated,
         "steps": len(records),
         "groups_consumed": groups[-1],
         "auc": statistics.fmean(rewards),
@@ -306,15 +311,17 @@ def summarise(by_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
 
 
 def reusable(saved: Path, args: argparse.Namespace, arm: str, seed: int, model: Path) -> bool:
-    """Whether an earlier run's `result.json` is of this arm as configured now: the same number of steps and the
-    same proximal policy (`--proximal-decay`; a result from before the field counts as decay 0)."""
+    """Whether an earlier run's `result.json` is of this arm as configured now: the same number of steps, the same
+    proximal policy (`--proximal-decay`; a result from before the field counts as decay 0) and the same
+    `--mask-truncated`."""
     if not saved.exists():
         return False
     from raygrpo.train.correction import correction_for
 
     earlier = json.loads(saved.read_text())
     decay = correction_for(run_config(args, arm, seed, model)).proximal_decay
-    return earlier["steps"] == args.steps and earlier.get("proximal_decay", 0.0) == decay
+    return (earlier["steps"] == args.steps and earlier.get("proximal_decay", 0.0) == decay
+            and earlier.get("mask_truncated", False) == args.mask_truncated)
 
 
 def main() -> None:
@@ -340,6 +347,9 @@ def main() -> None:
     parser.add_argument("--proximal-decay", type=float, default=None,
                         help="train.off_policy.proximal_decay of the tis and mis arms (PPO-EWMA: the proximal policy "
                              "as a moving average of the learner's weights); unset: the config's default")
+    parser.add_argument("--mask-truncated", action="store_true",
+                        help="trainer.mask_truncated_completions in every arm (DAPO's overlong filtering: rollouts cut "
+                             "at the token limit leave the loss instead of training with their advantage)")
     parser.add_argument("--out", default=str(ROOT / "runs" / "bench-staleness"), help="run folders and the plot")
     parser.add_argument("--reuse", action="store_true",
                         help="take an arm's figures from OUT/s<seed>-<arm>/result.json where an earlier run of the "
@@ -389,6 +399,7 @@ def main() -> None:
     if all(arm in runs for arm in ("sync", "none", "mis")):
         result["targets_mis"] = targets(runs, "mis")
     result["config"] = {"steps": args.steps, "steps_per_generation": args.steps_per_generation, "lr": args.lr,
+                        "mask_truncated": args.mask_truncated,
                         "scale_s": args.scale, "seeds": args.seeds,
                         "groups_per_step": GROUPS_PER_STEP, "group_size": GROUP_SIZE, "max_staleness": 2,
                         "warmup_steps": args.warmup_steps, "warmups": warmups}
