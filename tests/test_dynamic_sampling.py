@@ -13,6 +13,7 @@ from raygrpo.core.types import Status, TaskRef, Trajectory
 from raygrpo.train.groups import Group
 from raygrpo.train.schedule import TaskSchedule
 from raygrpo.train.source import RolloutSource
+from tests.ors_utils import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -119,9 +120,7 @@ def test_async_replaces_all_equal_groups_and_dispatches_extra_ones_ahead():
         assert source.zero_variance_total == seen >= 4  # half the tasks are all-equal
         # Half the groups are all-equal: the producer keeps more outstanding than the look-ahead, for them. It
         # dispatches from its own thread, so wait for it (bounded) instead of a fixed sleep a loaded machine outruns.
-        deadline = time.monotonic() + 10
-        while orchestrator.enqueued_groups - 8 - seen <= source.lookahead and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: orchestrator.enqueued_groups - 8 - seen > source.lookahead)
         assert orchestrator.enqueued_groups - 8 - seen > source.lookahead
     finally:
         source.close()

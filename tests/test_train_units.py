@@ -14,6 +14,7 @@ from raygrpo.train.metrics import MetricsLog, RolloutLog, plot_rewards, read_met
 from raygrpo.train.schedule import TaskSchedule
 from raygrpo.train.source import RolloutSource
 from raygrpo.core.types import Status, TaskRef, Trajectory
+from tests.ors_utils import wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -179,9 +180,7 @@ def test_async_groups_dispatched_mid_batch_are_destined_past_the_batch_in_progre
         assert len(batch.groups) == 2 and batch.dropped == 0
         # The source dispatches from its own thread: wait for the last dispatch instead of a fixed sleep, which a
         # loaded machine outran (the list was complete only by the time the failure message was built).
-        deadline = time.monotonic() + 10
-        while len(orchestrator.min_versions) < 6 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: len(orchestrator.min_versions) >= 6)
         time.sleep(0.2)  # room for a dispatch too many to show up
         assert list(orchestrator.min_versions) == [0, 0, 0, 0, 1, 1]
     finally:

@@ -143,8 +143,8 @@ class OffPolicyConfig(BaseModel):
             (with `trainer.delta` at 4 unless set) bounds how far the learner moves from it even with one optimizer
             step per generation batch. Defaults to 0.5 (one step behind). 0: the learner's weights at the start of
             the batch, where one optimizer step per batch leaves the clip inert (the proximal policy is the one being
-            optimised) and `tis` collapsed in 1 of 3 seeds at lr 1e-3 on the echo task in async mode, against none of 3 with 0.5
-            (docs/training.md). Costs one copy of the trained weights (the adapters only with `train.peft`) and one
+            optimised) and `tis` collapsed in 1 of 3 seeds at lr 1e-3 on the echo task in async mode, against none of
+            3 with 0.5 (docs/training.md). Costs one copy of the trained weights (the adapters only with `train.peft`) and one
             forward pass per batch. Engine actors only: with a vLLM server TRL computes the proximal log-probs.
     """
 

@@ -128,6 +128,5 @@ class _AdvanceProximal(TrainerCallback):
         self.trainer = trainer
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        proximal = self.trainer.proximal
-        if proximal is not None and proximal.average is not None:
-            proximal.advance(self.trainer.model)
+        if self.trainer.proximal.average is not None:
+            self.trainer.proximal.advance(self.trainer.model)
