@@ -438,7 +438,9 @@ async def test_warm_sandboxes_of_a_remote_provider_are_leased_and_stopped(tmp_pa
         while provider_.warm.stats()["expired"] < 2:  # the two nobody took: stopped past their TTL
             assert time.monotonic() < deadline + 10, provider_.warm.stats()
             await asyncio.sleep(0.05)
-        await asyncio.sleep(0.5)
+        while len(provider.live()) > 1:  # the pool stops them in the background: wait for the deletes to land
+            assert time.monotonic() < deadline + 20, provider.live()
+            await asyncio.sleep(0.05)
         assert [s["id"] for s in provider.live()] == [adapter.sandbox.env.sandbox_id]
         await adapter.close()
         assert provider.live() == [] and LeaseLedger().leases() == []

@@ -143,8 +143,11 @@ def test_async_source_drops_stale_groups_and_counts_them():
     try:
         batch = source.next_batch(2, current_version=0)
         assert len(batch.groups) == 2 and batch.dropped == 0 and batch.staleness == [0, 0]
-        time.sleep(0.2)  # the producer refills 2 groups, destined for step 2: they may generate with version 1
-        assert orchestrator.min_versions == [0, 0, 0, 0, 1, 1]
+        # The producer refills 2 groups, destined for step 2: they may generate with version 1. It dispatches from
+        # its own thread, so wait for the sixth dispatch rather than a fixed time a loaded machine can outrun.
+        wait_until(lambda: len(orchestrator.min_versions) >= 6)
+        time.sleep(0.2)  # room for a dispatch too many to show up
+        assert list(orchestrator.min_versions) == [0, 0, 0, 0, 1, 1]
         batch = source.next_batch(2, current_version=2)
         assert batch.dropped == 2 and source.dropped_total == 2  # staleness 2 > max_staleness 1
         assert batch.staleness == [0, 0] and len(batch.groups) == 2
@@ -307,7 +310,9 @@ def test_an_async_resume_neither_skips_nor_repeats_a_task_of_the_schedule():
             for version in range(steps):
                 batch = source.next_batch(2, current_version=version)
                 consumed.extend(place_of[g.trajectories[0].task] for g in batch.groups)
-            time.sleep(0.3)  # the producer fills its look-ahead: groups dispatched, not consumed
+            # The producer fills its look-ahead from its own thread: groups dispatched, not consumed.
+            wait_until(lambda: bool(source.state_dict()["pending"]))
+            time.sleep(0.1)
             return source.state_dict()
         finally:
             source.close()
