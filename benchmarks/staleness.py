@@ -16,7 +16,7 @@ the same run seed and the same latency draws (the split `stale-<scale>-s<seed>`)
 - `none`: async, `train.max_staleness: 2`, `off_policy: {mode: none}`, `behaviour_ratio: false` (TRL as is: its
   ratio is against the learner's own log-probs at the generation batch, so stale groups are trained on uncorrected).
 - `behaviour`: async, `off_policy: {mode: none}`, `behaviour_ratio: true` (PPO ratio against the sampling log-probs).
-- `tis`: async, `off_policy: {mode: tis}` (decoupled PPO: clip against the proximal policy's log-probs, by default
+- `tis`: async, `off_policy: {mode: tis}` (async mode's default since 2026-12-06; decoupled PPO: clip against the proximal policy's log-probs, by default
   a moving average of the learner's weights one optimizer step behind (PPO-EWMA, `proximal_decay` 0.5;
   `--proximal-decay 0`: the learner's own weights at the batch, the arm as first measured); advantages times the
   importance weight pi_prox / pi_behaviour truncated to [0, 2]).
@@ -38,7 +38,8 @@ under reward vs groups consumed, per group), `final_reward` (mean of the last 5 
 `ended_below_start`. All arms' curves go into
 one plot, `OUT/staleness_rewards.png`.
 
-Targets, per seed (each reported with whether it held; medians over the seeds beside them):
+Targets, per seed (each reported with whether it held in every seed, `met`, the issue's reading; and with its margin
+per seed and the median margin over the seeds, `met_on_median`, a reading that one seed's tie does not decide):
 `tis_vs_sync_per_group`: auc(tis) >= 0.9 * auc(sync); `tis_faster_than_sync`: steps_per_min(tis) >
 steps_per_min(sync); `tis_better_than_none`: auc(tis) > auc(none); `tis_no_collapse`: final_reward(tis) >= peak(tis)
 - 0.5. The same four are reported for `mis` (`mis_vs_sync_per_group`, ...) when it ran. Beside them, not part of
@@ -262,24 +263,36 @@ def plot(runs: dict[str, dict[int, dict[str, Any]]], path: Path) -> None:
 
 
 def targets(runs: dict[str, dict[int, dict[str, Any]]], arm: str = "tis") -> dict[str, Any]:
-    """Each target for `arm` per seed, and whether it held in every seed."""
+    """Each target for `arm` per seed, and whether it held in every seed (`met`, the issue's reading).
+
+    Beside it, each target's margin per seed and its median over the seeds (`median_margin`; the target holds on
+    the median when it is positive, `met_on_median`): auc(arm) / auc(sync) - 0.9, steps_per_min(arm) /
+    steps_per_min(sync) - 1, auc(arm) - auc(none), final - (peak - 0.5). One seed's noise then moves the verdict
+    less than in the per-seed reading, where a tie in one seed fails the target."""
     seeds = sorted(runs[arm])
     mine, sync, none = runs[arm], runs["sync"], runs["none"]
     checks = {
         f"{arm}_vs_sync_per_group": (f"auc({arm}) >= 0.9 * auc(sync)",
-                                     lambda s: mine[s]["auc"] >= 0.9 * sync[s]["auc"]),
+                                     lambda s: mine[s]["auc"] / sync[s]["auc"] - 0.9),
         f"{arm}_faster_than_sync": (f"steps_per_min({arm}) > steps_per_min(sync)",
-                                    lambda s: (mine[s]["steps_per_min"] or 0) > (sync[s]["steps_per_min"] or 0)),
-        f"{arm}_better_than_none": (f"auc({arm}) > auc(none)", lambda s: mine[s]["auc"] > none[s]["auc"]),
+                                    lambda s: (mine[s]["steps_per_min"] or 0) / (sync[s]["steps_per_min"] or 1) - 1),
+        f"{arm}_better_than_none": (f"auc({arm}) > auc(none)", lambda s: mine[s]["auc"] - none[s]["auc"]),
         f"{arm}_no_collapse": (f"last-{LAST_N} mean reward of {arm} >= its peak - 0.5",
-                               lambda s: not mine[s]["collapsed"]),
+                               lambda s: mine[s]["final_reward"] - (mine[s]["peak_reward"] - 0.5)),
     }
     out: dict[str, Any] = {}
-    for name, (rule, check) in checks.items():
-        per_seed = {str(s): bool(check(s)) for s in seeds}
-        out[name] = {"rule": rule, "per_seed": per_seed, "met": all(per_seed.values())}
+    for name, (rule, margin) in checks.items():
+        margins = {str(s): margin(s) for s in seeds}
+        # The first and last target hold at a margin of 0 (>=), the other two need it above 0 (>).
+        holds = (lambda m: m >= 0) if name.endswith(("_vs_sync_per_group", "_no_collapse")) else (lambda m: m > 0)
+        median = statistics.median(margins.values())
+        per_seed = {s: holds(m) for s, m in margins.items()}
+        out[name] = {"rule": rule, "per_seed": per_seed, "met": all(per_seed.values()),
+                     "margin_per_seed": {s: round(m, 4) for s, m in margins.items()},
+                     "median_margin": round(median, 4), "met_on_median": holds(median)}
     out["seeds"] = seeds
-    out["all_met"] = all(v["met"] for k, v in out.items() if isinstance(v, dict))
+    out["all_met"] = all(v["met"] for v in out.values() if isinstance(v, dict))
+    out["all_met_on_median"] = all(v["met_on_median"] for v in out.values() if isinstance(v, dict))
     # Reported beside the issue's four, not part of `all_met`: the failure its collapse rule does not see.
     per_seed = {str(s): not ended_below_start(mine[s]["rewards"]) for s in seeds}
     out[f"{arm}_ends_above_start"] = {"rule": f"last-{LAST_N} mean reward of {arm} >= its first-{LAST_N} mean "
