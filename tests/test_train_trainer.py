@@ -237,9 +237,13 @@ def test_which_runs_report_sampling_logprobs_and_how_they_correct_for_staleness(
     # Sync, engines current: nothing is stale; PPO against the sampling log-probs as before.
     assert correction_for(cfg(engine)) == Correction("behaviour")
     assert correction_for(cfg(engine, behaviour_ratio=False)) == Correction("none")
-    # Stale data: engine actors keep clipping against the sampling policy (decoupled PPO is opt-in, see
-    # docs/training.md); a vLLM server gets TRL's own weight, token level with both bounds.
-    assert correction_for(cfg(engine, mode="async")) == Correction("behaviour")
+    # Stale data: engine actors get decoupled PPO with truncated importance weights against a moving-average
+    # proximal policy (docs/training.md has the figures); `behaviour_ratio` set keeps its own meaning. A vLLM server
+    # gets TRL's own weight, token level with both bounds.
+    assert correction_for(cfg(engine, mode="async")) == Correction("tis", 0.0, 2.0, 0.5)
+    assert correction_for(cfg(engine, mode="async", behaviour_ratio=True)) == Correction("behaviour")
+    assert correction_for(cfg(engine, mode="async", behaviour_ratio=False)) == Correction("none")
+    assert correction_for(cfg(engine, mode="async", off_policy={"high": 3.0})) == Correction("tis", 0.0, 3.0, 0.5)
     assert correction_for(cfg(server)) == Correction("tis", 0.0, 2.0)
     assert correction_for(cfg(server, off_policy={"mode": "none"})) == Correction("none")
     # Engine actors' tis/mis take a moving average of the weights as the proximal policy (PPO-EWMA), 0.5 unless set.
@@ -261,6 +265,14 @@ def test_which_runs_report_sampling_logprobs_and_how_they_correct_for_staleness(
     assert correction_for(current) == Correction("tis", 0.0, 2.0, 0.0)
     with pytest.raises(ConfigError, match="proximal_decay sets the proximal policy of mode tis or mis"):
         cfg(engine, mode="async", off_policy={"mode": "none", "proximal_decay": 0.5})
+    # What sets the weight is refused, naming the field, where the resolved correction has none (nothing ignored).
+    with pytest.raises(ConfigError, match=r"train.off_policy.high set the importance weight .* corrects with 'behaviour'"):
+        cfg(engine, off_policy={"high": 3.0})  # sync mode: the behaviour ratio
+    with pytest.raises(ConfigError, match=r"train.off_policy.proximal_decay set .* corrects with 'behaviour'"):
+        cfg(engine, mode="async", behaviour_ratio=True, off_policy={"proximal_decay": 0.5})
+    with pytest.raises(ConfigError, match=r"train.off_policy.low set .* corrects with 'none'"):
+        cfg({"kind": "scripted", "script": "m:f"}, mode="async", off_policy={"low": 0.1})
+    assert correction_for(cfg(engine, mode="async", off_policy={"proximal_decay": 0.25})).proximal_decay == 0.25
     with pytest.raises(ConfigError, match="train.off_policy.proximal_decay sets the proximal policy the learner"):
         cfg(server, off_policy={"mode": "tis", "proximal_decay": 0.5})
     with pytest.raises(ConfigError, match="proximal_decay"):

@@ -382,7 +382,7 @@ def test_the_behaviour_correction_bounds_negative_advantage_ratios_unless_traine
     from raygrpo.train.grpo_args import BEHAVIOUR_DELTA, learner_grpo_config
 
     engine = {"kind": "transformers"}
-    cfg = _run_cfg(policy=engine, train={"mode": "async"})
+    cfg = _run_cfg(policy=engine, train={"mode": "async", "behaviour_ratio": True})
     assert correction_for(cfg).mode == "behaviour"
     assert learner_grpo_config(cfg, str(tmp_path)).delta == BEHAVIOUR_DELTA == 4.0
     # What the user sets is kept, `null` included (TRL's one-sided clip).

@@ -203,12 +203,19 @@ class RunConfig(BaseModel):
                              "(raygrpo's default: true); set trainer.disable_dropout: false to keep it")
 
     def _check_off_policy(self) -> None:
-        mode = self.train.off_policy.mode
+        off_policy = self.train.off_policy
+        mode = off_policy.mode
         if mode in ("tis", "mis") and not (self.policy.engine_actors or self.policy.kind == "vllm"):
             raise ValueError(f"train.off_policy.mode {mode!r} weights tokens by the log-probs the policy sampled "
                              f"with; policy.kind {self.policy.kind!r} reports none (scripted turns are certain): set "
                              "it to none or leave it out")
-        if self.train.off_policy.proximal_decay and not self.policy.engine_actors:
+        weightless = [f"train.off_policy.{name}" for name in ("low", "high", "proximal_decay")
+                      if getattr(off_policy, name) is not None]
+        if weightless and self.correction_mode not in ("tis", "mis"):
+            raise ValueError(f"{', '.join(weightless)} set the importance weight of mode tis or mis, but this run "
+                             f"corrects with {self.correction_mode!r} (mode unset: tis in async mode on engine "
+                             "actors and with a vLLM server, else the behaviour ratio): set train.off_policy.mode")
+        if off_policy.proximal_decay and not self.policy.engine_actors:
             raise ValueError("train.off_policy.proximal_decay sets the proximal policy the learner computes for "
                              "engine actors' rollouts; with a vLLM server (policy.url/serve) TRL computes it from the "
                              "current weights: leave it out")
@@ -226,6 +233,25 @@ class RunConfig(BaseModel):
                 raise ValueError(f"trainer.save_steps ({save_steps}) must be a multiple of the optimizer steps of "
                                  f"one generation batch ({spv}): a checkpoint inside a generation batch would make a "
                                  "resumed run generate again and shift every later policy version")
+
+    @property
+    def correction_mode(self) -> str:
+        """The correction of stale groups this run's learner applies: `train.off_policy.mode` where it is tis or mis.
+
+        Unset, it is `tis` where the data can be stale and its sampling log-probs are real: async mode on engine
+        actors, unless `train.behaviour_ratio` is set (true keeps the PPO ratio against the sampling policy, false
+        turns correction off), and always with a vLLM server (TRL weights its samples anyway; raygrpo makes that
+        token level with both bounds). Otherwise (sync mode, or `mode: none`) engine actors take PPO's ratio
+        against the sampling policy, `behaviour`, unless `train.behaviour_ratio` is false, and the rest `none`.
+        See `raygrpo.train.correction` and docs/training.md for the figures behind the default."""
+        mode = self.train.off_policy.mode
+        engines = self.policy.engine_actors
+        if mode in ("tis", "mis"):
+            return mode
+        if mode is None and (not engines and self.policy.kind == "vllm"
+                             or engines and self.train.mode == "async" and self.train.behaviour_ratio is None):
+            return "tis"
+        return "behaviour" if engines and self.train.behaviour_ratio is not False else "none"
 
     @property
     def steps_per_version(self) -> int:
