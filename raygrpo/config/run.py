@@ -211,9 +211,10 @@ class RunConfig(BaseModel):
                              "it to none or leave it out")
         weightless = [f"train.off_policy.{name}" for name in ("low", "high", "proximal_decay")
                       if getattr(off_policy, name) is not None]
-        if weightless and self.correction_mode not in ("tis", "mis"):
+        resolved = self.correction_mode
+        if weightless and resolved not in ("tis", "mis"):
             raise ValueError(f"{', '.join(weightless)} set the importance weight of mode tis or mis, but this run "
-                             f"corrects with {self.correction_mode!r} (mode unset: tis in async mode on engine "
+                             f"corrects with {resolved!r} (mode unset: tis in async mode on engine "
                              "actors and with a vLLM server, else the behaviour ratio): set train.off_policy.mode")
         if off_policy.proximal_decay and not self.policy.engine_actors:
             raise ValueError("train.off_policy.proximal_decay sets the proximal policy the learner computes for "

@@ -38,13 +38,10 @@ def reports_sampling_logprobs(cfg: RunConfig) -> bool:
 
 def correction_for(cfg: RunConfig) -> Correction:
     """The run's `Correction`: the mode `RunConfig.correction_mode` resolves (`tis` by default in async mode on
-    engine actors and with a vLLM server, `behaviour` for engine actors otherwise), with `train.off_policy`'s bounds.
-
-    Engine actors' `tis`/`mis` get `proximal_decay`: the proximal policy as a moving average of the learner's
-    weights (PPO-EWMA), which keeps decoupled PPO's clip acting with one optimizer step per generation batch. On the
-    echo task in async mode at lr 1e-3 (benchmarks/staleness.py, six seeds) `tis` kept 0.86-1.02 of sync's reward per
-    consumed group, median 0.95, against 0.86-0.93 for `behaviour` and 0.10-0.96 for no correction, and collapsed in
-    none. A vLLM server's TRL computes its own proximal log-probs, so 0 there."""
+    engine actors and with a vLLM server, `behaviour` for engine actors otherwise; the figures behind that default are
+    in docs/training.md), with `train.off_policy`'s bounds. Engine actors' `tis`/`mis` get `proximal_decay` (the
+    proximal policy as a moving average of the learner's weights); a vLLM server's TRL computes its own proximal
+    log-probs, so 0 there."""
     mode = cfg.correction_mode
     if mode in ("tis", "mis"):
         off_policy = cfg.train.off_policy
