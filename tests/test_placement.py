@@ -14,7 +14,7 @@ from raygrpo.driver.collect import collect
 from raygrpo.config import ConfigError, load_config
 from raygrpo.driver.attempts import make_groups
 from raygrpo.driver.orchestrator import Orchestrator
-from raygrpo.driver.placement import PlacementError, actor_resources, check_fits
+from raygrpo.driver.placement import PlacementError, actor_resources, check_fits, check_fits_together, wait_placed
 from raygrpo.driver.pools import PoolSet
 from raygrpo.core.types import TaskRef
 from raygrpo.core.workdir import relocate
@@ -50,6 +50,64 @@ def test_memory_counts_per_node():
     check_fits({"envs.a.pool": actor_resources(1, memory=2 * 2**30)}, nodes, [])
     with pytest.raises(PlacementError, match="memory=4GiB"):
         check_fits({"envs.a.pool": actor_resources(1, memory=4 * 2**30)}, nodes, [])
+
+
+def test_actors_that_do_not_fit_together_on_a_local_ray_fail_naming_each_field():
+    engine, learner, pool = actor_resources(1), actor_resources(1), actor_resources(0.25)
+    check_fits_together({"policy.engine_resources": (engine, 1), "train.learner": (learner, 1),
+                         "workers": (pool, 2)}, available={"CPU": 2.5})
+    with pytest.raises(PlacementError) as err:
+        check_fits_together({"policy.engine_resources": (engine, 2), "train.learner": (learner, 1),
+                             "workers": (pool, 2), "envs.swe.pool": (actor_resources(0, resources={"x": 1}), 1)},
+                            available={"CPU": 2.5, "x": 1}, hint="set ray.num_cpus")
+    assert str(err.value) == (
+        "the run's actors together ask for {CPU=3.5} (policy.engine_resources {CPU=1} x2, train.learner {CPU=1}, "
+        "workers {CPU=0.25} x2), but the Ray runtime has CPU=2.5 free and no autoscaler: one of them would wait "
+        "forever; set ray.num_cpus")
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_local")
+def test_a_training_run_whose_learner_would_never_be_placed_fails_at_start(tmp_path, tiny_model_dir):
+    import ray
+
+    from raygrpo.train.run import train
+
+    # The engine and the env pool fit the local Ray; the learner, started last, would find its CPUs taken and wait
+    # forever (it did, before the run counted the actors together).
+    cpus = ray.available_resources()["CPU"]
+    cfg = load_config(ECHO / "train.yaml", [f"model={tiny_model_dir}", "train.warmup=null", "trainer.max_steps=1",
+                                            f"policy.engine_num_cpus={cpus - 1.25}", "train.learner.num_cpus=2"])
+    began = time.monotonic()
+    with pytest.raises(PlacementError, match=r"^the run's actors together .*train\.learner \{CPU=2\}.*ray\.num_cpus"):
+        train(cfg, tmp_path / "out", progress=False)
+    assert time.monotonic() - began < 60
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["leaked_envs"] == 0
+
+
+@pytest.mark.ray
+@pytest.mark.usefixtures("ray_local")
+def test_waiting_for_an_actor_to_be_placed_says_what_it_waits_for(caplog):
+    import logging
+    import threading
+
+    import ray
+
+    @ray.remote
+    class Holder:
+        def ip(self) -> str:
+            return "placed"
+
+    free = ray.available_resources()["CPU"]
+    blocker = Holder.options(num_cpus=free).remote()
+    ray.get(blocker.ip.remote(), timeout=60)
+    waiting = Holder.options(num_cpus=1).remote()
+    threading.Timer(2.0, ray.kill, [blocker]).start()
+    with caplog.at_level(logging.WARNING, logger="raygrpo.driver.placement"):
+        assert wait_placed(waiting.ip.remote(), "train.learner", actor_resources(1), warn_every_s=0.5) == "placed"
+    warned = [r.getMessage() for r in caplog.records if "train.learner: not placed" in r.getMessage()]
+    assert warned and "asks for {CPU=1}" in warned[0] and "CPU=0" in warned[0]
+    ray.kill(waiting)
 
 
 def test_pool_fields_are_validated_naming_the_field():

@@ -22,7 +22,7 @@ from raygrpo.governor.actor import ensure_governor, forget_holders
 from raygrpo.actors.vllm_server import start_vllm_server, stop_vllm_server
 from raygrpo.config import RunConfig
 from raygrpo.envs.kinds import kind_of
-from raygrpo.driver.placement import actor_resources, check_fits
+from raygrpo.driver.placement import actor_resources, autoscaler_capacities, check_fits, check_fits_together
 from raygrpo.driver.pools import ActorSpawner, PoolGroup, PoolSet
 from raygrpo.driver.node_tasks import on_every_node
 from raygrpo.driver.runtime import in_ray_job, ray_info
@@ -48,10 +48,13 @@ class RolloutRuntime:
         actor_prefix: Prefix of the env pool actors' names (they are named, so a cluster operator can find them).
         own_pools: Start the env pools here (`pools`); False leaves `spawners` for the process that dispatches
             (the learner), which then owns the actors and reports their final stats (`add_final_stats`).
+        other_actors: The run's actors started after these (config field to one actor's resources, e.g. the
+            learner's), counted when checking that a local Ray holds all of the run's actors at once.
     """
 
     def __init__(self, cfg: RunConfig, tasks_by_env: dict[str, list[TaskRef] | None],
-                 actor_prefix: str = "raygrpo-envpool", own_pools: bool = True) -> None:
+                 actor_prefix: str = "raygrpo-envpool", own_pools: bool = True,
+                 other_actors: dict[str, dict[str, float]] | None = None) -> None:
         unknown = sorted(set(tasks_by_env) - set(cfg.envs) - set(cfg.eval_envs))
         if unknown:
             raise ValueError(f"environments {unknown} are not in the run config")
@@ -65,6 +68,7 @@ class RolloutRuntime:
         self.vllm_server: Any = None
         self.engines: list[Any] = []
         self.own_pools = own_pools
+        self.other_actors = dict(other_actors or {})
         #: How each pool's actors are started (what the learner needs to own the pools in training).
         self.spawners: list[ActorSpawner] = []
         #: The run's env pools, when started here: pass to `Orchestrator(pools=...)`.
@@ -121,18 +125,24 @@ class RolloutRuntime:
                 self.tasks_by_env[name] = kind_of(self.envs[name]).list_tasks(self.envs[name], name)
         self.start_governors()
         groups = self._pool_groups()
-        demands = {g.field: actor_resources(g.num_cpus, memory=g.memory, resources=g.resources) for g in groups}
+        #: Config field -> (one actor's resources, how many start with the run).
+        actors = {g.field: (g.bundle, g.min_actors) for g in groups}
         if cfg.policy.engine_actors:
-            demands["policy.engine_resources"] = actor_resources(
+            actors["policy.engine_resources"] = (actor_resources(
                 cfg.policy.engine_num_cpus, 1.0 if cfg.policy.device.startswith("cuda") else 0.0,
-                resources=cfg.policy.engine_resources)
+                resources=cfg.policy.engine_resources), cfg.policy.num_engines)
         if cfg.policy.kind == "vllm" and cfg.policy.serve is not None:
             serve = cfg.policy.serve
-            demands["policy.serve"] = actor_resources(serve.num_cpus, serve.num_gpus, resources=serve.resources)
+            actors["policy.serve"] = (actor_resources(serve.num_cpus, serve.num_gpus, resources=serve.resources), 1)
             if info.joined and serve.host not in ("0.0.0.0", "::"):
                 logger.warning("policy.serve.host=%s: on a cluster only actors on the server's node reach it; set "
                                "0.0.0.0 to serve every node", serve.host)
-        check_fits(demands)
+        actors.update((field, (demand, 1)) for field, demand in self.other_actors.items())
+        check_fits({field: demand for field, (demand, _) in actors.items()})
+        if not info.joined and not autoscaler_capacities():
+            cpus = cfg.ray.num_cpus or "the machine's cores"
+            check_fits_together(actors, hint=f"set ray.num_cpus (the CPUs a local Ray advertises, now {cpus}) "
+                                             "higher, or lower what the fields named ask for")
         if cfg.policy.kind == "vllm" and cfg.policy.serve is not None:
             self.vllm_server, url = start_vllm_server(cfg.policy.serve, cfg.model)
             name = cfg.policy.served_model_name or cfg.policy.serve.served_model_name or cfg.model

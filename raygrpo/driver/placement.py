@@ -1,13 +1,17 @@
-"""Checking, before an actor is created, that some node of the cluster can ever hold what it asks for.
+"""Checking, before an actor is created, that the cluster can ever hold what it asks for.
 
 Ray queues an actor whose resources no node has, forever and silently, in case an autoscaler adds such a node. A
 run instead fails at start, naming the config field and the resource, when neither a live node nor a node type the
-cluster's autoscaler may add (the cluster config it reports, `ray up` and KubeRay alike) offers the amount.
+cluster's autoscaler may add (the cluster config it reports, `ray up` and KubeRay alike) offers the amount
+(`check_fits`). On a local Ray, which no autoscaler grows, the run's actors must also fit together: one that finds
+the CPUs taken by the others would wait forever too (`check_fits_together`). Where waiting is right (a cluster that
+is adding a node), `wait_placed` says what an actor waits for instead of waiting in silence.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from raygrpo.core.errors import ResolveError
@@ -69,6 +73,59 @@ def check_fits(demands: dict[str, dict[str, float]], nodes: list[dict[str, float
         scaler = "and the cluster has no autoscaler node type with it" if node_types else "and no autoscaler can add one"
         raise PlacementError(f"{field}: one actor asks for {_show(demand)}; {what} {scaler} (nodes offer: "
                              f"{', '.join(offered) or 'nothing'})")
+
+
+def check_fits_together(actors: dict[str, tuple[dict[str, float], int]],
+                        available: dict[str, float] | None = None, hint: str = "", settle_s: float = 15.0) -> None:
+    """Raise `PlacementError` when the run's actors, started together, ask for more of a resource than is free.
+
+    Meant for a local Ray (no autoscaler adds nodes, nothing else shares it): there an actor that does not fit beside
+    the others waits forever for resources the others keep for the whole run.
+
+    Args:
+        actors: Config field (e.g. `train.learner`) to one actor's resources and how many such actors start.
+        available: What is free (default: asked of Ray, again for up to `settle_s` seconds while it falls short,
+            since the actors of a run that just ended give theirs back a moment after they are stopped).
+        hint: Appended to the error (e.g. how to give a local Ray more CPUs).
+    """
+    import ray
+
+    wanted: dict[str, float] = {}
+    for demand, count in actors.values():
+        for key, amount in demand.items():
+            wanted[key] = wanted.get(key, 0.0) + amount * count
+    deadline = time.monotonic() + (settle_s if available is None else 0.0)
+    while True:
+        free = available if available is not None else {k: float(v) for k, v in ray.available_resources().items()}
+        short = [key for key, amount in wanted.items() if amount > free.get(key, 0.0) + 1e-9]
+        if not short:
+            return
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    parts = ", ".join(f"{field} {_show(demand)}" + (f" x{count}" if count != 1 else "")
+                      for field, (demand, count) in actors.items() if count and any(k in demand for k in short))
+    has = ", ".join(_show({key: free.get(key, 0.0)})[1:-1] for key in short)
+    raise PlacementError(f"the run's actors together ask for {_show({k: wanted[k] for k in short})} ({parts}), but "
+                         f"the Ray runtime has {has} free and no autoscaler: one of them would wait forever"
+                         + (f"; {hint}" if hint else ""))
+
+
+def wait_placed(ref: Any, field: str, demand: dict[str, float], warn_every_s: float = 60.0) -> Any:
+    """`ray.get(ref)` for the first call of a new actor, with a warning every `warn_every_s` while it is not
+    placed: what the actor (config `field`) asks for, and what the cluster has free (an autoscaler may be adding a
+    node, so this waits rather than fails)."""
+    import ray
+
+    began = time.monotonic()
+    while True:
+        ready, _ = ray.wait([ref], timeout=warn_every_s)
+        if ready:
+            return ray.get(ready[0])
+        available = ray.available_resources()
+        free = {key: float(available.get(key, 0.0)) for key in demand}
+        logger.warning("%s: not placed after %.0f s; it asks for %s and the cluster has %s free (waiting for a node "
+                       "that has it)", field, time.monotonic() - began, _show(demand), _show(free))
 
 
 def _fits(demand: dict[str, float], node: dict[str, Any]) -> bool:

@@ -37,13 +37,16 @@ class RunSession:
         actor_prefix: Prefix of the env pool actors' names.
         summarize: Called once at the end, whatever happened: the run's own summary fields.
         own_pools: Start the env pools on the driver (see `RolloutRuntime`).
+        other_actors: The run's actors the caller starts itself (see `RolloutRuntime`).
     """
 
     def __init__(self, cfg: RunConfig, out_dir: str | Path, tasks_by_env: dict[str, list[TaskRef] | None], *,
-                 actor_prefix: str, summarize: Callable[[], dict[str, Any]], own_pools: bool = True) -> None:
+                 actor_prefix: str, summarize: Callable[[], dict[str, Any]], own_pools: bool = True,
+                 other_actors: dict[str, dict[str, float]] | None = None) -> None:
         self.cfg = cfg
         self.out = Path(out_dir).resolve()
-        self.runtime = RolloutRuntime(cfg, tasks_by_env, actor_prefix=actor_prefix, own_pools=own_pools)
+        self.runtime = RolloutRuntime(cfg, tasks_by_env, actor_prefix=actor_prefix, own_pools=own_pools,
+                                      other_actors=other_actors)
         self.summarize = summarize
         self.summary: dict[str, Any] = {}
         self.started = time.perf_counter()

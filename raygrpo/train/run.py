@@ -18,7 +18,7 @@ from typing import Any
 from raygrpo.actors.learner import start_learner
 from raygrpo.driver.check import read_broken_tasks
 from raygrpo.config import RunConfig
-from raygrpo.driver.placement import actor_resources, check_fits
+from raygrpo.driver.placement import actor_resources, wait_placed
 from raygrpo.driver.progress import Progress, progress_mode
 from raygrpo.driver.resolve import ResolvedRun, resolve_run
 from raygrpo.driver.runtime import ray_info
@@ -76,14 +76,13 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
         skipped = [str(t.metadata.get("task_name") or f"{t.env}/{t.index}") for t in resolved.skipped]
         return {**result, **reward_change(out / "metrics.jsonl"), "mode": cfg.train.mode, "skipped_tasks": skipped}
 
+    learner_cfg = cfg.train.learner
+    learner_demand = actor_resources(learner_cfg.num_cpus, learner_cfg.num_gpus, resources=learner_cfg.resources)
     # The learner dispatches the rollouts, so it owns the env pools: the driver hands it the spawners.
     session = RunSession(cfg, out, resolved.tasks_by_env, actor_prefix="raygrpo-train-envpool", summarize=summarize,
-                         own_pools=False)
+                         own_pools=False, other_actors={"train.learner": learner_demand})
     with session:
         runtime = session.runtime
-        learner_cfg = cfg.train.learner
-        check_fits({"train.learner": actor_resources(learner_cfg.num_cpus, learner_cfg.num_gpus,
-                                                     resources=learner_cfg.resources)})
         job_env = dict((ray.get_runtime_context().runtime_env or {}).get("env_vars") or {})
         learner = start_learner(
             "raygrpo.train.learner:Learner", learner_cfg.num_cpus, learner_cfg.num_gpus, env_vars=job_env,
@@ -95,7 +94,8 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
             resume=resume, workdir=ray_info().workdir,
         )
         try:
-            logger.info("placed learner on %s", ray.get(learner.node_ip.remote()))
+            where = wait_placed(learner.node_ip.remote(), "train.learner", learner_demand)
+            logger.info("placed learner on %s", where)
             ref = learner.train.remote()
             with Progress("steps", None, progress_mode(progress), log_every_s=60.0) as bar:
                 last = (-1, "")
