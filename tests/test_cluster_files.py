@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 import shlex
 import zipfile
@@ -42,6 +43,8 @@ LEASE_DIR = "/mnt/shared/raygrpo-leases"
 SHARED = "/mnt/shared"
 PVC = "raygrpo-shared"
 SECRET = "raygrpo-secrets"
+#: HOME of the rayproject/ray images cluster/Dockerfile builds on: where Ray puts a `ray up` file_mount's `~/`.
+CONTAINER_HOME = "/home/ray"
 
 Mutation = Callable[[dict[str, Any]], None]
 
@@ -130,10 +133,10 @@ def test_ray_up_docker_host_installs_docker(name: str) -> None:
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("name", RAY_UP_FILES)
-def test_ray_up_shared_storage_auth_and_stop_wait(name: str) -> None:
+def test_ray_up_shared_storage_and_stop_wait(name: str) -> None:
     """Every node mounts the shared storage on the host, sees it at /mnt/shared in its container and checks it is
-    writable; every node runs Ray in token-auth mode (never mixed); the head exports RAY_JOB_STOP_WAIT_TIME_S, above
-    Ray's default, before `ray start --head`; the GPU type runs its own image."""
+    writable; the head exports RAY_JOB_STOP_WAIT_TIME_S, above Ray's default, before `ray start --head`; the GPU type
+    runs its own image."""
     from ray.dashboard.modules.job.job_supervisor import JobSupervisor
 
     config = _ray_up(_load(name))
@@ -151,8 +154,133 @@ def test_ray_up_shared_storage_auth_and_stop_wait(name: str) -> None:
     match = re.search(rf"export [^;]*\b{STOP_WAIT}=(\d+)[^;]*;.*ray start --head", head_start, re.DOTALL)
     assert match, head_start
     assert int(match.group(1)) > JobSupervisor.DEFAULT_RAY_JOB_STOP_WAIT_TIME_S
-    for start in (head_start, _joined(config.get_worker_start_ray_commands())):
-        assert re.search(r"export [^;]*\bRAY_AUTH_MODE=token\b", start), start
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", RAY_UP_FILES)
+def test_ray_up_token_auth_in_every_container_shell(name: str) -> None:
+    """Token auth is in the environment of every node's container (`docker run -e`), not only of `ray start`: a shell
+    of `ray exec` / `ray attach` (`ray status`, `raygrpo reap --address auto`) has RAY_AUTH_MODE=token, without which
+    Ray's CLI sends no token and the GCS rejects it, and RAY_AUTH_TOKEN_PATH naming the token that file_mounts copies
+    into the container's home (the image's HOME, /home/ray). No command sets another mode."""
+    raw = _load(name)
+    config = _ray_up(raw)
+    (mount,) = [remote for remote in raw["file_mounts"] if "auth" in remote]
+    token_path = f"{CONTAINER_HOME}/{mount.removeprefix('~/')}/auth_token"
+    for node_type in ("head", *RAY_UP_WORKERS):
+        docker = config.get_docker_config(node_type)
+        options = docker["run_options"] + docker.get("worker_run_options", [])
+        assert "-e RAY_AUTH_MODE=token" in options, node_type
+        assert f"-e RAY_AUTH_TOKEN_PATH={token_path}" in options, node_type
+    commands = [*config.get_head_start_ray_commands(), *config.get_worker_start_ray_commands()]
+    assert not [c for c in commands if re.search(r"RAY_AUTH_MODE=(?!token\b)", c)], commands
+
+
+#: The Compute Engine `Instance` fields the GCP node configs set, and the JSON type the API takes for each
+#: (https://cloud.google.com/compute/docs/reference/rest/v1/instances); Ray passes node_config to `instances.insert`
+#: as it is, so a wrong shape fails only when a node launches.
+GCE_FIELD_TYPES: dict[str, type] = {"machineType": str, "disks": list, "guestAccelerators": list, "metadata": dict,
+                                    "scheduling": dict, "serviceAccounts": list}
+
+
+@pytest.mark.timeout(60)
+def test_gcp_node_configs_have_compute_api_shapes() -> None:
+    """Every GCP node_config field has the type the Compute Engine API takes (`scheduling` an object, not a list),
+    the GPU type does not live-migrate, and list fields hold objects."""
+    types = _load("gcp.yaml")["available_node_types"]
+    for node_type, spec in types.items():
+        node_config = spec["node_config"]
+        assert set(node_config) <= set(GCE_FIELD_TYPES), node_type
+        for field, value in node_config.items():
+            assert isinstance(value, GCE_FIELD_TYPES[field]), (node_type, field, value)
+            if isinstance(value, list):
+                assert all(isinstance(item, dict) for item in value), (node_type, field)
+        assert isinstance(node_config.get("metadata", {}).get("items", []), list), node_type
+    gpu = types["gpu"]["node_config"]
+    assert gpu["guestAccelerators"] and gpu["scheduling"]["onHostMaintenance"] == "TERMINATE"
+
+
+#: RAM (MiB) of the GCE machine types gcp.yaml uses, as the Compute Engine API reports it (`memoryMb`).
+GCE_MACHINE_MIB = {"n2-standard-8": 32768, "n1-standard-16": 61440, "n2-standard-16": 65536, "e2-standard-4": 16384}
+#: What EC2's DescribeInstanceTypes reports of the instance types aws.yaml uses (the fields Ray reads).
+EC2_INSTANCE_TYPES: list[dict[str, Any]] = [
+    {"InstanceType": "m5.2xlarge", "VCpuInfo": {"DefaultVCpus": 8}, "MemoryInfo": {"SizeInMiB": 32768}},
+    {"InstanceType": "g5.4xlarge", "VCpuInfo": {"DefaultVCpus": 16}, "MemoryInfo": {"SizeInMiB": 65536},
+     "GpuInfo": {"Gpus": [{"Name": "A10G", "Manufacturer": "NVIDIA", "Count": 1}]}},
+    {"InstanceType": "m5.4xlarge", "VCpuInfo": {"DefaultVCpus": 16}, "MemoryInfo": {"SizeInMiB": 65536}},
+    {"InstanceType": "c5.xlarge", "VCpuInfo": {"DefaultVCpus": 4}, "MemoryInfo": {"SizeInMiB": 8192}},
+]
+
+
+def _ray_memory(mib: int) -> int:
+    """The `memory` Ray's AWS node provider gives a worker type of `mib` MiB: what the object store leaves."""
+    from ray._private.ray_constants import DEFAULT_OBJECT_STORE_MEMORY_PROPORTION
+
+    return int(mib * 2**20 * (1 - DEFAULT_OBJECT_STORE_MEMORY_PROPORTION))
+
+
+def _ray_up_after_fillout(name: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The `ray up` file after the provider's resource fill-out that `ray up` runs before launching anything.
+
+    AWS: Ray's own `AWSNodeProvider.fillout_available_node_types_resources`, with EC2's instance type listing as EC2
+    reports it (`EC2_INSTANCE_TYPES`; no cloud here). Google Cloud's fill-out adds only TPU resources (none here), and
+    its module needs googleapiclient, so the file is taken as it is.
+    """
+    cfg = _load(name)
+    if name != "aws.yaml":
+        return cfg
+    from ray.autoscaler._private.aws import node_provider
+
+    monkeypatch.setattr(node_provider, "list_ec2_instances", lambda region, credentials=None: EC2_INSTANCE_TYPES)
+    return node_provider.AWSNodeProvider.fillout_available_node_types_resources(cfg)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", RAY_UP_FILES)
+def test_ray_up_worker_types_offer_memory(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every worker type offers `memory` (bytes) once `ray up` has resolved the file, so an actor that asks memory
+    (an env pool's `memory`) can be placed and the autoscaler adds its node: on AWS Ray's fill-out gives it from the
+    instance type (the file leaves it to Ray), on Google Cloud, whose provider fills in nothing, the file names it:
+    70% of the machine type's RAM, as Ray's AWS provider computes it."""
+    raw = _load(name)
+    types = _ray_up(_ray_up_after_fillout(name, monkeypatch)).get_node_type_configs()
+    for node_type in RAY_UP_WORKERS:
+        memory = types[node_type].resources.get("memory", 0)
+        node_config = raw["available_node_types"][node_type]["node_config"]
+        if name == "aws.yaml":
+            assert "memory" not in raw["available_node_types"][node_type]["resources"], node_type
+            mib = next(t["MemoryInfo"]["SizeInMiB"] for t in EC2_INSTANCE_TYPES
+                       if t["InstanceType"] == node_config["InstanceType"])
+        else:
+            mib = GCE_MACHINE_MIB[node_config["machineType"]]
+        assert memory == _ray_memory(mib), (node_type, memory)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", RAY_UP_FILES)
+def test_ray_up_nodes_can_pull_the_image(name: str) -> None:
+    """Ray never runs `docker login`: every node logs its Docker in to the registry of the image it runs, on the host
+    before Ray pulls (initialization_commands), with the cloud identity its node_config gives it (an instance profile
+    on AWS, a service account on Google Cloud), and every image is in that one registry."""
+    raw = _load(name)
+    config = _ray_up(raw)
+    for node_type in ("head", *RAY_UP_WORKERS):
+        registry = config.get_docker_config(node_type)["image"].split("/")[0]
+        init = _joined(config.get_initialization_commands(node_type))
+        node_config = raw["available_node_types"][node_type]["node_config"]
+        if name == "aws.yaml":
+            region = re.fullmatch(r"[\w-]+\.dkr\.ecr\.([\w-]+)\.amazonaws\.com", registry)
+            assert region, registry
+            login = (rf"aws ecr get-login-password --region {region.group(1)} \|\s*"
+                     rf"docker login --username AWS --password-stdin {re.escape(registry)}(\s|$)")
+            assert re.search(login, init), (node_type, init)
+            assert set(node_config["IamInstanceProfile"]) & {"Name", "Arn"}, node_type
+        else:
+            assert re.fullmatch(r"[\w-]+-docker\.pkg\.dev", registry), registry
+            assert re.search(rf"gcloud auth configure-docker {re.escape(registry)} -q(\s|$)", init), (node_type, init)
+            (account,) = node_config["serviceAccounts"]
+            assert account["email"].endswith(".iam.gserviceaccount.com"), node_type
+            assert "https://www.googleapis.com/auth/cloud-platform" in account["scopes"], node_type
 
 
 def _set_ray_up(path: tuple[str, ...], value: Any) -> Mutation:
@@ -369,6 +497,77 @@ def test_kuberay_broken_variant_is_rejected(which: str, label: str, mutate: Muta
     mutate(cr)
     with pytest.raises(error):
         _kuberay_autoscaling(cr)
+
+
+# ── the README's run config on these clusters ──────────────────────────────────────────────────────────────────
+
+
+def _readme_run_config() -> dict[str, Any]:
+    """The example run config of cluster/README.md's section 3 (its first YAML block)."""
+    readme = (CLUSTER / "README.md").read_text()
+    section = readme[readme.index("## 3. The run config on a cluster"):]
+    block = re.search(r"```yaml\n(.*?)```", section, re.DOTALL)
+    assert block, "no YAML block in section 3"
+    return yaml.safe_load(block.group(1))
+
+
+def _readme_demands() -> dict[str, dict[str, float]]:
+    """What each actor of the README's example asks Ray for, by config field, read by raygrpo's own config models and
+    counted as raygrpo's placement check counts it (`actor_resources`)."""
+    from raygrpo.config.policy import VLLMServeConfig
+    from raygrpo.config.train import LearnerConfig
+    from raygrpo.driver.placement import actor_resources
+    from raygrpo.specs.pool import PoolSpec
+
+    run = _readme_run_config()
+    demands = {}
+    for env, spec in run["envs"].items():
+        if "pool" in spec:
+            pool = PoolSpec(**spec["pool"])
+            assert pool.num_cpus, f"envs.{env}.pool.num_cpus"  # else workers.actor_num_cpus: set it in the example
+            demands[f"envs.{env}.pool"] = actor_resources(pool.num_cpus, memory=int(pool.memory or 0),
+                                                          resources=pool.resources)
+    serve = VLLMServeConfig(**run["policy"]["serve"])
+    demands["policy.serve"] = actor_resources(serve.num_cpus, serve.num_gpus, resources=serve.resources)
+    learner = LearnerConfig(**run["train"]["learner"])
+    demands["train.learner"] = actor_resources(learner.num_cpus, learner.num_gpus, resources=learner.resources)
+    return demands
+
+
+def _node_types(which: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, dict[str, float]]:
+    """Resources of each worker type Ray's autoscaler may add, for a `ray up` file (as `ray up` resolves it) or the
+    KubeRay RayCluster."""
+    if which in RAY_UP_FILES:
+        types = _ray_up(_ray_up_after_fillout(which, monkeypatch)).get_node_type_configs()
+    else:
+        types = _kuberay_autoscaling(_kuberay_cluster(which))[1]
+        types.pop(KUBERAY_HEAD)
+    return {name: {k: float(v) for k, v in spec.resources.items()} for name, spec in types.items() if name != "head"}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("which", [*RAY_UP_FILES, "raycluster"])
+def test_readme_run_config_fits_the_cluster(which: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """raygrpo's placement check, which fails a run at start when no node type can hold an actor, accepts every actor
+    of the README's example on the cluster (an env pool with `memory` included)."""
+    from raygrpo.driver.placement import check_fits
+
+    check_fits(_readme_demands(), nodes=[], node_types=list(_node_types(which, monkeypatch).values()))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("which", [*RAY_UP_FILES, "raycluster"])
+def test_readme_custom_resource_sets_actors_per_node(which: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the README says of its example holds: the per-actor amount of a node type's custom resource sets how many
+    actors share a node, i.e. no other resource (a GPU, CPUs, memory) lets fewer of them onto it."""
+    types = _node_types(which, monkeypatch)
+    for field, demand in _readme_demands().items():
+        custom = {k: v for k, v in demand.items() if k not in ("CPU", "GPU", "memory")}
+        (node_type,) = [name for name, offer in types.items() if set(custom) <= set(offer)]
+        offer = types[node_type]
+        by_custom = min(math.floor(offer[k] / v + 1e-9) for k, v in custom.items())
+        by_all = min(math.floor(offer.get(k, 0.0) / v + 1e-9) for k, v in demand.items())
+        assert by_custom >= 1 and by_all == by_custom, (field, node_type, demand, offer)
 
 
 # ── runtime_env.yaml ────────────────────────────────────────────────────────────────────────────────────────────
