@@ -45,3 +45,28 @@ def test_the_same_failure_of_many_rollouts_is_one_cause():
 def test_verdict(counts, scored, fail_fraction, failed):
     result = verdict(counts, scored, fail_fraction)
     assert result.failed is failed and bool(result.reason) is failed
+
+
+#: The same tool crash in two ORS sessions: the SDK names each session's sid (a UUID) in the message.
+CRASH = ("ORSSessionError: envs.misc.environment (http://127.0.0.1:44253) task train[2]: call 'crash' failed on the "
+         "server: (environment session sid={sid}) upstream judge unavailable")
+SIDS = ("2aa3b985-7391-4f31-902a-6355fcb3e11f", "e252ac95-9638-436f-8903-c429b2fc1843")
+
+
+def test_the_same_crash_in_sessions_with_different_uuids_is_one_cause():
+    first, second = (CRASH.format(sid=sid) for sid in SIDS)
+    assert cause_of(first) == cause_of(second)
+    assert "sid=ID)" in cause_of(first) and "4f31" not in cause_of(first)
+    assert cause_of(CRASH.format(sid=SIDS[0].upper())) == cause_of(first)
+
+
+def test_a_retry_that_failed_as_before_but_in_another_session_is_not_retried_again():
+    from raygrpo.driver.attempts import RolloutRequest, next_attempt, should_retry
+
+    first, second = (CRASH.format(sid=sid) for sid in SIDS)
+    request = RolloutRequest(TaskRef(env="misc", index=2), "g")
+    assert should_retry(request, _traj(Status.ENV_ERROR, first), max_retries=3)
+    retry = next_attempt(request, first)
+    assert not should_retry(retry, _traj(Status.ENV_ERROR, second), max_retries=3)
+    other = second.replace("upstream judge unavailable", "database connection lost")
+    assert should_retry(retry, _traj(Status.ENV_ERROR, other), max_retries=3)

@@ -19,8 +19,15 @@ from raygrpo.core.types import Status, Trajectory
 TOP_CAUSES = 5
 
 _NUMBER = re.compile(r"\b\d+(\.\d+)?\b")
+_UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.IGNORECASE)
 _HEX_ID = re.compile(r"\b[0-9a-f]{8,}\b")
 _URL_PORT = re.compile(r"(https?://[^/:\s]+):\d+")
+
+
+def without_ids(error: str) -> str:
+    """An error message with its ids (UUIDs such as an ORS session's sid, long hex ids such as a sandbox's name)
+    replaced by `ID`: what differs between two attempts that failed the same way."""
+    return _HEX_ID.sub("ID", _UUID.sub("ID", error))
 
 
 def cause_of(error: str | None) -> str:
@@ -28,8 +35,7 @@ def cause_of(error: str | None) -> str:
     that the same failure of many rollouts counts as one cause."""
     text = error or "(no message)"
     text = _URL_PORT.sub(r"\1:PORT", text)
-    text = _HEX_ID.sub("ID", text)
-    return _NUMBER.sub("N", text)
+    return _NUMBER.sub("N", without_ids(text))
 
 
 @dataclass

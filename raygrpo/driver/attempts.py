@@ -2,9 +2,10 @@
 rule of which failed attempt runs again, as what (`should_retry`, `next_attempt`, `unscored_attempts`).
 
 A rollout that failed for an infrastructure reason (env or policy error, a dead actor) is run again, at most
-`max_retries` times, unless its retry failed exactly as the attempt before it (same exception type and message): a
-failure that repeats identically is not a passing glitch, and retrying it again only costs time. Each retry is a new
-`RolloutRequest` of the same rollout (`RolloutRequest.rid`), its attempt counted up and its last error kept.
+`max_retries` times, unless its retry failed exactly as the attempt before it (same exception type and message, ids
+such as a session's UUID aside: `raygrpo.core.outcome.without_ids`): a failure that repeats identically is not a
+passing glitch, and retrying it again only costs time. Each retry is a new `RolloutRequest` of the same rollout
+(`RolloutRequest.rid`), its attempt counted up and its last error kept.
 
 Kept apart from the orchestrator (`raygrpo.driver.orchestrator`), which queues, dispatches and settles these requests,
 so that what a request is and when it gets another attempt read in one place, and so that callers which only make
@@ -19,6 +20,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from raygrpo.core.outcome import without_ids
 from raygrpo.core.types import Status, TaskRef, Trajectory
 from raygrpo.driver.copies import RolloutId
 
@@ -60,10 +62,10 @@ def make_groups(tasks: Iterable[TaskRef], group_size: int, min_version: int = 0)
 
 def should_retry(request: RolloutRequest, traj: Trajectory, max_retries: int) -> bool:
     """Whether to run a failed attempt again: an infrastructure failure, retries left, and not the same failure as
-    the attempt before it."""
+    the attempt before it (the same message but for its ids: each attempt has a session or sandbox of its own)."""
     if not traj.status.is_infra_failure or request.attempt >= max_retries:
         return False
-    if request.last_error is not None and traj.error == request.last_error:
+    if request.last_error is not None and without_ids(traj.error or "") == without_ids(request.last_error):
         logger.info("%s/%s failed again as before (%s); not retried", request.task.env, request.task.index,
                     traj.error)
         return False
