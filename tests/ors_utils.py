@@ -15,8 +15,22 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from openreward.environments import Environment, JSONObject, TextBlock, ToolOutput, tool
-from pydantic import BaseModel
+from openreward.environments import (
+    Environment,
+    ImageBlock,
+    JSONObject,
+    ListToolsOutput,
+    Message,
+    ReasoningBlock,
+    TextBlock,
+    ToolCallBlock,
+    ToolOutput,
+    ToolResultBlock,
+    ToolSpec,
+    terminal,
+    tool,
+)
+from pydantic import BaseModel, Field
 
 from raygrpo.envs.ors.server import RunningORSServer, serve_environments
 from raygrpo.policy.base import GenerationContext
@@ -209,6 +223,154 @@ class SecretEnvironment(Environment):
         ok = bool(type(self).received) and "probe_token" in type(self).received[-1]
         return ToolOutput(blocks=[TextBlock(text="present" if ok else "absent")], reward=1.0 if ok else 0.0,
                           finished=True)
+
+
+class EmptySplitEnvironment(Environment):
+    """Split `train` has no tasks (a dataset that failed to load, say); split `dev` has one."""
+
+    @classmethod
+    def list_splits(cls) -> list[str]:
+        return ["train", "dev"]
+
+    @classmethod
+    def list_tasks(cls, split: str) -> list[JSONObject]:
+        return [{"n": 0}] if split == "dev" else []
+
+    def get_prompt(self) -> list[TextBlock]:
+        return [TextBlock(text="Nothing to do.")]
+
+    @tool
+    async def done(self) -> ToolOutput:
+        """End the episode."""
+        return ToolOutput(blocks=[TextBlock(text="done")], reward=1.0, finished=True)
+
+
+class FinalAnswer(BaseModel):
+    answer: str
+
+
+class SlowJudgeEnvironment(Environment):
+    """Answers graded by a judge that takes `judge_s` seconds (task 0: 1.5 s): the model's plain answer through the
+    `@terminal` tool `grade`, or a call to `submit`. Either finishes the episode, 1.0 for "Paris".
+
+    `graded` records, server side, each grade the judge gave (it goes on grading after a client stopped waiting).
+    """
+
+    graded: list[float] = []
+
+    @classmethod
+    def list_splits(cls) -> list[str]:
+        return ["train"]
+
+    @classmethod
+    def list_tasks(cls, split: str) -> list[JSONObject]:
+        return [{"judge_s": 1.5}]
+
+    def get_prompt(self) -> list[TextBlock]:
+        return [TextBlock(text="What is the capital of France?")]
+
+    async def _judge(self, answer: str) -> ToolOutput:
+        await asyncio.sleep(float(self.task_spec["judge_s"]))
+        reward = float("paris" in answer.lower())
+        type(self).graded.append(reward)
+        return ToolOutput(blocks=[TextBlock(text="graded")], reward=reward, finished=True)
+
+    @terminal
+    @tool
+    async def grade(self, params: FinalAnswer) -> ToolOutput:
+        """Grade the final answer."""
+        return await self._judge(params.answer)
+
+    @tool
+    async def submit(self, params: FinalAnswer) -> ToolOutput:
+        """Submit the answer."""
+        return await self._judge(params.answer)
+
+
+#: A 1x1 PNG.
+PIXEL = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
+
+
+class Measure(BaseModel):
+    value: int
+
+
+class RichConversationEnvironment(Environment):
+    """A conversation-shaped prompt (`get_messages` only) with every kind of block: text, an image, an assistant's
+    reasoning and tool call, and a user turn holding that call's result (an error, then a success)."""
+
+    @classmethod
+    def list_splits(cls) -> list[str]:
+        return ["train"]
+
+    @classmethod
+    def list_tasks(cls, split: str) -> list[JSONObject]:
+        return [{"n": 3}]
+
+    def get_messages(self) -> list[Message]:
+        return [
+            Message(role="system", blocks=[TextBlock(text="You measure things.")]),
+            Message(role="user", blocks=[TextBlock(text="Look at this:"), ImageBlock(data=PIXEL, mimeType="image/png"),
+                                         TextBlock(text="How long is it?")]),
+            Message(role="assistant", blocks=[ReasoningBlock(text="I should measure it."),
+                                              ToolCallBlock(id="c1", name="measure", input={"value": 1})]),
+            Message(role="user", blocks=[ToolResultBlock(tool_call_id="c1", blocks=[TextBlock(text="1 is wrong")],
+                                                         is_error=True),
+                                         ToolResultBlock(tool_call_id="c1", blocks=[TextBlock(text="noted")]),
+                                         TextBlock(text="Try again.")]),
+        ]
+
+    @tool
+    async def measure(self, params: Measure) -> ToolOutput:
+        """Report a length."""
+        right = params.value == self.task_spec["n"]
+        return ToolOutput(blocks=[TextBlock(text="right" if right else "wrong")], reward=float(right), finished=True)
+
+
+class Move(BaseModel):
+    source: str = Field(alias="from", description="Where the piece is.")
+    to: str = Field(description="Where it goes.")
+
+
+class QuirkyToolsEnvironment(Environment):
+    """Tools whose shapes Python does not allow, as other languages' servers (and pydantic aliases) write them: a
+    parameter named `from` (`move`), a task tool named `submit-answer`; and `screenshot`, whose output is only an
+    image."""
+
+    def __init__(self, task_spec: JSONObject = {}, secrets: dict[str, str] = {}) -> None:
+        super().__init__(task_spec)
+        setattr(self, "submit-answer", self.submit_answer)  # the SDK finds a tool by getattr(env, name)
+
+    @classmethod
+    def list_splits(cls) -> list[str]:
+        return ["train"]
+
+    @classmethod
+    def list_tasks(cls, split: str) -> list[JSONObject]:
+        return [{"answer": "42"}]
+
+    def get_prompt(self) -> list[TextBlock]:
+        return [TextBlock(text="Move from a to b, then submit 42.")]
+
+    def list_task_tools(self) -> ListToolsOutput:
+        return ListToolsOutput(tools=[ToolSpec(name="submit-answer", description="Submit the answer.",
+                                               input_schema=FinalAnswer.model_json_schema())])
+
+    @tool
+    async def move(self, params: Move) -> ToolOutput:
+        """Move a piece."""
+        return ToolOutput(blocks=[TextBlock(text=f"moved {params.source} to {params.to}")])
+
+    @tool
+    async def screenshot(self) -> ToolOutput:
+        """Take a screenshot."""
+        return ToolOutput(blocks=[ImageBlock(data=PIXEL, mimeType="image/png")])
+
+    @tool(shared=False)
+    async def submit_answer(self, params: FinalAnswer) -> ToolOutput:
+        """Submit the answer (listed as `submit-answer`)."""
+        right = params.answer.strip() == self.task_spec["answer"]
+        return ToolOutput(blocks=[TextBlock(text="right" if right else "wrong")], reward=float(right), finished=True)
 
 
 # ── a minimal episode loop (the real agent loop lives in raygrpo.agent.rollout) ────────────────────────────────────────

@@ -13,14 +13,14 @@ from pydantic import ValidationError
 from raygrpo.envs.ors.listing import ORSConfigError, ORSConnectionError, list_ors_tasks
 from raygrpo.core.imports import ImportSpecError, load_object
 from raygrpo.specs.ors import ORSSpec
-from tests.ors_utils import ARITH, ECHO, closed_port, ors_server
+from tests.ors_utils import ARITH, ECHO, EmptySplitEnvironment, closed_port, ors_server
 
 pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
 def server():
-    with ors_server([ECHO, ARITH]) as running:
+    with ors_server([ECHO, ARITH, EmptySplitEnvironment]) as running:
         yield running
 
 
@@ -127,6 +127,17 @@ def test_listing_errors_name_the_field(server):
         list_ors_tasks(ORSSpec(url=server.url, indices=[0, 99]), "echo")
     with pytest.raises(ORSConfigError, match=r"envs\.x\.env_name: no environment 'nosuch'.*echoenvironment"):
         list_ors_tasks(ORSSpec(url=server.url, env_name="nosuch"), "x")
+
+
+def test_a_split_without_tasks_is_refused_naming_the_field(server):
+    """A run of no task would complete and exit 0; it is a config that does not fit the server (exit 2)."""
+    empty = r"envs\.e\.split: split 'train' has no tasks on the ORS server at http://127\.0\.0\.1:\d+/"
+    with pytest.raises(ORSConfigError, match=empty):
+        list_ors_tasks(ORSSpec(url=server.url, env_name="emptysplitenvironment"), "e")
+    with pytest.raises(ORSConfigError, match=empty):  # counted, then fetched as a range
+        list_ors_tasks(ORSSpec(url=server.url, env_name="emptysplitenvironment", num_tasks=2), "e")
+    dev = list_ors_tasks(ORSSpec(url=server.url, env_name="emptysplitenvironment", split="dev"), "e")
+    assert [(t.index, t.metadata) for t in dev] == [(0, {"n": 0})]
 
 
 def test_list_tasks_inside_a_running_loop(server):

@@ -47,7 +47,8 @@ def list_ors_tasks(spec: ORSSpec, name: str) -> list[TaskRef]:
 
     Raises:
         ORSConnectionError: The server cannot be reached (the message names the URL and the config field).
-        ORSConfigError: The server answered but the config does not fit it (split, indices, env_name, API key).
+        ORSConfigError: The server answered but the config does not fit it (split, indices, env_name, API key), or
+            the split has no tasks.
     """
     if spec.environment is not None:
         raise ORSConfigError(f"{spec.field_path(name, 'environment')}: {spec.environment!r} must be served before "
@@ -55,7 +56,10 @@ def list_ors_tasks(spec: ORSSpec, name: str) -> list[TaskRef]:
     if spec.catalog is not None and not api_key(spec):
         raise ORSConfigError(f"{spec.field_path(name, 'api_key_env')}: environment variable {spec.api_key_env} is "
                              f"not set; the catalog environment {spec.catalog!r} needs an OpenReward API key")
-    pairs = _Lister(spec, name).list()
+    lister = _Lister(spec, name)
+    pairs = lister.list()
+    if not pairs:  # a run of nothing would "complete" and exit 0
+        raise ORSConfigError(f"{spec.field_path(name, 'split')}: split {spec.split!r} has no tasks on {lister.where}")
     return [
         TaskRef(env=name, index=index, split=spec.split, metadata=dict(task) if spec.include_metadata else {})
         for index, task in pairs
