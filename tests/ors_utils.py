@@ -251,12 +251,7 @@ class FinalAnswer(BaseModel):
 
 class SlowJudgeEnvironment(Environment):
     """Answers graded by a judge that takes `judge_s` seconds (task 0: 1.5 s): the model's plain answer through the
-    `@terminal` tool `grade`, or a call to `submit`. Either finishes the episode, 1.0 for "Paris".
-
-    `graded` records, server side, each grade the judge gave (it goes on grading after a client stopped waiting).
-    """
-
-    graded: list[float] = []
+    `@terminal` tool `grade`, or a call to `submit`. Either finishes the episode, 1.0 for "Paris"."""
 
     @classmethod
     def list_splits(cls) -> list[str]:
@@ -272,7 +267,6 @@ class SlowJudgeEnvironment(Environment):
     async def _judge(self, answer: str) -> ToolOutput:
         await asyncio.sleep(float(self.task_spec["judge_s"]))
         reward = float("paris" in answer.lower())
-        type(self).graded.append(reward)
         return ToolOutput(blocks=[TextBlock(text="graded")], reward=reward, finished=True)
 
     @terminal
@@ -297,7 +291,8 @@ class Measure(BaseModel):
 
 class RichConversationEnvironment(Environment):
     """A conversation-shaped prompt (`get_messages` only) with every kind of block: text, an image, an assistant's
-    reasoning and tool call, and a user turn holding that call's result (an error, then a success)."""
+    reasoning and tool call, and a user turn holding that call's result (an error, then a success). Its tool
+    `screenshot` gives only an image."""
 
     @classmethod
     def list_splits(cls) -> list[str]:
@@ -326,6 +321,11 @@ class RichConversationEnvironment(Environment):
         right = params.value == self.task_spec["n"]
         return ToolOutput(blocks=[TextBlock(text="right" if right else "wrong")], reward=float(right), finished=True)
 
+    @tool
+    async def screenshot(self) -> ToolOutput:
+        """Take a screenshot."""
+        return ToolOutput(blocks=[ImageBlock(data=PIXEL, mimeType="image/png")])
+
 
 class Move(BaseModel):
     source: str = Field(alias="from", description="Where the piece is.")
@@ -333,9 +333,8 @@ class Move(BaseModel):
 
 
 class QuirkyToolsEnvironment(Environment):
-    """Tools whose shapes Python does not allow, as other languages' servers (and pydantic aliases) write them: a
-    parameter named `from` (`move`), a task tool named `submit-answer`; and `screenshot`, whose output is only an
-    image."""
+    """Tools named as Python does not allow, as other languages' servers (and pydantic aliases) write them: a
+    parameter named `from` (`move`), a task tool named `submit-answer`."""
 
     def __init__(self, task_spec: JSONObject = {}, secrets: dict[str, str] = {}) -> None:
         super().__init__(task_spec)
@@ -360,11 +359,6 @@ class QuirkyToolsEnvironment(Environment):
     async def move(self, params: Move) -> ToolOutput:
         """Move a piece."""
         return ToolOutput(blocks=[TextBlock(text=f"moved {params.source} to {params.to}")])
-
-    @tool
-    async def screenshot(self) -> ToolOutput:
-        """Take a screenshot."""
-        return ToolOutput(blocks=[ImageBlock(data=PIXEL, mimeType="image/png")])
 
     @tool(shared=False)
     async def submit_answer(self, params: FinalAnswer) -> ToolOutput:

@@ -175,15 +175,21 @@ async def test_tool_crash_raises_env_error_and_cleans_up(server):
     await provider.aclose()
 
 
-async def test_call_deadline_tells_the_model(server):
+async def test_a_call_past_its_deadline_ends_the_session(server):
+    """The server may still finish the episode with the call the client gave up on: nothing after it can be
+    trusted, so the session is dead (`env_error`, unscored), never a result the model reads and goes on from."""
     provider = ORSProvider(spec_for(server, "sleepenvironment", tool_timeout_s=0.5), name="sleep")
     adapter = provider.adapter()
     try:
         await adapter.start(task("sleep"))
         start = time.monotonic()
-        result = await adapter.call("nap", {"seconds": 5})
-        assert result.error and result.text == "Error: tool 'nap' did not answer within 0.5 s."
+        with pytest.raises(ORSTimeoutError, match=r"envs\.sleep\.url .*task train\[0\]: tool 'nap' did not answer "
+                                                  r"within tool_timeout_s=0\.5 s; what it did on the server is unknown"):
+            await adapter.call("nap", {"seconds": 5})
         assert time.monotonic() - start < 2
+        with pytest.raises(ORSSessionError, match=r"the session is dead \(tool 'nap' did not answer"):
+            await adapter.call("nap", {"seconds": 0})
+        assert await adapter.score() is None
         assert isinstance(ORSTimeoutError("x"), EnvError)
     finally:
         await adapter.close()

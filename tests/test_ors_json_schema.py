@@ -75,3 +75,36 @@ def test_missing_descriptions_and_unknown_types_are_refused():
 
     with pytest.raises(TypeError, match="basic types"):
         function_schema(odd)
+
+
+def test_a_parameter_named_with_a_keyword_or_no_identifier_is_kept():
+    """JSON has no identifier rule: `from` (a pydantic alias) and `file-path` are shown as they are, typed and
+    described as any other parameter (a stand-in `arg0` is not confused with a parameter of that name)."""
+    from raygrpo.envs.ors.tools import tool_schema
+
+    schema = {"type": "object", "required": ["from", "to"], "properties": {
+        "from": {"type": "string", "description": "Where from."},
+        "file-path": {"type": "string", "title": "A path"},
+        "to": {"type": "integer", "description": "Where to."},
+        "arg0": {"type": "boolean", "default": False},
+    }}
+    parameters = tool_schema("move", "Move a file.", schema)["function"]["parameters"]
+    assert json.dumps(parameters) == json.dumps({"type": "object", "properties": {
+        "from": {"type": "string", "description": "Where from."},
+        "to": {"type": "integer", "description": "Where to."},
+        "file-path": {"type": "string", "description": "A path"},
+        "arg0": {"type": "boolean", "description": "arg0"},
+    }, "required": ["from", "to"]})
+
+
+def test_a_tool_named_outside_python_identifiers_is_kept():
+    """`submit-answer`, `files.read`: the chat template and the tool-call parser take any name; TRL leaves the tool
+    out (its tools are Python methods), so the model could never call it."""
+    from raygrpo.envs.ors.tools import tool_schema, tool_schemas
+
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    dashed = tool_schema("submit-answer", "Submit.", schema)["function"]
+    assert dashed == {**tool_schema("submit_answer", "Submit.", schema)["function"], "name": "submit-answer"}
+    names = [t["function"]["name"] for t in tool_schemas([{"name": n, "description": "D.", "input_schema": None}
+                                                          for n in ("files.read", "submit-answer", "echo")])]
+    assert names == ["echo", "files.read", "submit-answer"]

@@ -26,7 +26,14 @@ from raygrpo.agent.rollout import run_rollout
 from raygrpo.specs.ors import ORSSpec
 from raygrpo.agent.toolcalls import format_tool_call
 from raygrpo.core.types import ANSWER_STEP, SamplingParams, Status, TaskRef
-from tests.ors_utils import closed_port, wait_until
+from tests.ors_utils import (
+    QuirkyToolsEnvironment,
+    RichConversationEnvironment,
+    SlowJudgeEnvironment,
+    closed_port,
+    ors_server,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -53,6 +60,13 @@ def toolbox():
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def quirks():
+    """Environments that stretch what an adapter must handle, served in-process (`tests/ors_utils.py`)."""
+    with ors_server([SlowJudgeEnvironment, RichConversationEnvironment, QuirkyToolsEnvironment]) as running:
+        yield running.url
 
 
 @pytest.fixture(scope="module")
@@ -105,16 +119,24 @@ def test_a_terminal_tool_scores_the_models_plain_answer(toolbox, renderer):
 
 
 def _tools(renderer, spec: ORSSpec) -> list[dict]:
-    async def main():
-        provider = ORSProvider(spec, name="t")
-        adapter = provider.adapter()
-        try:
-            return (await adapter.start(TaskRef(env="t", index=0))).tools
-        finally:
-            await adapter.close()
-            await provider.aclose()
+    return _tools_of(renderer, spec, 0)
 
-    return asyncio.run(main())
+
+# ── deadlines ────────────────────────────────────────────────────────────────────────────────────────────────────
+
+
+def test_a_tool_call_past_its_deadline_leaves_the_rollout_unscored(quirks, renderer):
+    """A judge slower than `tool_timeout_s` may still grade and finish the episode on the server: the rollout is
+    unscored (`env_error`, naming the tool), never a `no_answer` 0.0 for a right answer."""
+    slow = _spec(quirks, "slowjudgeenvironment", tool_timeout_s=0.5)
+    answered = _rollout(renderer, slow, ["Paris"])  # through the @terminal tool
+    submitted = _rollout(renderer, slow, [_call("submit", answer="Paris"), _call("submit", answer="Paris")])
+    for traj, tool in [(answered, "grade"), (submitted, "submit")]:
+        assert (traj.status, traj.reward) == (Status.ENV_ERROR, None)
+        assert f"tool '{tool}' did not answer within tool_timeout_s=0.5 s" in traj.error
+    assert submitted.turns == 1  # no turn after it: the second submit is never written, nor sent
+    patient = _rollout(renderer, _spec(quirks, "slowjudgeenvironment", tool_timeout_s=10), ["Paris"])
+    assert (patient.status, patient.reward) == (Status.OK, 1.0)
 
 
 # ── rewards ──────────────────────────────────────────────────────────────────────────────────────────────────────
@@ -185,11 +207,68 @@ def test_prompt_roles_images_unicode_and_task_tools(toolbox, renderer):
 
 
 def _tools_of(renderer, spec: ORSSpec, index: int) -> list[dict]:
+    return _observation(spec, index).tools
+
+
+def test_a_conversations_rich_blocks_are_shown_as_the_sdk_flattens_them(quirks, renderer):
+    """Reasoning, tool calls and tool results of a `get_messages` prompt are text, as the SDK's `flatten_messages`
+    writes them for a `get_prompt` reader: the same text TRL's integration reads, turn by turn."""
+    from trl.experimental.openreward.environment import _join_text_blocks
+
+    from raygrpo.envs.ors.client import make_client, sdk_environment
+
+    spec = _spec(quirks, "richconversationenvironment")
+    ours = _observation(spec, 0).messages
+    assert ours == [
+        {"role": "system", "content": "You measure things."},
+        {"role": "user", "content": "Look at this:\nHow long is it?"},
+        {"role": "assistant", "content": '<think>I should measure it.</think>\n[tool_call measure] {"value": 1}'},
+        {"role": "user", "content": "[tool_result (error)]\n1 is wrong\n[tool_result]\nnoted\nTry again."},
+    ]
+    client = make_client(spec, sync=True)
+    try:
+        with sdk_environment(spec, client).session(split="train", index=0) as session:
+            theirs = _join_text_blocks(session.get_prompt())  # TRL's reset(): the flattened conversation's text
+    finally:
+        client.close()
+    assert "\n".join(f"[{m['role']}]\n{m['content']}" for m in ours) == theirs
+    placeholder = _observation(_spec(quirks, "richconversationenvironment", image_blocks="placeholder"), 0)
+    assert placeholder.messages[1]["content"] == "Look at this:\n[image]\nHow long is it?"
+
+
+def test_a_tool_whose_output_is_only_an_image_says_no_output(quirks, renderer):
+    """No blank tool message: `(no output)`, as TRL's integration says it (`[image]` when images are shown)."""
+    turns = [_call("screenshot"), _call("measure", value=3)]
+    traj = _rollout(renderer, _spec(quirks, "richconversationenvironment"), turns)
+    assert (traj.status, traj.reward) == (Status.OK, 1.0)
+    assert [(m["name"], m["content"]) for m in traj.messages if m["role"] == "tool"] == [
+        ("screenshot", "(no output)"), ("measure", "right")]
+    shown = _rollout(renderer, _spec(quirks, "richconversationenvironment", image_blocks="placeholder"), turns[:1])
+    assert [m["content"] for m in shown.messages if m["role"] == "tool"] == ["[image]"]
+
+
+def test_tools_python_cannot_name_are_shown_and_work(quirks, renderer):
+    """A parameter named `from` (a pydantic alias) and a task tool named `submit-answer` are shown and called (TRL
+    cannot bind them as methods, and leaves them out)."""
+    spec = _spec(quirks, "quirkytoolsenvironment")
+    tools = {t["function"]["name"]: t["function"] for t in _observation(spec, 0).tools}
+    assert list(tools) == ["move", "submit-answer"]
+    assert tools["move"]["parameters"] == {
+        "type": "object", "required": ["from", "to"],
+        "properties": {"from": {"type": "string", "description": "Where the piece is."},
+                       "to": {"type": "string", "description": "Where it goes."}}}
+    traj = _rollout(renderer, spec, [_call("move", **{"from": "a", "to": "b"}), _call("submit-answer", answer="42")])
+    assert (traj.status, traj.reward) == (Status.OK, 1.0)
+    assert [(m["name"], m["content"]) for m in traj.messages if m["role"] == "tool"] == [
+        ("move", "moved a to b"), ("submit-answer", "right")]
+
+
+def _observation(spec: ORSSpec, index: int):
     async def main():
         provider = ORSProvider(spec, name="t")
         adapter = provider.adapter()
         try:
-            return (await adapter.start(TaskRef(env="t", index=index))).tools
+            return await adapter.start(TaskRef(env="t", index=index))
         finally:
             await adapter.close()
             await provider.aclose()

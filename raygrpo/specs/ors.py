@@ -65,8 +65,9 @@ class ORSSpec(EnvSpecBase):
             Deadline for opening a session and fetching its prompt and tools. A session that misses it is an
             `env_error` (retried).
         tool_timeout_s (`float`, *optional*, defaults to `60.0`):
-            Deadline of one tool call. A call that misses it is answered to the model as an error (the episode goes
-            on; the server may still be running the call).
+            Deadline of one tool call, the `@terminal` tool's included. A call that misses it ends the rollout as an
+            `env_error` naming the tool (retried): the server may still be running the call, and finish the episode
+            with it, out of sight.
         close_timeout_s (`float`, *optional*, defaults to `30.0`):
             Deadline for closing a session (deleting it on the server); past it the server's idle reaper gets it.
         reward_mode (`Literal["final", "sum", "last"]`, *optional*, defaults to `"final"`):

@@ -2,8 +2,9 @@
 
 Built on the openreward SDK's async client. Every SDK call runs under a deadline given from outside, failures are
 sorted into "tell the model" (`ToolResult(error=True)`: unknown tool, refused call, bad arguments) and "the session is
-dead" (`EnvError`: tool crashed on the server, session gone, server unreachable, deadline passed), and `close()`
-always leaves the SDK's session context so the server deletes the session.
+dead" (`EnvError`: tool crashed on the server, session gone, server unreachable, deadline passed: a tool call past
+`tool_timeout_s` too, since it may still finish the episode on the server), and `close()` always leaves the SDK's
+session context so the server deletes the session.
 
 Keepalive: while a session is open the SDK pings it every 10 s. The ping requests run on the SDK's own process-wide
 thread and loop (`openreward.api._session.ping.ping_thread`); the session's ping supervisor is a task on the loop that
@@ -21,7 +22,7 @@ from typing import Any
 from raygrpo.envs.base import EnvError, refuse_call
 from raygrpo.envs.live import LiveAdapter, LiveAdapters
 from raygrpo.envs.ors.client import api_key, make_client, sdk_environment
-from raygrpo.envs.ors.tools import blocks_text, chat_messages, tool_schemas
+from raygrpo.envs.ors.tools import chat_messages, tool_output_text, tool_schemas
 from raygrpo.core.errors import describe, first_line
 from raygrpo.specs.ors import ORSSpec
 from raygrpo.core.types import Observation, TaskRef, ToolResult
@@ -175,8 +176,10 @@ class ORSAdapter(LiveAdapter):
     (`raygrpo.envs.ors.tools`); an environment's `@terminal` tool is hidden and receives the model's final plain
     answer (`answer`). `score()` is the episode's reward by the spec's `reward_mode` (by default the reward of the
     call that finished the episode; None when it finished without one, or did not finish). A refused call (unknown
-    tool, arguments that fail validation, calls after the episode finished) or one that passes `tool_timeout_s` comes
-    back as `ToolResult(error=True)` and the session lives on; a dead session raises `EnvError` (`ORSSessionError`).
+    tool, arguments that fail validation, calls after the episode finished) comes back as `ToolResult(error=True)`
+    and the session lives on; a dead session raises `EnvError` (`ORSSessionError`), and so does a call that passes
+    `tool_timeout_s` (`ORSTimeoutError`): the server may still be running it, and what it does there (finish the
+    episode, with a reward) is out of sight, so the episode cannot be scored.
 
     Args:
         provider: The provider whose client (and event loop) this adapter uses; the deadlines come from its spec.
@@ -253,12 +256,12 @@ class ORSAdapter(LiveAdapter):
         """Run one tool call under the spec's `tool_timeout_s`.
 
         Unknown tools and non-object arguments are refused here without a request; the server's refusals
-        (`ToolCallError`: argument validation, episode already finished) and a call past its deadline come back as
-        error results too.
+        (`ToolCallError`: argument validation, episode already finished) come back as error results too.
 
         Raises:
             ORSSessionError: The session is dead: the tool raised on the server (`ToolFailed`), the session is gone
                 (`SessionTerminatedError`, HTTP 404/410), or the connection failed.
+            ORSTimeoutError: The call passed `tool_timeout_s`; the session is dead from then on.
         """
         if self._closed:
             raise ORSSessionError(f"{self.label}: call() after close()")
@@ -274,13 +277,20 @@ class ORSAdapter(LiveAdapter):
     async def answer(self, text: str) -> ToolResult | None:
         """Route the model's final plain answer to the environment's `@terminal` tool, if it has one; its reward and
         `finished` are the episode's. None when the environment has no terminal tool (the answer just ends the
-        episode)."""
+        episode).
+
+        Raises:
+            ORSSessionError: As `call` (`ORSTimeoutError`: the judge behind the terminal tool passed `tool_timeout_s`).
+        """
         if self.terminal_tool is None or self._session is None or self._dead is not None:
             return None
         return await self._step(self._session.call_terminal_tool(text), self.terminal_tool.name)
 
     async def _step(self, call: Any, name: str) -> ToolResult:
-        """Await one tool call under `tool_timeout_s` and record its reward."""
+        """Await one tool call under `tool_timeout_s` and record its reward.
+
+        A call past its deadline ends the session: the server may go on with it (a judge grades, the episode
+        finishes), so neither a result nor a reward of this session can be told apart from what it did unseen."""
         from openreward.api.errors import ToolCallError
 
         timeout = self.spec.tool_timeout_s
@@ -290,14 +300,16 @@ class ORSAdapter(LiveAdapter):
         except ToolCallError as exc:
             return ToolResult(text=f"Error: {exc.detail}", error=True)
         except TimeoutError:
-            return ToolResult(text=f"Error: tool {name!r} did not answer within {timeout:g} s.", error=True)
+            self._dead = (f"tool {name!r} did not answer within tool_timeout_s={timeout:g} s; what it did on the server "
+                          "is unknown, so the episode cannot be scored (raise tool_timeout_s for a slow tool)")
+            raise ORSTimeoutError(f"{self.label}: {self._dead}") from None
         reward = None if out.reward is None else float(out.reward)
         if reward is not None:
             self._rewards.append(reward)
         if out.finished and not self._finished:
             self._finished, self._final = True, reward
         metadata = out.metadata if isinstance(out.metadata, dict) else None
-        return ToolResult(text=blocks_text(out.blocks, self.spec.image_blocks), reward=reward,
+        return ToolResult(text=tool_output_text(out.blocks, self.spec.image_blocks), reward=reward,
                           finished=bool(out.finished), metadata=metadata)
 
     async def score(self) -> float | None:
