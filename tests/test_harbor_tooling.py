@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from raygrpo.envs.harbor import verify_missing
 from raygrpo.envs.harbor.tooling import probe_command, read_probe, scan_test_script
 
 pytestmark = pytest.mark.timeout(30)
@@ -270,3 +271,19 @@ def test_scripts_of_another_interpreter_need_only_it_and_urls_must_be_written_ou
     assert needs.urls == ["https://a.b/c"] and needs.commands == ["curl", "bash", "wget"]
     needs = scan_test_script('uvx --with "$SPEC" --with rich==13.0 pytest -q\n')
     assert needs.packages == ["rich==13.0", "pytest"] and needs.via_uvx
+
+
+def test_bash_s_line_for_a_path_it_cannot_run_is_read_for_the_path(tmp_path):
+    """Bash prints `<script>: line N: /path: No such file or directory` for a command given by a path it cannot
+    run; `verify_missing` reads the paths off such lines (a `cd` or a missing interpreter is not one)."""
+    script = tmp_path / "test.sh"
+    script.write_text("#!/bin/bash\n/opt/raygrpo-no-such/bin/pytest -q\ncd /opt/raygrpo-no-such\n"
+                      "bash -c /opt/raygrpo-no-such/tool\ncat /opt/raygrpo-no-such/file\n")
+    output = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=20).stderr
+    (tmp_path / "out.txt").write_text(output + "/tests/test.sh: line 3: /x/y: /bin/nope: bad interpreter: "
+                                               "No such file or directory\n")
+    found = subprocess.run(["sed", "-n", verify_missing.MISSING_PATHS, str(tmp_path / "out.txt")],
+                           capture_output=True, text=True, timeout=20).stdout.split()
+    assert found == ["/opt/raygrpo-no-such/bin/pytest", "/opt/raygrpo-no-such/tool"], output
+    assert verify_missing.OUTPUT == "/logs/verifier/test-stdout.txt"
+    assert verify_missing.MISSING_PATHS in verify_missing.read_command().replace("'", "")

@@ -198,6 +198,28 @@ async def test_a_missing_command_the_verifier_never_ran_into_does_not_set_its_ve
     await nothing_left(root)
 
 
+BY_PATH = """#!/bin/bash
+if /opt/tools/check-out; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
+"""
+
+
+async def test_a_tool_run_by_its_path_missing_at_start_is_a_verifier_error(renderer, root, tmp_path):
+    """Bash never calls `command_not_found_handle` for a path: its own `No such file or directory` line for a path
+    the probe found missing is what confirms it (a venv's `/opt/verifier-venv/bin/pytest` a skipped `RUN` did not
+    make). Where the image has the tool, a wrong answer keeps its 0.0."""
+    for name, provided in (("missing", False), ("there", True)):
+        checker_task(tmp_path / name, "t", provided=provided)
+        (tmp_path / name / "t" / "tests" / "test.sh").write_text(BY_PATH)
+    broken = await rollout(spec_for(tmp_path / "missing", root), renderer, bash_script("echo ok > /app/out.txt"))
+    assert broken.status.value == "verifier_error" and broken.reward is None, broken.verifier
+    assert "before the model acted: the command `/opt/tools/check-out`;" in broken.error
+    assert broken.verifier["missing_at_verify"] == ["/opt/tools/check-out"]
+    assert "/opt/tools/check-out: No such file or directory" in broken.verifier["output_tail"]
+    wrong = await rollout(spec_for(tmp_path / "there", root), renderer, bash_script("echo no > /app/out.txt"))
+    assert wrong.status.value == "ok" and wrong.reward == 0.0 and "tooling_missing" not in wrong.verifier
+    await nothing_left(root)
+
+
 # ── the local backend's verifier toolbox ──────────────────────────────────────────────────────────────────────────
 
 PYTEST_CTRF = """#!/bin/bash

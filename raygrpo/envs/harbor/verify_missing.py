@@ -1,5 +1,5 @@
 """The commands the verifier's shell could not find while it ran: bash's own `command_not_found_handle`, and the
-`command not found` lines of `test.sh`'s output.
+`command not found` (and, for a path, `No such file or directory`) lines of `test.sh`'s output.
 
 The pre-agent probe (`raygrpo.envs.harbor.tooling`) reads `test.sh` to find the commands it runs; a reading that
 takes a word for a command (`2>&1` as a command `1`, a `python3 -c` body's `import`) and finds it missing would set a
@@ -11,7 +11,10 @@ Bash calls `command_not_found_handle` for every command it cannot find, in the s
 `bash` processes it starts (`BASH_ENV` names the file defining it, which every non-interactive bash reads first):
 the handler appends the name to a record, then prints bash's own message and returns 127, as bash would. A script
 run by `sh` (dash) has no such hook; its `cmd: not found` lines in the output are read instead
-(`raygrpo.envs.harbor.missing_commands`), as are bash's.
+(`raygrpo.envs.harbor.missing_commands`), as are bash's. Nor does bash call the handler for a command given by its
+path (`/opt/verifier-venv/bin/pytest`): it prints `test.sh: line 9: /opt/verifier-venv/bin/pytest: No such file or
+directory` and returns 127, so the paths in such lines of the whole output of `test.sh` are read with the record
+(a redirection to a missing folder prints the same line, but only a path the probe found missing counts).
 """
 
 from __future__ import annotations
@@ -22,6 +25,11 @@ import shlex
 WATCH_DIR = "/tmp/.raygrpo-verify"
 HANDLER = f"{WATCH_DIR}/command-not-found.sh"
 RECORD = f"{WATCH_DIR}/missing"
+#: Where `test.sh`'s stdout and stderr are in the sandbox (Harbor's `EnvironmentPaths.verifier_dir` and
+#: `TrialPaths.test_stdout_path`'s name, on Linux).
+OUTPUT = "/logs/verifier/test-stdout.txt"
+#: `sed` program printing the path of each of bash's `<script>: line N: /path: No such file or directory` lines.
+MISSING_PATHS = r"s#^.*: line [0-9][0-9]*: \(/[^[:space:]:]*\): No such file or directory$#\1#p"
 _HANDLER_TEXT = f"""command_not_found_handle() {{
   printf '%s\\n' "$1" >> {RECORD} 2>/dev/null
   printf 'bash: %s: command not found\\n' "$1" >&2
@@ -43,8 +51,9 @@ def watched(command: str) -> str:
 
 
 def read_command() -> str:
-    """The command that prints the record (one command name a line; nothing when none was missed)."""
-    return f"cat {RECORD} 2>/dev/null; true"
+    """The command that prints the record and the paths bash could not run (one a line; nothing when none was
+    missed)."""
+    return f"cat {RECORD} 2>/dev/null; sed -n {shlex.quote(MISSING_PATHS)} {OUTPUT} 2>/dev/null; true"
 
 
 def read_record(stdout: str | None) -> list[str]:
