@@ -273,6 +273,48 @@ def test_scripts_of_another_interpreter_need_only_it_and_urls_must_be_written_ou
     assert needs.packages == ["rich==13.0", "pytest"] and needs.via_uvx
 
 
+# What test.sh `pip install`s -> the specs checked in the sandbox's python3 (`pip_packages`).
+PIP_INSTALLS = {
+    "pip": ("pip install pytest==8.4.1 numpy==1.26.4\npytest /tests/t.py\n", ["pytest==8.4.1", "numpy==1.26.4"]),
+    "pip3, options, ranges, extras": ('pip3 install -q --no-cache-dir -U "pandas[excel]==2.1.0" "scipy>=1.10" rich\n',
+                                      ["pandas==2.1.0", "scipy", "rich"]),
+    "python3 -m pip": ("python3 -m pip install --break-system-packages numpy==1.26.4\n", ["numpy==1.26.4"]),
+    "uv pip": ("uv pip install --system polars==1.0.0\n", ["polars==1.0.0"]),
+    "sudo, pip's own options, an index": (
+        "sudo pip --disable-pip-version-check install -i https://x/simple rich==13.0\n", ["rich==13.0"]),
+    "paths, URLs, archives, -r, -e, expansions": (
+        'pip install -r /tests/req.txt -e /app ./pkg /tmp/a.whl git+https://x/y.git "$PKG" pkg@https://x/p.zip\n', []),
+    "into another environment": ("pip install --target /tmp/lib numpy\npip install --prefix=/opt/p scipy\n", []),
+    "into a venv the script makes": ("python3 -m venv /tmp/v\nsource /tmp/v/bin/activate\npip install numpy\n", []),
+    "into uv's venv": ("uv venv\nuv pip install numpy\n", []),
+    "not an install": ("pip download numpy\npip show pytest\npip list\n", []),
+}
+
+
+@pytest.mark.parametrize("script, specs", PIP_INSTALLS.values(), ids=PIP_INSTALLS.keys())
+def test_what_test_sh_pip_installs_is_read_as_its_requirements(script, specs):
+    needs = scan_test_script(script)
+    assert needs.pip_packages == specs and needs.unread == []
+
+
+def test_pip_installed_packages_are_checked_in_python3_even_where_uvx_brings_its_own(tmp_path):
+    """Online, uvx's `--with` specs are uvx's to download; what test.sh pip-installs is checked in the python3 the
+    tests run (here: this interpreter), named when missing or at another version."""
+    import pytest as this_pytest
+
+    needs = scan_test_script("uvx --with nosuch-with-spec==1.0 pytest -q\n"
+                             "pip install pytest==0.0.1 raygrpo-no-such-dist\n")
+    assert needs.via_uvx and needs.packages == ["nosuch-with-spec==1.0", "pytest"]
+    assert needs.pip_packages == ["pytest==0.0.1", "raygrpo-no-such-dist"]
+    (tmp_path / "python3").write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    (tmp_path / "python3").chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    out = subprocess.run(["bash", "-c", probe_command(needs)], env=env, capture_output=True, text=True, timeout=20)
+    assert [p for p in read_probe(out.stdout) if "package" in p] == [
+        f"the Python package `pytest==0.0.1` (found {this_pytest.__version__})",
+        "the Python package `raygrpo-no-such-dist`"], out
+
+
 def test_bash_s_line_for_a_path_it_cannot_run_is_read_for_the_path(tmp_path):
     """Bash prints `<script>: line N: /path: No such file or directory` for a command given by a path it cannot
     run; `verify_missing` reads the paths off such lines (a `cd` or a missing interpreter is not one)."""

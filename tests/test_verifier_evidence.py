@@ -220,6 +220,60 @@ async def test_a_tool_run_by_its_path_missing_at_start_is_a_verifier_error(rende
     await nothing_left(root)
 
 
+def demo_wheel(folder) -> None:
+    """`raygrpo_demo-1.0-py3-none-any.whl` (module `raygrpo_demo`) in `folder`, for `pip install --no-index`."""
+    import base64
+    import hashlib
+    import zipfile
+
+    files = {"raygrpo_demo/__init__.py": "VALUE = 1\n",
+             "raygrpo_demo-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: raygrpo-demo\nVersion: 1.0\n",
+             "raygrpo_demo-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\n"
+                                                 "Tag: py3-none-any\n"}
+
+    def digest(text: str) -> str:
+        return base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+
+    record = "".join(f"{path},sha256={digest(text)},{len(text.encode())}\n" for path, text in files.items())
+    files["raygrpo_demo-1.0.dist-info/RECORD"] = record + "raygrpo_demo-1.0.dist-info/RECORD,,\n"
+    folder.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(folder / "raygrpo_demo-1.0-py3-none-any.whl", "w") as wheel:
+        for path, text in files.items():
+            wheel.writestr(path, text)
+
+
+PIP_IN_TEST = """#!/bin/bash
+python3 -m pip install --user --break-system-packages --no-index --find-links /tests/wheels raygrpo-demo==1.0
+if python3 -c "import raygrpo_demo" && [ "$(cat /app/out.txt 2>/dev/null)" = ok ]; then
+  echo 1 > /logs/verifier/reward.txt
+else
+  echo 0 > /logs/verifier/reward.txt
+fi
+"""
+
+
+@pytest.mark.skipif(subprocess.run(["/usr/bin/python3", "-m", "pip", "--version"], capture_output=True).returncode != 0,
+                    reason="the host's /usr/bin/python3 (the sandbox's without the toolbox) has no pip")
+async def test_a_package_test_sh_pip_installs_counts_only_when_its_install_fails(renderer, root, tmp_path):
+    """A package test.sh `pip install`s is checked in the sandbox's python3 before the model acts, like a `--with`
+    spec: missing, and still missing after the verifier ran (its install failed), it is `verifier_error` naming it;
+    installed by test.sh, a wrong answer keeps its 0.0."""
+    for name in ("installs", "fails"):
+        make_task(tmp_path / name, "t", test_sh=PIP_IN_TEST)
+    demo_wheel(tmp_path / "installs" / "t" / "tests" / "wheels")
+    bare = {"environment_kwargs": {"toolbox": False}}  # the host's python3, whose pip can install for the user
+    installs = spec_for(tmp_path / "installs", root, **bare)
+    wrong = await rollout(installs, renderer, bash_script("echo no > /app/out.txt"))
+    assert wrong.status.value == "ok" and wrong.reward == 0.0, wrong.error
+    assert wrong.verifier["tooling_missing"] == ["the Python package `raygrpo-demo==1.0`"]
+    right = await rollout(installs, renderer, bash_script("echo ok > /app/out.txt"))
+    assert right.reward == 1.0, right.verifier
+    failed = await rollout(spec_for(tmp_path / "fails", root, **bare), renderer, bash_script("echo ok > /app/out.txt"))
+    assert failed.status.value == "verifier_error" and failed.reward is None
+    assert "before the model acted: the Python package `raygrpo-demo==1.0`;" in failed.error
+    await nothing_left(root)
+
+
 # ── the local backend's verifier toolbox ──────────────────────────────────────────────────────────────────────────
 
 PYTEST_CTRF = """#!/bin/bash

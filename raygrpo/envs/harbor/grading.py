@@ -27,8 +27,8 @@ from raygrpo.envs.base import EnvError, RewardMissingError
 from raygrpo.envs.harbor.rewards import reduce_rewards
 from raygrpo.envs.harbor.sandbox import HarborSandbox
 from raygrpo.envs.harbor.separate import collect_artifacts, place_artifacts, verifier_definition, verifier_task
-from raygrpo.envs.harbor.tooling import probe_commands
-from raygrpo.envs.harbor.verify import VerifierEvidence, gather, missing_at_verify, run_verifier
+from raygrpo.envs.harbor.tooling import package_check_command, probe_commands, probe_packages, read_probe
+from raygrpo.envs.harbor.verify import GATHER_TIMEOUT_S, VerifierEvidence, gather, missing_at_verify, run_verifier
 
 if TYPE_CHECKING:
     from harbor.environments.base import BaseEnvironment
@@ -125,9 +125,11 @@ class EpisodeGrading:
     async def _check_tooling(self, evidence: VerifierEvidence, reward: float | None,
                              cause: BaseException | None = None) -> None:
         """The verdict stands unless the probe at start showed the verifier's tooling missing and the verifier then
-        did not award full reward: then it is not the model's (`VerifierError`, status `verifier_error`). A missing
-        command counts only when the verifier's shell also failed to find it while it ran
-        (`raygrpo.envs.harbor.verify_missing`): a word the probe took for a command never sets a verdict aside."""
+        did not award full reward: then it is not the model's (`VerifierError`, status `verifier_error`). What the
+        probe found counts only when the verifier lacked it too: a command when its shell also failed to find it
+        while it ran (`raygrpo.envs.harbor.verify_missing`: a word the probe took for a command never sets a verdict
+        aside), a Python package when it is still missing after it ran (test.sh's own `pip install` may have put it
+        there)."""
         if not self._tooling_missing or (reward is not None and reward >= 1.0):
             return
         missing = list(self._tooling_missing)
@@ -139,12 +141,39 @@ class EpisodeGrading:
             if unconfirmed:
                 logger.info("%s: the probe found %s missing before the model acted, but the verifier's shell did "
                             "not miss it: not held against the verdict", self.label, ", ".join(unconfirmed))
+        packages = probe_packages(missing)
+        if packages:
+            provided = set(packages) - set(probe_packages(await self._packages_missing_now(packages)))
+            missing = [m for m in missing if not set(probe_packages([m])) & provided]
+            if provided:
+                logger.info("%s: the probe found %s missing before the model acted, but it was there after the "
+                            "verifier ran: not held against the verdict", self.label, ", ".join(sorted(provided)))
         if not missing:
             return
         verdict = f"reward {reward:g}" if reward is not None else "no reward"
         raise VerifierError(
             f"{self.label}: the verifier's tooling was missing before the model acted: "
             f"{', '.join(missing)}; its verdict ({verdict}) is not the model's") from cause
+
+    async def _packages_missing_now(self, specs: list[str]) -> list[str]:
+        """What of the package `specs` the sandbox's `python3` lacks now, checked as the probe checked them (as the
+        task's verifier user), in `read_probe`'s phrases. When the check cannot run, every spec counts as missing:
+        the probe showed them missing before the model acted, and only a check that finds them sets that aside."""
+        everything = [f"the Python package `{spec}`" for spec in specs]
+        if self.env is None or self.harbor_task is None:
+            return everything
+        try:
+            with self.env.with_default_user(self.harbor_task.config.verifier.user):
+                result = await self.env.exec(package_check_command(specs), timeout_sec=int(GATHER_TIMEOUT_S))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the probe's finding stands without the check
+            logger.warning("%s: could not check the verifier's Python packages again: %s", self.label, describe(exc))
+            return everything
+        found = read_probe(result.stdout or "")
+        if result.return_code != 0 or "the command `python3`" in found:
+            return everything
+        return found
 
     async def _score(self, evidence: VerifierEvidence) -> float:
         from harbor.verifier.verifier import RewardFileEmptyError, RewardFileNotFoundError, VerifierOutputParseError

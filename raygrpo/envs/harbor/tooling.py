@@ -4,10 +4,11 @@ A verifier whose tooling is missing writes a reward of 0.0 (`pytest: command not
 else echo 0`), exactly what a wrong answer writes. Such a 0.0 may only be set aside when the tooling was shown
 missing *before the model acted* (the model could otherwise delete pytest to turn its wrong answers into retries):
 `scan_test_script` reads what the script relies on, `probe_command` checks it in the freshly started sandbox, and
-the verdict is `verifier_error` only when that probe found something missing and the verifier then did not award
-full reward. A command reported missing that the script does not run would set a real verdict aside, so the script
-is parsed as bash parses it (`raygrpo.envs.harbor.shell_words`, a tree-sitter bash grammar), not read off its tokens; what
-the grammar cannot read is left out (`ToolingNeeds.unread`), never guessed.
+the verdict is `verifier_error` only when that probe found something missing, the verifier then did not award full
+reward, and it lacked that too (`raygrpo.envs.harbor.grading`: bash missed the command, the package was still
+missing after `test.sh` ran). A command reported missing that the script does not run would set a real verdict
+aside, so the script is parsed as bash parses it (`raygrpo.envs.harbor.shell_words`, a tree-sitter bash grammar),
+not read off its tokens; what the grammar cannot read is left out (`ToolingNeeds.unread`), never guessed.
 
 What the scan finds:
 
@@ -17,8 +18,13 @@ What the scan finds:
   scripts (`/tests/...`, relative paths), and the programs the script installs itself (`apt-get install curl`, the uv
   installer's `uv` and `uvx`); a script whose `#!` line names another interpreter (`python3`) needs only that;
 - **python packages**: `uvx --with SPEC` specs and the tool `uvx` runs, `pytest` for `pytest`/`python -m pytest`,
-  and `pytest-json-ctrf` when `--ctrf` is passed;
+  and `pytest-json-ctrf` when `--ctrf` is passed; apart (`pip_packages`), the requirements it installs itself with
+  `pip install` (`pip3`, `python3 -m pip`, `uv pip`): those are checked in the sandbox's `python3` before the model
+  acts, and again after the verifier ran (`package_check_command`), since its own install may have provided them;
+  a `pip install` into a virtual environment the script makes, or into `--target`/`--prefix`/`--root`, is not read
+  (that `python3` is not the one checked);
 - **downloads**: the URLs `curl` and `wget` fetch (written out in full: a URL built from a variable is not checked).
+
 """
 
 from __future__ import annotations
@@ -49,6 +55,21 @@ TASK_PATHS = ("/tests/", "/solution/", "/logs/", "./", "../", "~")
 _URL = re.compile(r"https?://[^\s'\"|;&)]+")
 _PROGRAM = re.compile(r"^[A-Za-z0-9_.+-]+$|^/(usr|bin|sbin|opt)/[A-Za-z0-9_./+-]+$")
 _PYTHON = re.compile(r"^python(3(\.\d+)?)?$")
+_PIP = re.compile(r"^pip(3(\.\d+)?)?$")
+#: Options of `pip` (before `install`) and of `pip install` / `uv pip install` that take a value.
+_PIP_VALUE_OPTIONS = frozenset(
+    "-r --requirement -c --constraint -e --editable -i --index-url --extra-index-url -f --find-links --src "
+    "--platform --python-version --implementation --abi --upgrade-strategy --progress-bar --no-binary "
+    "--only-binary -C --config-settings --global-option --trusted-host --cache-dir --log --proxy --timeout "
+    "--retries --exists-action --cert --client-cert --report --root-user-action --use-feature --use-deprecated "
+    "-p --python --index --default-index --index-strategy --keyring-provider --resolution --prerelease --extra "
+    "--group --python-platform".split()
+)
+#: `pip install` options that install somewhere other than the environment of the `python3` the probe checks.
+_PIP_ELSEWHERE = frozenset("-t --target --prefix --root".split())
+#: A requirement `pip install` takes from an index: `name`, `name[extra]`, `name==1.2`, `name>=1,<2`, ...
+_REQUIREMENT = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*(?P<version>[<>=!~].*)?$")
+_PINNED = re.compile(r"^==\s*(?P<version>[A-Za-z0-9._+-]+)$")
 
 
 @dataclass
@@ -62,6 +83,8 @@ class ToolingNeeds:
         via_uvx: The packages are meant to come through `uvx` (which installs them), not the sandbox's `python3`.
         urls: What it downloads.
         installs: Programs it installs itself (not looked for before it runs).
+        pip_packages: The requirements it `pip install`s into the sandbox's `python3` (`name` or `name==version`):
+            checked there whatever `uvx` does.
         unread: The start of each part of the script the bash grammar could not read (left out of the rest).
     """
 
@@ -70,6 +93,7 @@ class ToolingNeeds:
     via_uvx: bool = False
     urls: list[str] = field(default_factory=list)
     installs: list[str] = field(default_factory=list)
+    pip_packages: list[str] = field(default_factory=list)
     unread: list[str] = field(default_factory=list)
 
 
@@ -85,7 +109,9 @@ def scan_test_script(text: str) -> ToolingNeeds:
     installs: set[str] = set()
     runs: list[str] = []
     packages: list[str] = []
+    pip_packages: list[str] = []
     urls: list[str] = []
+    in_venv = False
     for command in script.commands:
         program = command.program
         values = command.values
@@ -104,11 +130,16 @@ def scan_test_script(text: str) -> ToolingNeeds:
             packages.append("pytest")
         if "--ctrf" in values or any(v and v.startswith("--ctrf=") for v in values):
             packages.append(CTRF_PACKAGE)
+        in_venv = in_venv or _makes_venv(program, values)
+        pip = _pip_install_specs(program, values)
+        if pip:
+            pip_packages += pip
         if program is not None and _is_program(program, script.functions):
             runs.append(program)
     needs.installs = sorted(installs)
     needs.commands = list(dict.fromkeys(c for c in runs if c not in installs))
     needs.packages = _dedupe_packages(packages)
+    needs.pip_packages = [] if in_venv else _dedupe_packages(pip_packages)
     needs.urls = list(dict.fromkeys(urls))
     return needs
 
@@ -120,6 +151,69 @@ def _is_program(program: str, functions: set[str]) -> bool:
     if "/" in program and not program.startswith("/"):
         return False
     return bool(_PROGRAM.match(program))
+
+
+def _makes_venv(program: str | None, values: list[str | None]) -> bool:
+    """Whether the command makes or activates a virtual environment (`python3 -m venv`, `virtualenv`, `uv venv`,
+    `source .venv/bin/activate`): a `pip install` after it installs into a `python3` the probe does not check."""
+    if program is None:
+        return False
+    if program in ("virtualenv", "conda", "mamba", "micromamba") or (program == "uv" and values[1:2] == ["venv"]):
+        return True
+    if _PYTHON.match(program) and values[1:3] in (["-m", "venv"], ["-m", "virtualenv"]):
+        return True
+    target = values[1] if len(values) > 1 else None
+    return program in ("source", ".") and target is not None and target.rsplit("/", 1)[-1] == "activate"
+
+
+def _pip_install_specs(program: str | None, values: list[str | None]) -> list[str] | None:
+    """The requirements a `pip install` (`pip3`, `python3 -m pip`, `uv pip`) installs from an index into the
+    sandbox's `python3`, each as `package_check_command` checks it (`name`, or `name==version` when pinned); None when
+    the command is not one, or installs elsewhere (`--target`, `--prefix`, `--root`). Local paths, URLs, archives and
+    requirements built from an expansion are left out, never guessed."""
+    if program is None:
+        return None
+    if _PIP.match(program):
+        rest = values[1:]
+    elif _PYTHON.match(program) and values[1:3] == ["-m", "pip"]:
+        rest = values[3:]
+    elif program == "uv" and values[1:2] == ["pip"]:
+        rest = values[2:]
+    else:
+        return None
+    i = 0
+    while i < len(rest) and rest[i] is not None and rest[i].startswith("-"):  # pip's own options
+        i += 2 if rest[i] in _PIP_VALUE_OPTIONS else 1
+    if i >= len(rest) or rest[i] != "install":
+        return None
+    specs: list[str] = []
+    words = iter(rest[i + 1:])
+    for word in words:
+        if word is None:
+            continue
+        if word.startswith("-"):
+            if word.split("=", 1)[0] in _PIP_ELSEWHERE:
+                return None
+            if word in _PIP_VALUE_OPTIONS:
+                next(words, None)
+            continue
+        spec = _checkable(word)
+        if spec is not None:
+            specs.append(spec)
+    return specs
+
+
+def _checkable(requirement: str) -> str | None:
+    """`requirement` as the package check reads it: `name==version` when pinned to one version, else `name`; None
+    for what is not a requirement from an index (a path, a URL, an archive, `name @ url`)."""
+    if "/" in requirement or ":" in requirement or "@" in requirement or requirement.endswith(
+            (".whl", ".zip", ".tar.gz", ".tgz", ".tar.bz2")):
+        return None
+    m = _REQUIREMENT.match(requirement.strip())
+    if m is None:
+        return None
+    pinned = _PINNED.match((m["version"] or "").strip())
+    return f"{m['name']}=={pinned['version']}" if pinned and "*" not in pinned["version"] else m["name"]
 
 
 def _uvx_packages(words: list[str | None]) -> list[str]:
@@ -196,12 +290,12 @@ def probe_command(needs: ToolingNeeds, *, served: tuple[str, ...] = (), check_ur
             continue
         q = shlex.quote(program)
         parts.append(f"command -v {q} >/dev/null 2>&1 || echo {shlex.quote(json.dumps({'command': program}))}")
-    if needs.packages and not (needs.via_uvx and "uvx" not in served):
-        # Installed packages must already be there: checked with the python3 the tests would run.
-        args = " ".join(shlex.quote(p) for p in needs.packages)
-        missing_python = shlex.quote(json.dumps({"command": "python3"}))
-        parts.append(f"if command -v python3 >/dev/null 2>&1; then python3 -c {shlex.quote(_PACKAGE_CHECK)} {args}; "
-                     f"else echo {missing_python}; fi")
+    # Installed packages must already be there (uvx, online, brings its own): checked with the python3 the tests
+    # would run, as are those test.sh pip-installs (its install may fail).
+    packages = [] if needs.via_uvx and "uvx" not in served else needs.packages
+    specs = _dedupe_packages(packages + needs.pip_packages)
+    if specs:
+        parts.append(package_check_command(specs))
     if check_urls:
         for url in dict.fromkeys(needs.urls):
             q = shlex.quote(url)
@@ -209,6 +303,15 @@ def probe_command(needs: ToolingNeeds, *, served: tuple[str, ...] = (), check_ur
             parts.append(f"(curl -sSfL -o /dev/null --max-time 10 -r 0-0 {q} >/dev/null 2>&1 || "
                          f"wget -q -O /dev/null -T 10 {q} >/dev/null 2>&1) || echo {note}")
     return "; ".join(parts) if parts else None
+
+
+def package_check_command(specs: list[str]) -> str:
+    """A shell command that prints one JSON line per spec (`name` or `name==version`) the sandbox's `python3` lacks
+    or has at another version, and `{"command": "python3"}` when there is no `python3`."""
+    args = " ".join(shlex.quote(p) for p in specs)
+    missing_python = shlex.quote(json.dumps({"command": "python3"}))
+    return (f"if command -v python3 >/dev/null 2>&1; then python3 -c {shlex.quote(_PACKAGE_CHECK)} {args}; "
+            f"else echo {missing_python}; fi")
 
 
 def read_probe(stdout: str) -> list[str]:
@@ -232,8 +335,14 @@ def read_probe(stdout: str) -> list[str]:
 
 
 _COMMAND_PHRASE = re.compile(r"^the command `(?P<command>.+)`$")
+_PACKAGE_PHRASE = re.compile(r"^the Python package `(?P<package>[^`]+)`( \(found .+\))?$")
 
 
 def probe_commands(phrases: list[str]) -> list[str]:
     """The commands among what `read_probe` found missing (its `the command `X`` phrases), in order."""
     return [m["command"] for m in map(_COMMAND_PHRASE.match, phrases) if m is not None]
+
+
+def probe_packages(phrases: list[str]) -> list[str]:
+    """The package specs among what `read_probe` found missing (its `the Python package `X`` phrases), in order."""
+    return [m["package"] for m in map(_PACKAGE_PHRASE.match, phrases) if m is not None]
