@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from raygrpo.envs.harbor import verify_missing
-from raygrpo.envs.harbor.tooling import probe_command, read_probe, scan_test_script
+from raygrpo.envs.harbor.tooling import probe_command, read_probe, scan_test_script, set_aside_named
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -313,6 +313,20 @@ def test_pip_installed_packages_are_checked_in_python3_even_where_uvx_brings_its
     assert [p for p in read_probe(out.stdout) if "package" in p] == [
         f"the Python package `pytest==0.0.1` (found {this_pytest.__version__})",
         "the Python package `raygrpo-no-such-dist`"], out
+
+
+def test_commands_the_instruction_names_are_the_models_to_make():
+    """A command named in the instruction's Markdown code, or as the last part of a path in it, is the model's to
+    make: not looked for. The Python runners are looked for whatever it says; plain prose names nothing."""
+    needs = scan_test_script("wordstat a\n/usr/local/bin/tally b\n/opt/verifier-venv/bin/pytest -q\npytest -q\n"
+                             "jq . x\nmake -C /app\nsort f\n")
+    instruction = ("Create an executable command `wordstat` in /app/bin, and the CLI /usr/local/bin/tally.\n"
+                   "Make sure both work; sort nothing by hand, use jq if you like.\n"
+                   "```bash\n$ wordstat notes.txt\n```\n"
+                   "The tests run `pytest` (`/opt/verifier-venv/bin/pytest -q`).\n")
+    assert set_aside_named(needs, ["Step one.", instruction]) == ["wordstat", "/usr/local/bin/tally"]
+    assert needs.commands == ["/opt/verifier-venv/bin/pytest", "pytest", "jq", "make", "sort"]
+    assert set_aside_named(scan_test_script("wordstat a\n"), ["Count words with a tool of yours."]) == []
 
 
 def test_bash_s_line_for_a_path_it_cannot_run_is_read_for_the_path(tmp_path):

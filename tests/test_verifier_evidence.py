@@ -220,6 +220,30 @@ async def test_a_tool_run_by_its_path_missing_at_start_is_a_verifier_error(rende
     await nothing_left(root)
 
 
+BUILD_IT = """#!/bin/bash
+if [ "$(wordstat /app/in.txt 2>/dev/null)" = "2 3" ]; then echo 1 > /logs/verifier/reward.txt
+else echo 0 > /logs/verifier/reward.txt; fi
+"""
+
+
+async def test_a_command_the_instruction_asks_for_is_the_models_to_make(renderer, root, tmp_path):
+    """The probe runs before the model acts, so the CLI the model is asked to make is missing then: named by the
+    instruction, it is not the verifier's tooling, and a model that does not make it gets its 0.0."""
+    make_task(tmp_path / "suite", "t", test_sh=BUILD_IT, files={"in.txt": "a b\nc\n"},
+              instruction="Create an executable command `wordstat` in `/app/bin` (on `PATH`): `wordstat FILE` prints "
+                          "the numbers of lines and words of FILE.",
+              dockerfile="FROM python:3.12-slim\nWORKDIR /app\nCOPY in.txt /app/in.txt\nRUN mkdir -p /app/bin\n"
+                         "ENV PATH=/app/bin:$PATH\n")
+    spec = spec_for(tmp_path / "suite", root)
+    noop = await rollout(spec, renderer, bash_script())
+    assert noop.status.value == "ok" and noop.reward == 0.0, noop.error
+    assert "tooling_missing" not in noop.verifier
+    made = await rollout(spec, renderer, bash_script(
+        "printf '#!/bin/bash\\necho $(wc -l < $1) $(wc -w < $1)\\n' > /app/bin/wordstat && chmod +x /app/bin/wordstat"))
+    assert made.reward == 1.0, made.verifier
+    await nothing_left(root)
+
+
 def demo_wheel(folder) -> None:
     """`raygrpo_demo-1.0-py3-none-any.whl` (module `raygrpo_demo`) in `folder`, for `pip install --no-index`."""
     import base64

@@ -25,6 +25,10 @@ What the scan finds:
   (that `python3` is not the one checked);
 - **downloads**: the URLs `curl` and `wget` fetch (written out in full: a URL built from a variable is not checked).
 
+A command the task's instruction names (`set_aside_named`: a word of its Markdown code, `wordstat` in "create the
+command `wordstat`", or the last part of a path in it, `/app/bin/wordstat`) is the model's to provide, not the
+verifier's tooling: it is not looked for, so its absence is the model's 0.0. The Python runners (`python3`, `pytest`,
+`pip`, `uv`, ...) are looked for whatever the instruction says.
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ _URL = re.compile(r"https?://[^\s'\"|;&)]+")
 _PROGRAM = re.compile(r"^[A-Za-z0-9_.+-]+$|^/(usr|bin|sbin|opt)/[A-Za-z0-9_./+-]+$")
 _PYTHON = re.compile(r"^python(3(\.\d+)?)?$")
 _PIP = re.compile(r"^pip(3(\.\d+)?)?$")
+#: The Python runners: looked for even where the instruction names them (a task never asks the model to make them).
+_RUNNER = re.compile(r"^(python(3(\.\d+)?)?|pip(3(\.\d+)?)?|pytest|py\.test|uvx?)$")
 #: Options of `pip` (before `install`) and of `pip install` / `uv pip install` that take a value.
 _PIP_VALUE_OPTIONS = frozenset(
     "-r --requirement -c --constraint -e --editable -i --index-url --extra-index-url -f --find-links --src "
@@ -70,6 +76,10 @@ _PIP_ELSEWHERE = frozenset("-t --target --prefix --root".split())
 #: A requirement `pip install` takes from an index: `name`, `name[extra]`, `name==1.2`, `name>=1,<2`, ...
 _REQUIREMENT = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*(?P<version>[<>=!~].*)?$")
 _PINNED = re.compile(r"^==\s*(?P<version>[A-Za-z0-9._+-]+)$")
+#: Markdown code in an instruction (fenced blocks and inline spans), and the absolute paths anywhere in it.
+_CODE = re.compile(r"```.*?```|`[^`\n]+`", re.DOTALL)
+_CODE_WORD = re.compile(r"[^\s`'\"<>|;&(){}=,]+")
+_ABS_PATH = re.compile(r"(?<![\w.~-])/[\w.+-]+(?:/[\w.+-]+)*")
 
 
 @dataclass
@@ -214,6 +224,23 @@ def _checkable(requirement: str) -> str | None:
         return None
     pinned = _PINNED.match((m["version"] or "").strip())
     return f"{m['name']}=={pinned['version']}" if pinned and "*" not in pinned["version"] else m["name"]
+
+
+def set_aside_named(needs: ToolingNeeds, instructions: list[str]) -> list[str]:
+    """Take the commands the task's `instructions` name out of `needs.commands` and return them: the model is asked
+    to provide them ("create the command `wordstat`"), so their absence before it acts is not the verifier's
+    tooling. Named: a word of the instructions' Markdown code, or the last part of an absolute path in them; a
+    command written as a path is named by itself or by its last part. The Python runners are never set aside."""
+    named: set[str] = set()
+    for text in instructions:
+        for code in _CODE.findall(text):
+            named.update(_CODE_WORD.findall(code.strip("`")))
+        named.update(path.rstrip(".") for path in _ABS_PATH.findall(text))  # a sentence's full stop is not part
+    named |= {word.rstrip("/").rsplit("/", 1)[-1] for word in named if "/" in word}
+    aside = [c for c in needs.commands
+             if not _RUNNER.match(c.rsplit("/", 1)[-1]) and (c in named or c.rsplit("/", 1)[-1] in named)]
+    needs.commands = [c for c in needs.commands if c not in aside]
+    return aside
 
 
 def _uvx_packages(words: list[str | None]) -> list[str]:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from raygrpo.envs.harbor import verify_missing
 from raygrpo.envs.harbor.missing_commands import missing_commands
 from raygrpo.envs.harbor.offline import SERVED, SERVED_URL_PART, install_shims, with_shims
-from raygrpo.envs.harbor.tooling import probe_command, read_probe, scan_test_script
+from raygrpo.envs.harbor.tooling import probe_command, read_probe, scan_test_script, set_aside_named
 from raygrpo.core.errors import describe
 
 if TYPE_CHECKING:
@@ -185,11 +185,18 @@ def _test_command(env: BaseEnvironment, task: Task, trial_paths: TrialPaths, ste
 async def probe_tooling(env: BaseEnvironment, task: Task, *, offline_tooling: bool = False) -> list[str]:
     """What the task's `tests/test.sh` needs and the sandbox `env` lacks, checked as the task's verifier user
     (`raygrpo.envs.harbor.tooling`); with `offline_tooling`, what the shims serve is not looked for, but what they
-    need (the packages `uvx` is asked for) is. Call it before the model acts. Empty when nothing is missing."""
+    need (the packages `uvx` is asked for) is; the commands the task's instructions name are the model's to provide,
+    not looked for (`raygrpo.envs.harbor.tooling.set_aside_named`). Call it before the model acts. Empty when nothing
+    is missing."""
     host_test = task.paths.discovered_test_path_for(env.os)
     if host_test is None:
         return []
     needs = scan_test_script(host_test.read_text(errors="replace"))
+    instructions = [task.instruction, *(task.step_instruction(step.name) for step in task.config.steps or [])]
+    named = set_aside_named(needs, instructions)
+    if named:
+        logger.info("task %s: its instruction names %s: the model's to provide, not looked for before it acts",
+                    task.name, ", ".join(f"`{c}`" for c in named))
     if offline_tooling:
         needs.urls = [u for u in needs.urls if SERVED_URL_PART not in u]
     command = probe_command(needs, served=SERVED if offline_tooling else ())
