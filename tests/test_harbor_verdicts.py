@@ -13,6 +13,9 @@ local backend and on docker.
 - `shared-name-upper` / `shared-name-lower`: one `[task] name`, named by their folders;
 - `refused-no-tests`, `refused-bad-toml`: each its own `refused` verdict; the others are judged all the same (exit 1).
 
+`tests/harbor_verdicts/tooling` (local backend): the verifier's missing tooling against the model's missing work
+(`venv-abs-pytest`, `pip-in-test`, `pip-in-test-satisfied`, `build-cli-on-path`).
+
 Also on docker: each sidecar episode leaves nothing the moment it is closed, and bash itself reports the commands
 the verifier missed (the verify-time half of the tooling rule).
 """
@@ -77,6 +80,30 @@ def test_on_the_local_backend_every_task_gets_its_verdict_and_compose_tasks_are_
     for folder in ("unpullable-sidecar-image", "sidecar-named-volume"):
         assert got[folder]["status"] == "refused" and got[folder]["cause"].startswith(LOCAL_COMPOSE), got[folder]
     assert "refused" in stdout and "zig: command not found" in stdout
+
+
+TOOLING = Path(__file__).with_name("harbor_verdicts") / "tooling"
+
+
+@over_ray[0]
+@over_ray[1]
+@pytest.mark.timeout(300)
+def test_the_verifiers_missing_tooling_and_the_models_missing_work_are_told_apart(tmp_path, monkeypatch):
+    """The verifier's tooling, missing on the local backend (a venv's pytest run by its path, a package test.sh
+    pip-installs from an index it cannot reach), is `verifier_error` naming it, never a 0.0; a command the instruction
+    asks the model to make is the model's 0.0 when it is not made, never `verifier_error`; a `pip install` of what
+    the sandbox has scores as usual."""
+    monkeypatch.setenv("RAYGRPO_SANDBOX_ROOT", str(tmp_path / "sandboxes"))
+    code, got, _ = check(TOOLING, tmp_path)
+    assert code == 1 and len(got) == 4
+    for folder in ("build-cli-on-path", "pip-in-test-satisfied"):
+        assert (got[folder]["status"], got[folder]["oracle_reward"], got[folder]["noop_reward"]) == ("ok", 1.0, 0.0), \
+            got[folder]
+    for folder, named in (("venv-abs-pytest", "the command `/opt/verifier-venv/bin/pytest`"),
+                          ("pip-in-test", "the Python package `numpy==1.26.4`")):
+        verdict = got[folder]
+        assert (verdict["oracle_status"], verdict["noop_status"]) == ("verifier_error", "verifier_error"), verdict
+        assert f"before the model acted: {named}; its verdict (reward 0) is not the model's" in verdict["cause"]
 
 
 def docker_listings() -> dict[str, list[str]]:
