@@ -209,6 +209,23 @@ def test_a_learner_that_fails_reports_its_cause_in_one_line(tmp_path):
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["interrupted"] is False
 
 
+@pytest.mark.timeout(90)
+def test_check_refuses_a_json_path_it_cannot_write_before_the_check(tmp_path):
+    """`raygrpo check ... --json DIR` used to run the whole check, then crash with IsADirectoryError."""
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rg-", dir="/tmp"))
+    (tmp_path / "results").mkdir()
+    (tmp_path / "file").write_text("")
+    for target, says in [(tmp_path / "results", "is a folder; give a file name"),
+                         (tmp_path / "file" / "check.json", "is not a folder")]:
+        proc = _cli(["check", "examples/harbor_local/tasks", "--json", str(target), "--no-progress"],
+                    env={"RAY_TMPDIR": str(ray_tmp)})
+        out, err = proc.communicate(timeout=40)
+        assert proc.returncode == 2, err
+        assert err.strip().startswith(f"raygrpo: --json {target}: ") and says in err, err
+    assert list(ray_tmp.iterdir()) == []  # the check never started
+    ray_tmp.rmdir()
+
+
 @pytest.mark.timeout(180)
 def test_exported_secret_reaches_the_environment_and_nowhere_else(tmp_path, request):
     SecretEnvironment.received.clear()

@@ -131,3 +131,50 @@ def test_vllm_engine_arguments_are_refused_where_no_vllm_engine_actor_would_read
     with pytest.raises(ConfigError) as err:
         load_config(data={"envs": {"e": {"kind": "ors", "url": "http://127.0.0.1:1"}}, "policy": policy})
     assert "policy.vllm" in str(err.value)
+
+
+@pytest.mark.parametrize("override, value", [
+    ("rollout.system_prompt=#1 rule: be brief", "#1 rule: be brief"),
+    ("rollout.system_prompt=Answer in one word #1 rule", "Answer in one word #1 rule"),
+    ("rollout.system_prompt=Be brief: answer", "Be brief: answer"),
+    ("rollout.system_prompt=- first line", "- first line"),
+    ('rollout.system_prompt="1.0"', "1.0"),
+])
+def test_a_set_value_keeps_its_hash_and_a_quoted_value_stays_a_string(override, value):
+    assert load_config(ECHO, [override]).rollout.system_prompt == value
+
+
+def test_a_quoted_set_value_is_a_string_and_flow_collections_still_parse():
+    cfg = load_config(ECHO, ['envs.echo.split="1.0"', "envs.echo.indices=[0, 3]", "train.mixture={echo: 1e-3}",
+                             "workers.num_env_actors=3", "sampling.temperature=1e-1"])
+    assert cfg.envs["echo"].split == "1.0" and cfg.envs["echo"].indices == [0, 3]
+    assert cfg.train.mixture == {"echo": 0.001} and cfg.workers.num_env_actors == 3
+    assert cfg.sampling.temperature == 0.1
+    assert load_config(ECHO, ["rollout.system_prompt='no'"]).rollout.system_prompt == "no"
+    assert load_config(ECHO, ['rollout.system_prompt="#x" ']).rollout.system_prompt == "#x"
+    with pytest.raises(ConfigError, match=r"duplicate key 'echo'"):
+        load_config(ECHO, ["train.mixture={echo: 1, echo: 2}"])
+
+
+def test_a_key_given_twice_in_a_file_is_refused_with_its_lines(tmp_path):
+    path = tmp_path / "dup.yaml"
+    path.write_text("envs:\n  echo: {url: 'http://127.0.0.1:1'}\nrollout:\n  group_size: 8\n"
+                    "sampling: {max_tokens: 64}\nrollout:\n  max_turns: 2\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    assert "duplicate key 'rollout' (first on line 3)" in str(err.value) and f'"{path}", line 6' in str(err.value)
+
+
+def test_a_config_that_is_not_utf8_is_a_clean_error_and_a_bom_is_fine(tmp_path):
+    path = tmp_path / "utf16.yaml"
+    path.write_bytes("envs: {}\n".encode("utf-16"))
+    with pytest.raises(ConfigError, match=r"utf16.yaml: not UTF-8 text \(byte 0xff at offset 0\)"):
+        load_config(path)
+    path.write_bytes(b"\xef\xbb\xbfenvs:\n  echo: {url: 'http://127.0.0.1:1'}\n")
+    assert set(load_config(path).envs) == {"echo"}
+
+
+def test_loading_leaves_the_callers_mapping_as_it_was():
+    data = {"envs": {"echo": {"kind": "ors", "url": "http://127.0.0.1:1"}}, "rollout": {"group_size": 2}}
+    load_config(data=data, overrides=["rollout.group_size=8", "envs.echo.split=test"])
+    assert data == {"envs": {"echo": {"kind": "ors", "url": "http://127.0.0.1:1"}}, "rollout": {"group_size": 2}}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -257,6 +258,21 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _unwritable(path: Path) -> str | None:
+    """Why a file cannot be written at `path` (checked before a long run, which would otherwise end in the error),
+    or None. Missing parent folders are fine: they are created."""
+    if path.is_dir():
+        return "is a folder; give a file name, e.g. check.json inside it"
+    if path.exists():
+        return None if os.access(path, os.W_OK) else "the file is not writable"
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is not a folder"
+    return None if os.access(parent, os.W_OK | os.X_OK) else f"cannot create files in {parent}"
+
+
 def _check(args: argparse.Namespace, cfg: RunConfig) -> int:
     """`raygrpo check`: the table on stdout, `--json`, exit 0 (all sound), 1 (a task is broken) or 2."""
     from rich.console import Console
@@ -266,6 +282,10 @@ def _check(args: argparse.Namespace, cfg: RunConfig) -> int:
     if not 0 <= args.pass_threshold:
         print("raygrpo: --pass-threshold must be a reward (>= 0)", file=sys.stderr)
         return 2
+    unwritable = args.json_out and _unwritable(Path(args.json_out))
+    if unwritable:
+        print(f"raygrpo: --json {args.json_out}: {unwritable}", file=sys.stderr)
+        return 2
     signal.signal(signal.SIGTERM, _terminate)
     progress = False if args.no_progress else ("bar" if sys.stderr.isatty() else "log")
     result, code = _guarded(lambda: run_check(cfg, args.pass_threshold, out_dir=args.out, progress=progress),
@@ -274,7 +294,12 @@ def _check(args: argparse.Namespace, cfg: RunConfig) -> int:
         return code
     Console(width=max(120, Console().width)).print(render_table(result))
     if args.json_out:
-        result.write(args.json_out)
+        try:
+            result.write(args.json_out)
+        except OSError as exc:
+            print(f"raygrpo: --json {args.json_out}: cannot write the verdicts: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return 1
         print(f"wrote {args.json_out}")
     if result.leaked_envs:
         print(f"raygrpo: {result.leaked_envs} sandbox(es) still alive after the check", file=sys.stderr)
