@@ -71,7 +71,7 @@ def run_config(args: argparse.Namespace, mode: str, latency_s: float, steps: int
         "sampling": {"max_tokens": args.max_tokens, "temperature": 1.0, "seed": 0},
         "rollout": {"group_size": args.group_size, "max_turns": 1, "max_total_tokens": 512},
         "workers": {"num_env_actors": 2, "max_concurrent_per_actor": args.batch},
-        "train": {"mode": mode, "max_staleness": 1, "eval_every": 0},
+        "train": {"mode": mode, **({"max_staleness": 1} if mode == "async" else {}), "eval_every": 0},
         "trainer": {
             "max_steps": steps,
             "per_device_train_batch_size": args.batch,

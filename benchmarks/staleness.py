@@ -114,8 +114,9 @@ def run_config(args: argparse.Namespace, arm: str, seed: int, model: Path):
     """The run config of one arm."""
     from raygrpo.config import load_config
 
-    train: dict[str, Any] = {"mode": "sync" if arm == "sync" else "async", "max_staleness": 2, "eval_every": 0,
-                             "save_rollouts": False}
+    train: dict[str, Any] = {"mode": "sync" if arm == "sync" else "async", "eval_every": 0, "save_rollouts": False}
+    if arm != "sync":
+        train["max_staleness"] = 2  # sync mode reads none
     if arm in ("none", "behaviour"):
         train.update(off_policy={"mode": "none"}, behaviour_ratio=arm == "behaviour")
     elif arm in ("tis", "mis"):

@@ -196,17 +196,37 @@ def test_one_failure_in_many_still_exits_0(tmp_path):
 
 @pytest.mark.timeout(240)
 def test_a_learner_that_fails_reports_its_cause_in_one_line(tmp_path):
-    """The learner fails building its trainer (a batch that is no multiple of the group size): exit 1, one line."""
+    """The learner fails building its trainer (a value only TRL checks: an unknown scheduler): exit 1, one line."""
     proc = _cli(["train", "examples/echo/train.yaml", "--out", str(tmp_path / "run"), "--no-progress",
-                 "--set", "trainer.per_device_train_batch_size=12", "--set", "train.eval_every=0",
+                 "--set", "trainer.lr_scheduler_type=bogus", "--set", "train.eval_every=0",
                  "--set", "workers.num_env_actors=1"])
     out, err = proc.communicate(timeout=220)
     assert proc.returncode == 1, err
     [line] = [ln for ln in err.splitlines() if ln.startswith("raygrpo: ")]
-    assert "trainer: GRPOConfig rejected the settings" in line and "divisible by num_generations (8)" in line
+    assert "trainer: GRPOConfig rejected the settings" in line and "bogus is not a valid SchedulerType" in line
     assert line.endswith("(run with -v for the traceback)")
     assert "Traceback" not in err
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["interrupted"] is False
+
+
+@pytest.mark.parametrize("override, says", [
+    ("trainer.learnig_rate=1e-3", "trainer.learnig_rate: not a GRPOConfig field"),
+    ("trainer.top_p=0.9", "trainer.top_p: TRL does not generate in a raygrpo run"),
+    ("trainer.per_device_train_batch_size=0", "trainer.per_device_train_batch_size: must be a whole number"),
+    ("trainer.per_device_train_batch_size=12", "the generation batch (12 rollouts"),  # groups of 8
+])
+@pytest.mark.timeout(90)
+def test_a_bad_trainer_mapping_exits_2_before_ray_starts(tmp_path, override, says):
+    """docs/statuses.md: a bad config exits 2 before Ray starts; the `trainer:` mapping used to fail in the learner
+    actor, after Ray, the servers and the pools had started (exit 1)."""
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rg-", dir="/tmp"))  # where a Ray started by this run would write
+    proc = _cli(["train", "examples/echo/train.yaml", "--out", str(tmp_path / "run"), "--no-progress",
+                 "--set", override], env={"RAY_TMPDIR": str(ray_tmp)})
+    out, err = proc.communicate(timeout=80)
+    assert proc.returncode == 2, err
+    assert err.startswith("raygrpo: ") and says in err and "Traceback" not in err, err
+    assert list(ray_tmp.iterdir()) == []  # no Ray session was started
+    ray_tmp.rmdir()
 
 
 @pytest.mark.timeout(90)

@@ -103,7 +103,7 @@ def test_a_pool_is_fixed_or_elastic_not_both(workers, pool, field):
 
 
 def test_elastic_bounds_default_to_min_0_and_the_fixed_count():
-    from raygrpo.driver.launch import _bounds
+    from raygrpo.config.run import pool_bounds as _bounds
 
     assert _bounds(3, None, None, 2) == (3, 3)      # num_actors: fixed
     assert _bounds(None, None, None, 2) == (2, 2)   # neither: workers.num_env_actors, fixed
@@ -131,6 +131,191 @@ def test_vllm_engine_arguments_are_refused_where_no_vllm_engine_actor_would_read
     with pytest.raises(ConfigError) as err:
         load_config(data={"envs": {"e": {"kind": "ors", "url": "http://127.0.0.1:1"}}, "policy": policy})
     assert "policy.vllm" in str(err.value)
+
+
+URL_ENV = {"e": {"kind": "ors", "url": "http://127.0.0.1:1"}}
+SERVER = {"kind": "vllm", "url": "http://127.0.0.1:8000"}
+SCRIPTED = {"kind": "scripted", "script": "m:f"}
+
+
+def _load(**sections):
+    return load_config(data={"envs": URL_ENV, **sections})
+
+
+@pytest.mark.parametrize("policy, refused", [
+    ({"kind": "transformers", "url": "http://127.0.0.1:8000"}, "policy.url names a vLLM server"),
+    ({"kind": "transformers", "serve": {"port": 1}}, "policy.serve names a vLLM server"),
+    ({**SCRIPTED, "url": "http://127.0.0.1:8000"}, "policy.url names a vLLM server"),
+    ({"kind": "transformers", "served_model_name": "m"}, "policy.served_model_name: read only for a vLLM server"),
+    ({"kind": "transformers", "request_timeout_s": 5}, "policy.request_timeout_s: read only for a vLLM server"),
+    ({"kind": "vllm", "request_timeout_s": 5}, "this policy is vLLM engine actors"),
+    ({**SCRIPTED, "num_engines": 4}, "policy.num_engines: settings of raygrpo's engine actors"),
+    ({**SCRIPTED, "device": "cpu"}, "policy.device: settings of raygrpo's engine actors"),
+    ({"kind": "noop", "max_batch_size": 4}, "policy.max_batch_size: settings of raygrpo's engine actors"),
+    ({"kind": "oracle", "engine_resources": {"gpu_node": 1}}, "policy.engine_resources"),
+    ({**SERVER, "engine_num_cpus": 2, "num_engines": 2}, "policy.num_engines, policy.engine_num_cpus: settings"),
+])
+def test_policy_fields_the_kind_never_reads_are_refused_naming_them(policy, refused):
+    """`--set policy.url=...` without `policy.kind=vllm` used to start a local transformers engine and exit 0."""
+    with pytest.raises(ConfigError) as err:
+        _load(policy=policy)
+    assert refused in str(err.value)
+
+
+def test_policy_fields_are_accepted_where_read_and_defaults_never_count_as_set():
+    with pytest.raises(ConfigError, match="policy.url names a vLLM server"):
+        load_config(ECHO, ["policy.url=http://127.0.0.1:8000"])  # the example's kind: scripted
+    assert _load(policy={"kind": "transformers", "num_engines": 2, "device": "cuda", "max_batch_size": 4})
+    assert _load(policy={"kind": "vllm", "max_batch_size": 4, "engine_resources": {"gpu": 1}}).policy.engine_actors
+    assert _load(policy={**SERVER, "served_model_name": "m", "request_timeout_s": 5}).policy.request_timeout_s == 5
+    assert _load(policy={"kind": "vllm", "serve": {"port": 0}, "served_model_name": "m"}).policy.serve is not None
+    # null reads as unset; switching the example's kind leaves no default behind that counts as set.
+    assert _load(policy={**SCRIPTED, "url": None, "serve": None}).policy.kind == "scripted"
+    assert load_config(ECHO, ["policy.kind=transformers"]).policy.kind == "transformers"
+    assert load_config(ECHO, ["policy.kind=noop", "policy.script=null"]).policy.kind == "noop"
+
+
+@pytest.mark.parametrize("device", ["gpu", "cuda:1", "CUDA", "mps"])
+def test_policy_device_is_checked_at_load(device):
+    with pytest.raises(ConfigError) as err:
+        _load(policy={"kind": "transformers", "device": device})
+    assert "policy.device" in str(err.value) and "cpu, cuda, cuda:0" in str(err.value)
+    assert _load(policy={"kind": "transformers", "device": "cuda:0"}).policy.device == "cuda:0"
+
+
+def test_eval_envs_without_eval_every_are_refused_and_an_explicit_0_warns(caplog):
+    held_out = {"held": {"kind": "ors", "url": "http://127.0.0.1:2"}}
+    with pytest.raises(ConfigError) as err:
+        _load(eval_envs=held_out)
+    assert "eval_envs ['held'] would never be evaluated: train.eval_every is unset" in str(err.value)
+    with caplog.at_level("WARNING", logger="raygrpo.config.run"):
+        cfg = _load(eval_envs=held_out, train={"eval_every": 0})  # turning evaluation off on a train config
+    assert cfg.train.eval_every == 0
+    assert "train.eval_every is 0: eval_envs ['held'] are served but never evaluated" in caplog.text
+    assert _load(eval_envs=held_out, train={"eval_every": 5}).train.eval_every == 5
+
+
+@pytest.mark.parametrize("trainer, says", [
+    ({"learnig_rate": 1e-3}, "trainer.learnig_rate: not a GRPOConfig field"),
+    ({"generation_batch_size": "abc"}, "trainer.generation_batch_size: expected a number, got 'abc'"),
+    ({"per_device_train_batch_size": 0}, "trainer.per_device_train_batch_size: must be a whole number of at least 1"),
+    ({"max_steps": -1}, "trainer.max_steps: must be a whole number of at least 1"),
+    ({"gradient_accumulation_steps": 1.5}, "trainer.gradient_accumulation_steps: expected a whole number"),
+    ({"mask_truncated_completions": "yes please"}, "trainer.mask_truncated_completions: expected true or false"),
+    ({"generation_batch_size": 16, "steps_per_generation": 2}, "generation_batch_size and trainer.steps_per_gen"),
+    ({"top_p": 0.9}, "trainer.top_p: TRL does not generate in a raygrpo run"),
+    ({"top_k": 20}, "raygrpo samples with sampling.*"),
+    ({"min_p": 0.1}, "trainer.min_p"),
+    ({"repetition_penalty": 1.1}, "trainer.repetition_penalty"),
+    ({"generation_kwargs": {"top_k": 5}}, "trainer.generation_kwargs"),
+    ({"num_train_epochs": 3}, "trainer.num_train_epochs: raygrpo trains trainer.max_steps optimizer steps"),
+    ({"num_train_epochs": 3, "max_steps": 50}, "set trainer.max_steps instead"),
+    ({"vllm_importance_sampling_cap": 3.0}, "trainer.vllm_importance_sampling_cap is set by raygrpo from "
+                                            "train.off_policy.high"),
+])
+def test_the_trainer_mapping_is_checked_at_load(trainer, says):
+    """Names, types and batch sizes fail when the config loads (exit 2), not in the learner after Ray started."""
+    with pytest.raises(ConfigError) as err:
+        _load(trainer=trainer)
+    assert says in str(err.value)
+
+
+def test_numeric_trainer_strings_become_numbers_at_load():
+    cfg = load_config(data={"envs": URL_ENV}, overrides=["trainer.learning_rate=1e-3", "trainer.max_steps='4'"])
+    assert cfg.trainer == {"learning_rate": 0.001, "max_steps": 4}
+
+
+@pytest.mark.parametrize("sections, says", [
+    ({"trainer": {"per_device_train_batch_size": 12}, "rollout": {"group_size": 8}},
+     "the generation batch (12 rollouts"),
+    ({"trainer": {"generation_batch_size": 24, "per_device_train_batch_size": 8}, "rollout": {"group_size": 16}},
+     "must be a multiple of rollout.group_size (16)"),
+    ({"rollout": {"group_size": 1}}, "rollout.group_size (1): GRPO needs at least 2 rollouts per group"),
+])
+def test_a_training_batch_of_partial_groups_fails_before_ray_starts(sections, says):
+    """A rollout run trains nothing, so its group size is free; `raygrpo train` refuses it in its resolve step."""
+    from raygrpo.core.errors import ResolveError
+    from raygrpo.driver.resolve import resolve_run
+
+    cfg = _load(**sections)  # loads: `raygrpo rollout` reads no trainer batch
+    with pytest.raises(ResolveError) as err:
+        resolve_run(cfg, train=True)  # refused before any environment is listed (its URL is closed)
+    assert says in str(err.value)
+
+
+@pytest.mark.timeout(180)
+def test_grpo_config_fields_read_from_trls_source_are_the_dataclass_fields():
+    """The load-time check reads the fields without importing TRL (8-10 s); they must be the class's own."""
+    import dataclasses
+
+    from raygrpo.config.trl_fields import GRPO_CONFIG, fields_from_source
+
+    parsed = fields_from_source(*GRPO_CONFIG)
+    from trl import GRPOConfig
+
+    real = {f.name: str(f.type) for f in dataclasses.fields(GRPOConfig)}
+    assert set(parsed) == set(real)
+    for name, annotation in parsed.items():
+        for word in ("int", "float", "str", "bool", "dict"):
+            assert (word in annotation) == (word in real[name]), (name, annotation, real[name])
+
+
+@pytest.mark.parametrize("train, says", [
+    ({"off_policy": {"mode": "mis", "high": 0.4}}, "low (0.5) must be below train.off_policy.high (0.4) for mode "
+                                                   "'mis' (low defaults to 0.5 there)"),
+    ({"off_policy": {"mode": "tis", "low": 2.5}}, "low (2.5) must be below train.off_policy.high (2) for mode 'tis' "
+                                                  "(high defaults to 2 there)"),
+    ({"mode": "async", "off_policy": {"low": 2.0}}, "for mode 'tis'"),  # mode unset: async's tis
+])
+def test_off_policy_bounds_are_ordered_after_their_defaults_are_filled_in(train, says):
+    with pytest.raises(ConfigError) as err:
+        _load(policy={"kind": "transformers"}, train=train)
+    assert says in str(err.value)
+    assert _load(train={"off_policy": {"mode": "mis", "high": 0.9}}).train.off_policy.bounds("mis") == (0.5, 0.9)
+
+
+@pytest.mark.parametrize("policy, value", [(SERVER, False), (SERVER, True), (SCRIPTED, False)])
+def test_behaviour_ratio_is_refused_either_way_without_engine_actors(policy, value):
+    """`false` with a vLLM server used to leave TRL's tis correction on, silently."""
+    with pytest.raises(ConfigError) as err:
+        _load(policy=policy, train={"behaviour_ratio": value})
+    assert "train.behaviour_ratio needs the sampling log-probs of engine actors" in str(err.value)
+    if policy is SERVER:
+        assert "which train.off_policy.mode sets; none turns it off" in str(err.value)
+
+
+def test_fields_of_another_mode_are_refused_where_set():
+    with pytest.raises(ConfigError, match=r"train.max_staleness \(2\) bounds the groups async mode consumes"):
+        _load(train={"mode": "sync", "max_staleness": 2})
+    assert _load(train={"mode": "async", "max_staleness": 2}).train.max_staleness == 2
+    for policy in (SERVER, SCRIPTED):
+        with pytest.raises(ConfigError, match="train.weight_sync_every sets how often the learner pushes"):
+            _load(policy=policy, train={"weight_sync_every": 2})
+    assert _load(train={"weight_sync_every": 2}).train.weight_sync_every == 2  # transformers engine actors
+
+
+@pytest.mark.parametrize("sections, field", [
+    ({"workers": {"idle_timeout_s": 5}}, "workers.idle_timeout_s"),
+    ({"workers": {"min_env_actors": 2, "max_env_actors": 2, "idle_timeout_s": 5}}, "workers.idle_timeout_s"),
+    ({"envs": {"e": {**URL_ENV["e"], "pool": {"num_actors": 2, "idle_timeout_s": 5}}}}, "envs.e.pool.idle_timeout_s"),
+    ({"envs": {"e": {**URL_ENV["e"], "pool": {"min_actors": 3, "idle_timeout_s": 5}}}}, "envs.e.pool.idle_timeout_s"),
+    ({"envs": {"e": {**URL_ENV["e"], "pool": {"num_actors": 2}}},
+      "workers": {"min_env_actors": 0, "max_env_actors": 4, "idle_timeout_s": 5}}, "workers.idle_timeout_s"),
+])
+def test_an_idle_timeout_on_a_fixed_pool_is_refused(sections, field):
+    with pytest.raises(ConfigError) as err:
+        load_config(data={"envs": URL_ENV, **sections})
+    assert f"{field} drains idle actors" in str(err.value)
+
+
+def test_an_idle_timeout_is_accepted_where_an_elastic_pool_reads_it():
+    with pytest.raises(ConfigError, match="workers.idle_timeout_s drains idle actors"):
+        load_config(data={"envs": URL_ENV, "workers": {"idle_timeout_s": 5}})
+    assert load_config(data={"envs": URL_ENV, "workers": {"max_env_actors": 4, "idle_timeout_s": 5}})
+    elastic = {**URL_ENV["e"], "pool": {"min_actors": 0, "max_actors": 3}}
+    cfg = load_config(data={"envs": {"e": elastic}, "workers": {"idle_timeout_s": 5}})  # the pool's default
+    assert cfg.workers.idle_timeout_s == 5
+    assert load_config(data={"envs": {"e": {**elastic, "pool": {"max_actors": 3, "idle_timeout_s": 2}}}})
 
 
 @pytest.mark.parametrize("override, value", [

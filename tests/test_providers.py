@@ -119,7 +119,7 @@ def test_a_providers_entry_no_environment_names_fails_at_load():
     assert "providers: ['e2b'] are named by no environment (theirs: ['e2bb'])" in str(info.value)
     # Named by an eval environment only is named all the same.
     data = two_suites_on_e2b(eval_envs={"held_out": {"kind": "harbor", "path": str(EXAMPLE_TASKS),
-                                                     "provider": "team"}})
+                                                     "provider": "team"}}, train={"eval_every": 5})
     data["providers"]["team"] = {"max_live": 3}
     assert load_config(data=data).providers["team"].max_live == 3
 

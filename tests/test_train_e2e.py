@@ -33,7 +33,9 @@ def _config(model: str, **sections):
         "trainer": {"per_device_train_batch_size": 4, "max_steps": 2, "save_steps": 2, "learning_rate": 1e-3},
     }
     for key, value in sections.items():
-        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
+        # A policy replaces the default one: the engine actors' settings mean nothing to a scripted policy.
+        merge = isinstance(value, dict) and key != "policy"
+        data[key] = {**data.get(key, {}), **value} if merge else value
     return load_config(data=data)
 
 

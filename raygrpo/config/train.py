@@ -1,9 +1,5 @@
-"""Training settings: raygrpo's own (`train:`) and the checks on the `trainer:` mapping handed to TRL's `GRPOConfig`.
-
-The `trainer:` mapping is validated by `GRPOConfig` itself when the learner builds it
-(`raygrpo.train.grpo_args.build_grpo_config`); here, at load, the fields raygrpo sets from the rest of the run config
-are refused by name, with the run-config field that owns them: a run cannot silently train with a group size,
-temperature or vLLM mode that differs from what its rollouts used.
+"""Training settings: raygrpo's own (`train:`). The `trainer:` mapping handed to TRL's `GRPOConfig` is checked in
+`raygrpo.config.trainer`.
 """
 
 from __future__ import annotations
@@ -12,47 +8,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from raygrpo.config.fields import given
 from raygrpo.core.imports import ImportSpecError, is_file_spec, resolve_file, split_spec
 from raygrpo.specs.base import base_dir_of
 from raygrpo.specs.moved_fields import refuse_moved_fields
-
-#: `GRPOConfig` fields raygrpo sets itself, and the run-config field (or option) that owns each.
-OWNED_TRAINER_FIELDS: dict[str, str] = {
-    "num_generations": "rollout.group_size",
-    "num_generations_eval": "rollout.group_size",
-    "temperature": "sampling.temperature (TRL rescales logits by it: it must be the sampling temperature)",
-    "use_vllm": "policy.kind",
-    "vllm_mode": "policy.kind (vLLM runs as a server)",
-    "vllm_server_base_url": "policy.url / policy.serve",
-    "vllm_server_host": "policy.url / policy.serve",
-    "vllm_server_port": "policy.url / policy.serve",
-    "output_dir": "the --out option (checkpoints go to OUT/checkpoints)",
-    "use_cpu": "train.learner.num_gpus",
-    "seed": "seed",
-    "logging_steps": "raygrpo (one metrics line per step)",
-    "resume_from_checkpoint": "the --resume option",
-    "eval_strategy": "train.eval_every",
-    "do_eval": "train.eval_every",
-    "vllm_importance_sampling_correction": "train.off_policy.mode",
-    "vllm_importance_sampling_mode": "train.off_policy.mode",
-    "vllm_importance_sampling_clip_min": "train.off_policy.low",
-    "vllm_importance_sampling_clip_max": "train.off_policy.high",
-}
-
-#: Defaults raygrpo gives `GRPOConfig` unless the `trainer:` mapping says otherwise.
-TRAINER_DEFAULTS: dict[str, Any] = {
-    "report_to": "none",
-    "save_strategy": "steps",
-    "save_steps": 10,
-    "max_steps": 20,
-    "per_device_train_batch_size": 8,
-    "gradient_accumulation_steps": 1,
-    "bf16": False,
-    "disable_tqdm": True,
-    # Dropout makes a fresh group's ratio differ from 1 and clips it spuriously; TRL leaves it on by default.
-    "disable_dropout": True,
-}
-
 
 
 class WarmupConfig(BaseModel):
@@ -139,7 +98,8 @@ class OffPolicyConfig(BaseModel):
             keeps its small weight) and 0.5 for `mis`.
         high (`float`, *optional*):
             Upper bound of `w`; defaults to 2.0 for both (the truncation level of the TIS paper; IcePop masks
-            outside [0.5, 2]).
+            outside [0.5, 2]). `low` must be below `high` once the unset one takes its default for the run's
+            resolved mode (`RunConfig` checks it: `mis` with only `high: 0.4` would mask every token).
         proximal_decay (`float`, *optional*):
             The proximal policy of `tis`/`mis` as an exponential moving average of the learner's weights (PPO-EWMA,
             `raygrpo.train.proximal`): each optimizer step moves the average towards the learner by
@@ -279,19 +239,26 @@ class TrainConfig(BaseModel):
     """How `raygrpo train` feeds TRL's GRPOTrainer.
 
     Args:
-        mode: `"sync"`: each step's rollouts are generated with the weights of that step (on-policy; the learner
-            waits for the slowest rollout). `"async"`: rollouts keep streaming while the learner trains; a group
-            is consumed if its staleness (current policy version minus the lowest version over all turns of its
-            rollouts) is at most `max_staleness`, else it is dropped and counted.
-        max_staleness: Async mode: the oldest policy lag a consumed group may have. The producer keeps
-            `max_staleness + 1` steps' worth of groups outstanding; groups beyond what may generate now start their
-            environments at once and wait for newer weights to generate (see `raygrpo.train.source`).
-        weight_sync_every: Push the learner's weights to the transformers engines every this many steps (1 = before
-            every generation batch, TRL's cadence). The engines report the version they generate with.
+        mode: `"sync"`: each generation batch's rollouts are generated once the learner asks for them, with the
+            weights last pushed to the engines (the current ones with `weight_sync_every: 1`, the default: on-policy;
+            the learner waits for the slowest rollout). `"async"`: rollouts keep streaming while the learner trains;
+            a group is consumed if its staleness (current policy version minus the lowest version over all turns of
+            its rollouts) is at most `max_staleness`, else it is dropped and counted.
+        max_staleness: Async mode only (refused in sync mode, which never reads it): the oldest policy lag, in
+            policy versions, a consumed group may have. The producer keeps `max_staleness + 1` generation batches'
+            worth of groups outstanding; groups beyond what may generate now start their environments at once and
+            wait for newer weights to generate (see `raygrpo.train.source`).
+        weight_sync_every: Push the learner's weights to the engine actors every this many policy versions (one
+            version per generation batch, which is one optimizer step unless `trainer.steps_per_generation`,
+            `generation_batch_size` or `num_iterations` make it span more; 1 = before every generation batch, TRL's
+            cadence). The engines report the version they generate with. Engine actors only: refused with a
+            scripted policy (no weights) and with a vLLM server (TRL syncs it before every generation batch).
         mixture: Sampling weight of each training environment (by name in `envs`); groups are drawn in these
             proportions. Default: equal weights. Environments listed only in `eval_envs` are not trained on.
-        eval_every: Evaluate every this many steps (and before the first step); 0 turns evaluation off. Each task of
-            every `eval_envs` environment runs once with the current weights at the run's sampling settings.
+        eval_every: Evaluate every this many policy versions (and before the first step and at the end); 0 turns
+            evaluation off. Each task of every `eval_envs` environment runs once with the current weights at the
+            run's sampling settings. `eval_envs` without `eval_every` is refused (they would never run); an explicit
+            0 with `eval_envs` is accepted with a warning (the eval environments are still served).
         learner: Resources of the learner actor.
         warmup: Optional supervised warm-up run on the learner before GRPO (not on resume): teaches a fresh model
             the tool-call format on tasks disjoint from the training tasks.
@@ -301,9 +268,10 @@ class TrainConfig(BaseModel):
             (async mode, `weight_sync_every > 1`, the later passes of `trainer.num_iterations`); a fresh group's
             ratio stays 1. None (the default) turns it on where the engine reports real sampling log-probs (engine
             actors) and `off_policy` applies no weight: sync mode, or `off_policy.mode: none` (async mode's default
-            is `off_policy` `tis`; set this to true to keep the behaviour ratio there). A scripted policy reports
-            none (its turns are certain), and with a vLLM server TRL applies its own importance-sampling
-            correction: `true` is refused for both. See `raygrpo.train.trainer`.
+            is `off_policy` `tis`; set this to true to keep the behaviour ratio there; false turns the correction
+            off). Engine actors only, either value: a scripted policy reports no sampling log-probs (its turns are
+            certain), and with a vLLM server TRL applies its own importance-sampling correction, which
+            `train.off_policy.mode` sets (`none` turns it off). See `raygrpo.train.trainer`.
             Off where `off_policy` applies an importance weight (they are two corrections of the same staleness:
             setting both is refused).
         off_policy: The off-policy correction of stale groups (decoupled PPO with a bounded importance weight).
@@ -335,6 +303,9 @@ class TrainConfig(BaseModel):
 
     @model_validator(mode="after")
     def _staleness_covers_sync_interval(self) -> TrainConfig:
+        if self.mode == "sync" and given(self, ["max_staleness"]):
+            raise ValueError(f"train.max_staleness ({self.max_staleness}) bounds the groups async mode consumes; "
+                             "sync mode never reads it: set train.mode=async, or leave max_staleness out")
         if self.mode == "async" and self.max_staleness < self.weight_sync_every - 1:
             raise ValueError(
                 f"train.max_staleness ({self.max_staleness}) must be at least train.weight_sync_every - 1 "
@@ -358,37 +329,3 @@ class TrainConfig(BaseModel):
         if sum(mixture.values()) <= 0:
             raise ValueError("at least one weight must be > 0")
         return mixture
-
-
-def generation_steps(trainer: dict[str, Any]) -> tuple[int, int, int]:
-    """`(steps_per_generation, num_iterations, gradient_accumulation_steps)` as `GRPOConfig` will derive them from the
-    `trainer:` mapping (one process): `steps_per_generation` is given, or `generation_batch_size /
-    per_device_train_batch_size`, or `gradient_accumulation_steps`. Raises `ValueError` naming the field when
-    `generation_batch_size` is not a whole number of per-device batches (GRPOConfig refuses it too)."""
-    accumulation = _int(trainer.get("gradient_accumulation_steps"), 1)
-    iterations = _int(trainer.get("num_iterations"), 1)
-    if trainer.get("generation_batch_size") is not None:
-        batch = _int(trainer.get("per_device_train_batch_size"), TRAINER_DEFAULTS["per_device_train_batch_size"])
-        size = _int(trainer.get("generation_batch_size"), batch)
-        if size % batch:
-            raise ValueError(f"trainer.generation_batch_size ({size}) must be a multiple of "
-                             f"trainer.per_device_train_batch_size ({batch})")
-        return size // batch, iterations, accumulation
-    return _int(trainer.get("steps_per_generation"), accumulation), iterations, accumulation
-
-
-def _int(value: Any, default: int) -> int:
-    """A `trainer:` setting read as an integer (GRPOConfig validates it properly later)."""
-    try:
-        return default if value is None else max(1, int(float(value)))
-    except (TypeError, ValueError):
-        return default
-
-
-def check_trainer_mapping(trainer: dict[str, Any]) -> dict[str, Any]:
-    """Refuse the `GRPOConfig` fields raygrpo owns, naming the run-config field that sets each."""
-    owned = [k for k in trainer if k in OWNED_TRAINER_FIELDS]
-    if owned:
-        lines = [f"{k} is set by raygrpo from {OWNED_TRAINER_FIELDS[k]}" for k in owned]
-        raise ValueError("; ".join(lines))
-    return trainer

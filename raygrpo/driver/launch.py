@@ -21,6 +21,7 @@ from raygrpo.actors.policy_engine import start_engines, stop_engines
 from raygrpo.governor.actor import ensure_governor, forget_holders
 from raygrpo.actors.vllm_server import start_vllm_server, stop_vllm_server
 from raygrpo.config import RunConfig
+from raygrpo.config.run import pool_bounds
 from raygrpo.envs.kinds import kind_of
 from raygrpo.driver.placement import actor_resources, autoscaler_capacities, check_fits, check_fits_together
 from raygrpo.driver.pools import ActorSpawner, PoolGroup, PoolSet
@@ -209,7 +210,7 @@ class RolloutRuntime:
         shared = {name: spec for name, spec in self.envs.items() if spec.pool is None}
         groups = []
         if shared:
-            low, high = _bounds(None, workers.min_env_actors, workers.max_env_actors, workers.num_env_actors)
+            low, high = pool_bounds(None, workers.min_env_actors, workers.max_env_actors, workers.num_env_actors)
             groups.append(PoolGroup("workers", self.actor_prefix, shared, workers.max_concurrent_per_actor,
                                     workers.actor_num_cpus, min_actors=low, max_actors=high,
                                     idle_timeout_s=workers.idle_timeout_s,
@@ -219,7 +220,7 @@ class RolloutRuntime:
         for name, spec in self.envs.items():
             pool = spec.pool
             if pool is not None:
-                low, high = _bounds(pool.num_actors, pool.min_actors, pool.max_actors, workers.num_env_actors)
+                low, high = pool_bounds(pool.num_actors, pool.min_actors, pool.max_actors, workers.num_env_actors)
                 groups.append(PoolGroup(
                     f"envs.{name}.pool", f"{self.actor_prefix}-{name}", {name: spec},
                     pool.max_concurrent_per_actor or workers.max_concurrent_per_actor,
@@ -288,16 +289,6 @@ class RolloutRuntime:
         actor_live = sum(max(int(s.get("live_envs") or 0), int(s.get("open_sandboxes") or 0))
                          for s in self.final_stats)
         return max(actor_live, sum(self.server_live_sessions.values()), self.leaked_sandboxes)
-
-
-def _bounds(fixed: int | None, low: int | None, high: int | None, default: int) -> tuple[int, int]:
-    """A pool's (min, max) actors: a fixed count, or elastic bounds (min 0; max the larger of min and `default`)."""
-    if fixed is not None and low is None and high is None:
-        return fixed, fixed
-    if low is None and high is None:
-        return default, default
-    low = 0 if low is None else low
-    return low, max(low, default) if high is None else high
 
 
 def run_sandbox_base(joined: bool) -> str | None:

@@ -160,6 +160,11 @@ def check_policy(cfg: RunConfig, *, train: bool = False) -> None:
         ResolveError: The message starts with `policy.kind`, or with the environment's field.
     """
     kind = cfg.policy.kind
+    if train:
+        try:
+            cfg.check_training()
+        except ValueError as exc:
+            raise ResolveError(str(exc)) from None
     if train and cfg.policy.acts:
         raise ResolveError(
             f"policy.kind: {kind!r} writes no text, so raygrpo train has nothing to train on: train with "

@@ -1,0 +1,169 @@
+"""The `trainer:` mapping (TRL's `GRPOConfig` options), checked when the config loads.
+
+At load, before Ray starts (exit 2 on a bad one): the fields raygrpo sets itself are refused naming the run-config
+field that owns each (a run cannot train with a group size, temperature or vLLM mode that differs from what its
+rollouts used), and so are the options TRL never reads in a raygrpo run; every name must be a `GRPOConfig` field
+(`raygrpo.config.trl_fields`), every numeric or boolean option must have that type (a numeric string such as YAML
+1.1's `1e-3` becomes the number), and the batch options must be positive and fit together. The learner then builds
+the real `GRPOConfig` (`raygrpo.train.grpo_args.build_grpo_config`), which checks the values TRL checks.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from raygrpo.config.trl_fields import grpo_config_fields
+
+#: `GRPOConfig` fields raygrpo sets itself, and the run-config field (or option) that owns each.
+OWNED_TRAINER_FIELDS: dict[str, str] = {
+    "num_generations": "rollout.group_size",
+    "num_generations_eval": "rollout.group_size",
+    "temperature": "sampling.temperature (TRL rescales logits by it: it must be the sampling temperature)",
+    "use_vllm": "policy.kind",
+    "vllm_mode": "policy.kind (vLLM runs as a server)",
+    "vllm_server_base_url": "policy.url / policy.serve",
+    "vllm_server_host": "policy.url / policy.serve",
+    "vllm_server_port": "policy.url / policy.serve",
+    "output_dir": "the --out option (checkpoints go to OUT/checkpoints)",
+    "use_cpu": "train.learner.num_gpus",
+    "seed": "seed",
+    "logging_steps": "raygrpo (one metrics line per step)",
+    "resume_from_checkpoint": "the --resume option",
+    "eval_strategy": "train.eval_every",
+    "do_eval": "train.eval_every",
+    "vllm_importance_sampling_correction": "train.off_policy.mode",
+    "vllm_importance_sampling_mode": "train.off_policy.mode",
+    "vllm_importance_sampling_clip_min": "train.off_policy.low",
+    "vllm_importance_sampling_clip_max": "train.off_policy.high",
+    "vllm_importance_sampling_cap": "train.off_policy.high (TRL's deprecated name of vllm_importance_sampling_clip_max)",
+}
+
+#: `GRPOConfig` options TRL never reads in a raygrpo run, and why. Generation goes through raygrpo's `rollout_func`,
+#: which TRL calls instead of generating (grpo_trainer.py: `if self.rollout_func is not None`), so its sampling
+#: options are bypassed; and raygrpo always sets `max_steps`, which TRL lets override `num_train_epochs`.
+UNREAD_TRAINER_FIELDS: dict[str, str] = {
+    **{name: "TRL does not generate in a raygrpo run (raygrpo's rollout_func does), so it never reads it: raygrpo "
+             "samples with sampling.* (max_tokens, temperature, top_p, seed)"
+       for name in ("top_p", "top_k", "min_p", "repetition_penalty", "generation_kwargs")},
+    "num_train_epochs": "raygrpo trains trainer.max_steps optimizer steps (default 20), which TRL lets override "
+                        "num_train_epochs; TRL's dataset here is placeholder prompts, so an epoch is no pass over your "
+                        "tasks: set trainer.max_steps instead",
+}
+
+#: Defaults raygrpo gives `GRPOConfig` unless the `trainer:` mapping says otherwise (docs/training.md lists where they
+#: differ from TRL's).
+TRAINER_DEFAULTS: dict[str, Any] = {
+    "report_to": "none",
+    "save_strategy": "steps",
+    "save_steps": 10,
+    "max_steps": 20,
+    "per_device_train_batch_size": 8,
+    "gradient_accumulation_steps": 1,
+    "bf16": False,
+    "disable_tqdm": True,
+    # Dropout makes a fresh group's ratio differ from 1 and clips it spuriously; TRL leaves it on by default.
+    "disable_dropout": True,
+}
+
+#: Batch and step counts that must be whole numbers of at least 1 where they are given.
+POSITIVE_TRAINER_FIELDS: tuple[str, ...] = ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps",
+                                            "num_iterations", "steps_per_generation", "generation_batch_size")
+
+
+def check_trainer_mapping(trainer: dict[str, Any]) -> dict[str, Any]:
+    """The `trainer:` mapping with numeric strings as numbers; raises `ValueError` naming each field raygrpo owns or
+    TRL would not read, each name that is no `GRPOConfig` field, and each value of the wrong type or out of range."""
+    lines = [f"trainer.{k} is set by raygrpo from {OWNED_TRAINER_FIELDS[k]}" for k in trainer
+             if k in OWNED_TRAINER_FIELDS]
+    lines += [f"trainer.{k}: {UNREAD_TRAINER_FIELDS[k]}" for k in trainer if k in UNREAD_TRAINER_FIELDS]
+    if lines:
+        raise ValueError("; ".join(lines))
+    fields = grpo_config_fields() if trainer else None
+    if fields is not None:
+        unknown = sorted(set(trainer) - set(fields))
+        if unknown:
+            raise ValueError("; ".join(f"trainer.{k}: not a GRPOConfig field" for k in unknown))
+        trainer = {k: _typed(k, v, fields[k]) for k, v in trainer.items()}
+    low = [k for k in POSITIVE_TRAINER_FIELDS if trainer.get(k) is not None and not _whole(trainer[k]) >= 1]
+    if low:
+        raise ValueError("; ".join(f"trainer.{k}: must be a whole number of at least 1, got {trainer[k]!r}"
+                                   for k in low))
+    if trainer.get("generation_batch_size") is not None and trainer.get("steps_per_generation") is not None:
+        raise ValueError("trainer.generation_batch_size and trainer.steps_per_generation both set the generation "
+                         "batch (TRL refuses both): give one")
+    return trainer
+
+
+def _typed(name: str, value: Any, annotation: str) -> Any:
+    """`value` checked against a `GRPOConfig` field's annotation (GRPOConfig checks no types): numbers for numeric
+    fields (a numeric string becomes the number it spells, as YAML 1.1 reads `1e-3` as a string), booleans for
+    boolean ones. Fields that also take strings, mappings or anything are left to TRL."""
+    words = set(re.findall(r"[A-Za-z_]+", annotation)) - {"None", "Optional", "class", "typing"}
+    if value is None or words & {"str", "dict", "list", "Any", "Union"}:
+        return value
+    if words == {"bool"}:
+        if not isinstance(value, bool):
+            raise ValueError(f"trainer.{name}: expected true or false, got {value!r}")
+        return value
+    if not words or not words <= {"int", "float"}:
+        return value
+    number = _number(value)
+    if number is None:
+        raise ValueError(f"trainer.{name}: expected a number, got {value!r}")
+    if "float" not in words:
+        if not float(number).is_integer():
+            raise ValueError(f"trainer.{name}: expected a whole number, got {value!r}")
+        return int(number)
+    return number
+
+
+def _number(value: Any) -> int | float | None:
+    """`value` as a number (numeric strings included), or None; booleans are not numbers here."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _whole(value: Any) -> float:
+    """A whole number as such, anything else as -inf (so that `>= 1` fails for it)."""
+    number = _number(value)
+    return float(number) if number is not None and float(number).is_integer() else float("-inf")
+
+
+def generation_steps(trainer: dict[str, Any]) -> tuple[int, int, int]:
+    """`(steps_per_generation, num_iterations, gradient_accumulation_steps)` as `GRPOConfig` will derive them from a
+    checked `trainer:` mapping (one process): `steps_per_generation` is given, or `generation_batch_size /
+    per_device_train_batch_size`, or `gradient_accumulation_steps`. Raises `ValueError` naming the field when
+    `generation_batch_size` is not a whole number of per-device batches (GRPOConfig refuses it too)."""
+    accumulation = _setting(trainer, "gradient_accumulation_steps")
+    iterations = int(trainer.get("num_iterations") or 1)
+    if trainer.get("generation_batch_size") is not None:
+        batch = _setting(trainer, "per_device_train_batch_size")
+        size = int(trainer["generation_batch_size"])
+        if size % batch:
+            raise ValueError(f"trainer.generation_batch_size ({size}) must be a multiple of "
+                             f"trainer.per_device_train_batch_size ({batch})")
+        return size // batch, iterations, accumulation
+    return int(trainer.get("steps_per_generation") or accumulation), iterations, accumulation
+
+
+def generation_batch_size(trainer: dict[str, Any]) -> int:
+    """Rollouts of one generation batch, as `GRPOConfig` derives it (one process): `generation_batch_size`, or
+    `per_device_train_batch_size * steps_per_generation`."""
+    if trainer.get("generation_batch_size") is not None:
+        return int(trainer["generation_batch_size"])
+    return _setting(trainer, "per_device_train_batch_size") * generation_steps(trainer)[0]
+
+
+def _setting(trainer: dict[str, Any], name: str) -> int:
+    """A checked whole-number `trainer:` setting, at raygrpo's default where unset."""
+    value = trainer.get(name)
+    return int(TRAINER_DEFAULTS[name] if value is None else value)
