@@ -163,6 +163,16 @@ def test_token_budget(renderer):
     assert len(traj.prompt_ids) + len(traj.completion_ids) <= 400
 
 
+def test_a_prompt_over_the_token_budget_is_an_unscored_task_error(renderer):
+    """A prompt that leaves the model no token is the task's or the config's problem, never a `truncated` 0.0 with no
+    turn: `task_error` (not retried), saying both sizes; no turn is generated."""
+    env = AddEnv()
+    traj = _run(renderer, env, scripted(format_tool_call("submit", {})), max_total_tokens=20)
+    assert traj.status is Status.TASK_ERROR and traj.reward is None and traj.turns == 0 and env.closed == 1
+    assert f"the prompt is {len(traj.prompt_ids)} tokens" in traj.error and "rollout.max_total_tokens=20" in traj.error
+    assert not Status.TASK_ERROR.is_infra_failure
+
+
 def test_dead_environment_is_unscored_env_error(renderer):
     env = AddEnv(die_on_call=1)
     traj = _run(renderer, env, scripted(format_tool_call("submit", {})))

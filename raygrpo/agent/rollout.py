@@ -192,6 +192,7 @@ async def _episode(
 ) -> None:
     messages = traj.messages = _opening(obs, config)
     traj.prompt_ids = renderer.prompt_ids(messages, obs.tools)
+    _check_prompt_fits(len(traj.prompt_ids), config)
     tool_names = {t.get("function", t).get("name") for t in obs.tools}
     first_turn = 0
     while True:  # one pass per step of the episode (one for an environment without steps)
@@ -214,6 +215,21 @@ async def _episode(
         traj.completion_ids.extend(suffix)
         traj.logprobs.extend([0.0] * len(suffix))
         traj.env_mask.extend([0] * len(suffix))
+
+
+def _check_prompt_fits(prompt_tokens: int, config: RolloutConfig) -> None:
+    """Refuse an episode whose opening prompt leaves the model no token under `rollout.max_total_tokens`.
+
+    Not the model's doing (it never wrote a token), and the same on every attempt: a task or config problem, so it is
+    unscored and not retried, rather than a `truncated` rollout with no turn.
+
+    Raises:
+        TaskError: The prompt has `max_total_tokens` tokens or more (the message says both).
+    """
+    if prompt_tokens >= config.max_total_tokens:
+        raise TaskError(f"the prompt is {prompt_tokens} tokens, at or over rollout.max_total_tokens="
+                        f"{config.max_total_tokens}: no token is left for the model (raise "
+                        "rollout.max_total_tokens, or shorten the task's prompt and tools)")
 
 
 async def _turns(traj: Trajectory, phases: _Phases, adapter: EnvAdapter, policy: PolicyClient, renderer: ChatRenderer,
