@@ -155,6 +155,33 @@ async def test_exec_timeout_is_an_error_message_and_the_rollout_goes_on(renderer
     await nothing_left(root)  # the background sleep went with the sandbox
 
 
+AGENT_DEADLINE_TOML = """schema_version = "1.4"
+
+[task]
+name = "tests/agent-deadline"
+
+[verifier]
+timeout_sec = 30.0
+
+[agent]
+timeout_sec = 2.0
+"""
+
+
+async def test_the_tasks_agent_timeout_stops_the_model_then_the_verifier_judges(renderer, root, tmp_path):
+    """As Harbor's trial does: at the task's `[agent] timeout_sec` the agent is stopped (its command in flight
+    killed) and the verifier runs; its reward is the episode's, and the trajectory says the agent timed out."""
+    make_task(tmp_path / "suite", "t", toml=AGENT_DEADLINE_TOML)
+    spec = spec_for(tmp_path / "suite", root, exec_timeout_s=60)
+    began = time.monotonic()
+    traj = await rollout(spec, renderer, bash_script("echo ok > /app/out.txt", "sleep 40", "echo never"))
+    assert time.monotonic() - began < 20
+    assert traj.status is Status.OK and traj.reward == 1.0, traj.error
+    assert "agent timeout (2 s)" in traj.error
+    assert tool_texts(traj) == ["[exit code 0]"] and traj.verifier["exit_code"] == 0
+    await nothing_left(root)
+
+
 async def test_refused_calls_do_not_touch_the_sandbox(root, tmp_path):
     make_task(tmp_path / "suite", "t")
     provider = HarborProvider(spec_for(tmp_path / "suite", root))

@@ -10,11 +10,13 @@ the local backend and on docker, and `raygrpo train`. Leftovers are asked of the
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from raygrpo.agent.toolcalls import format_tool_call
 from raygrpo.core.types import Status
 from raygrpo.driver.check import load_target, run_check
 from raygrpo.envs.harbor.steps import aggregate_rewards
@@ -98,6 +100,31 @@ async def test_a_step_whose_setup_fails_is_a_task_error_never_a_score(renderer, 
     traj = await rollout(spec_for(tmp_path / "suite", root), renderer, progress, max_turns=10)
     assert traj.status == Status.TASK_ERROR and traj.reward is None and traj.step_rewards == [1.0]
     assert "step 'step-2': setup.sh exited 3: cannot prepare step 2" in traj.error
+    await nothing_left(root)
+
+
+def _sleeps_in_step_one(ctx):
+    """`progress`, but in step 1, after its line, a command that outlasts the step's agent timeout."""
+    if ctx.messages[-1].get("role") == "tool" and sum(1 for m in ctx.messages if m.get("role") == "user") == 1:
+        return format_tool_call("bash", {"command": "sleep 40"})
+    return progress(ctx)
+
+
+@pytest.mark.timeout(120)
+async def test_a_steps_agent_timeout_stops_its_turns_then_verifies_it_and_the_episode_goes_on(renderer, root,  # noqa: F811
+                                                                                             tmp_path):
+    """Harbor's `MultiStepTrial`: a step's agent that times out (the step's `[agent] timeout_sec`, else the task's)
+    is stopped, the step is verified, and the next step follows."""
+    task = make_counter_task(tmp_path / "suite", "deadline", steps=2)
+    toml = (task / "task.toml").read_text()
+    (task / "task.toml").write_text(toml.replace('name = "step-1"\n', 'name = "step-1"\n[steps.agent]\n'
+                                                 'timeout_sec = 2.0\n', 1))
+    began = time.monotonic()
+    traj = await rollout(spec_for(tmp_path / "suite", root, exec_timeout_s=60), renderer, _sleeps_in_step_one,
+                         max_turns=10)
+    assert time.monotonic() - began < 30
+    assert (traj.status, traj.reward, traj.step_rewards) == (Status.OK, 1.0, [1.0, 1.0]), traj.error
+    assert "agent timeout (2 s)" in traj.error
     await nothing_left(root)
 
 

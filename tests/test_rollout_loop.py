@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import time
 from typing import Any
 
 import pytest
@@ -193,6 +195,40 @@ def test_the_rollout_deadline_during_the_turns_truncates(renderer):
     traj = _run(renderer, env, scripted(format_tool_call("add", {"a": 1, "b": 1})), rollout_timeout_s=0.5)
     assert traj.status is Status.TRUNCATED and traj.reward == 0.0 and env.closed == 1
     assert "rollout_timeout_s=0.5" in traj.error
+
+
+class AgentDeadlineEnv(AddEnv):
+    """An environment with an agent deadline (Harbor's task `[agent] timeout_sec`) whose scorer judges the
+    environment's state, as a verifier does, whether or not the model submitted."""
+
+    def __init__(self, agent_timeout_s: float, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.agent_timeout_s = agent_timeout_s
+        self.scored = 0
+
+    async def score(self) -> float | None:
+        self.scored += 1
+        return 0.25
+
+
+def test_the_environments_agent_deadline_stops_the_turns_and_then_scores(renderer):
+    """Harbor's trial on an AgentTimeoutError: the agent is stopped at the task's agent timeout, then the verifier
+    runs and its reward is the episode's; the trajectory says the agent timed out."""
+    env = AgentDeadlineEnv(0.5, call_delay_s=5.0)
+    began = time.monotonic()
+    traj = _run(renderer, env, scripted(format_tool_call("add", {"a": 1, "b": 1}), format_tool_call("submit", {})))
+    assert time.monotonic() - began < 4
+    assert traj.status is Status.OK and traj.reward == 0.25 and env.scored == 1 and env.closed == 1
+    assert env.calls == [("add", {"a": 1, "b": 1})] and traj.turns == 1  # the call in flight was cancelled
+    assert "agent timeout (0.5 s)" in traj.error and "verified" in traj.error
+
+
+def test_the_rollout_deadline_still_bounds_a_longer_agent_deadline(renderer, caplog):
+    env = AgentDeadlineEnv(30.0, call_delay_s=5.0)
+    with caplog.at_level(logging.WARNING, logger="raygrpo.agent.rollout"):
+        traj = _run(renderer, env, scripted(format_tool_call("add", {"a": 1, "b": 1})), rollout_timeout_s=0.5)
+    assert traj.status is Status.TRUNCATED and env.scored == 0 and "rollout_timeout_s=0.5" in traj.error
+    assert "agent timeout (30 s) is longer than rollout.rollout_timeout_s=0.5" in caplog.text
 
 
 def test_cancellation_closes_the_environment(renderer):

@@ -13,8 +13,10 @@ episode is scored as usual. No turn is generated, so nothing it runs into is the
 reaches is `timeout`, not `truncated`, and an environment that cannot run it is `env_error`, never 0.0.
 
 Deadlines: the loop owns the limits of the model's side (`RolloutConfig`: turns, tokens, `rollout_timeout_s` for the
-episode once its environment is up); the adapter owns the deadlines of the environment's operations (start, each
-tool call, scoring, close), set on the environment's spec. None is counted twice.
+episode once its environment is up; and an environment's own agent deadline, `agent_timeout_s` on the adapter:
+Harbor's task `[agent] timeout_sec`, past which the model's turns of the step are stopped and the episode is scored,
+as Harbor's trial does); the adapter owns the deadlines of the environment's operations (start, each tool call,
+scoring, close), set on the environment's spec. None is counted twice.
 """
 
 from __future__ import annotations
@@ -194,10 +196,10 @@ async def _episode(
     traj.prompt_ids = renderer.prompt_ids(messages, obs.tools)
     _check_prompt_fits(len(traj.prompt_ids), config)
     tool_names = {t.get("function", t).get("name") for t in obs.tools}
-    first_turn = 0
+    state = _TurnState()
     while True:  # one pass per step of the episode (one for an environment without steps)
-        ended, first_turn, stopped_on = await _turns(traj, phases, adapter, policy, renderer, sampling, config,
-                                                     sample_key, tool_names, first_turn)
+        ended = await _agent_phase(traj, adapter, config, _turns(traj, phases, adapter, policy, renderer, sampling,
+                                                                 config, sample_key, tool_names, state))
         if not ended:  # a turn or token limit: whatever the steps gave on the way, the rollout is truncated
             traj.status, traj.reward = Status.TRUNCATED, config.truncated_reward
             return
@@ -207,7 +209,7 @@ async def _episode(
         # The next step of the episode: its messages open a new user turn (environment tokens, not trained on).
         messages.extend(following.messages)
         suffix = renderer.user_suffix_ids(following.messages)
-        if stopped_on is not None and stopped_on != renderer.eos_token_id:
+        if state.stopped_on is not None and state.stopped_on != renderer.eos_token_id:
             suffix = [renderer.eos_token_id, *suffix]
         if len(traj.prompt_ids) + len(traj.completion_ids) + len(suffix) >= config.max_total_tokens:
             traj.status, traj.reward = Status.TRUNCATED, config.truncated_reward
@@ -215,6 +217,7 @@ async def _episode(
         traj.completion_ids.extend(suffix)
         traj.logprobs.extend([0.0] * len(suffix))
         traj.env_mask.extend([0] * len(suffix))
+        state.stopped_on = None
 
 
 def _check_prompt_fits(prompt_tokens: int, config: RolloutConfig) -> None:
@@ -232,19 +235,67 @@ def _check_prompt_fits(prompt_tokens: int, config: RolloutConfig) -> None:
                         "rollout.max_total_tokens, or shorten the task's prompt and tools)")
 
 
+#: Tasks already warned about an agent timeout longer than the rollout's deadline (once per task per process).
+_LONG_AGENT_TIMEOUTS: set[tuple[str, str]] = set()
+
+
+async def _agent_phase(traj: Trajectory, adapter: EnvAdapter, config: RolloutConfig, turns: Any) -> bool:
+    """Run one step's model turns (`turns`, a `_turns` coroutine) under the environment's agent deadline, and say
+    whether the step is to be scored (`_turns`' answer; True when the deadline stopped them).
+
+    An adapter may set `agent_timeout_s` (read after `start` and after each `next_step`): Harbor's task `[agent]
+    timeout_sec` (a step's own where it sets one). As Harbor's trial does on its `AgentTimeoutError`, the turns are
+    stopped there (a generation or tool call in flight is cancelled) and the episode is verified as usual: the reward
+    is the verifier's, and `traj.error` says the agent timed out. `rollout.rollout_timeout_s` still bounds the whole
+    episode, this included.
+    """
+    timeout_s = getattr(adapter, "agent_timeout_s", None)
+    if not timeout_s:
+        return await turns
+    _warn_if_past_the_rollout_deadline(traj.task, float(timeout_s), config)
+    try:
+        async with asyncio.timeout(float(timeout_s)) as deadline:
+            return await turns
+    except TimeoutError:
+        if not deadline.expired():  # raised inside the turns: not the agent deadline's
+            raise
+    traj.error = (f"the model's turns ran past the task's agent timeout ({timeout_s:g} s): stopped, then verified "
+                  "as Harbor does")
+    logger.info("%s/%s: %s", traj.task.env, traj.task.index, traj.error)
+    return True
+
+
+def _warn_if_past_the_rollout_deadline(task: TaskRef, timeout_s: float, config: RolloutConfig) -> None:
+    """Warn once per task when its agent timeout is longer than `rollout.rollout_timeout_s`, which then ends the
+    episode first (`truncated`, not verified)."""
+    name = str(task.metadata.get("task_name") or task.index)
+    if timeout_s <= config.rollout_timeout_s or (task.env, name) in _LONG_AGENT_TIMEOUTS:
+        return
+    _LONG_AGENT_TIMEOUTS.add((task.env, name))
+    logger.warning("envs.%s task %s: its agent timeout (%g s) is longer than rollout.rollout_timeout_s=%g, which ends "
+                   "the episode first (truncated, not verified)", task.env, name, timeout_s, config.rollout_timeout_s)
+
+
+class _TurnState:
+    """Where an episode's model turns stand, kept up to date as they go (a deadline may stop them at any point):
+    the index of the next turn, and the stop token the last turn ended on while nothing followed it yet (None after
+    environment tokens, or when it was cut off)."""
+
+    def __init__(self) -> None:
+        self.next_turn = 0
+        self.stopped_on: int | None = None
+
+
 async def _turns(traj: Trajectory, phases: _Phases, adapter: EnvAdapter, policy: PolicyClient, renderer: ChatRenderer,
                  sampling: SamplingParams, config: RolloutConfig, sample_key: str, tool_names: set[str],
-                 first_turn: int) -> tuple[bool, int, int | None]:
-    """The model's turns of one step, from turn `first_turn` on: whether the step ended before a limit (the model
-    answered, or the environment finished it), the next turn's index, and the stop token the last turn ended on."""
+                 state: _TurnState) -> bool:
+    """The model's turns of one step, from turn `state.next_turn` on: whether the step ended before a limit (the
+    model answered, or the environment finished it). `state` follows the turns (see `_TurnState`)."""
     messages = traj.messages
-    ended = False  # before a limit: the model answered, or the environment finished the episode
-    turn_index = first_turn
-    stopped_on: int | None = None
-    for turn_index in range(first_turn, config.max_turns):
+    for turn_index in range(state.next_turn, config.max_turns):
         budget = config.max_total_tokens - len(traj.prompt_ids) - len(traj.completion_ids)
         if budget <= 0:
-            break
+            return False
         request = SamplingParams(
             max_tokens=min(sampling.max_tokens, budget),
             temperature=sampling.temperature,
@@ -256,6 +307,7 @@ async def _turns(traj: Trajectory, phases: _Phases, adapter: EnvAdapter, policy:
         with phases.timed("generate"):
             turn = await policy.generate(traj.prompt_ids + traj.completion_ids, request, context)
         traj.turns += 1
+        state.next_turn = turn_index + 1
         traj.policy_versions.append(turn.policy_version)
         traj.completion_ids.extend(turn.output_ids)
         traj.logprobs.extend(turn.logprobs)
@@ -263,7 +315,8 @@ async def _turns(traj: Trajectory, phases: _Phases, adapter: EnvAdapter, policy:
 
         # A turn that stopped by itself ends on a stop token: the template's end of turn (the eos), or another one
         # the model's generation config stops at (Qwen2.5's <|endoftext|>). The text is what comes before it.
-        stopped_on = turn.output_ids[-1] if turn.finish_reason == "stop" and turn.output_ids else None
+        stopped_on = state.stopped_on = (turn.output_ids[-1] if turn.finish_reason == "stop" and turn.output_ids
+                                         else None)
         text_ids = turn.output_ids[:-1] if stopped_on is not None else turn.output_ids
         raw = renderer.decode(text_ids)
         content, parsed = parse_tool_calls(raw)
@@ -272,35 +325,34 @@ async def _turns(traj: Trajectory, phases: _Phases, adapter: EnvAdapter, policy:
         malformed = any(isinstance(c, ToolCallProblem) for c in parsed)
         messages.append(assistant_message(raw.strip() if malformed else content, calls))
         if turn.finish_reason == "length":
-            break  # cut off mid-turn: its tool calls may be incomplete
+            return False  # cut off mid-turn: its tool calls may be incomplete
         if not parsed:
-            ended = True  # the model answered without calling a tool: an environment may score that answer
+            # The model answered without calling a tool: an environment may score that answer.
             answer = getattr(adapter, "answer", None)
             if answer is not None:
                 with phases.timed("tools"):
                     result = await answer(content)
                 if result is not None:
                     _record_step(traj, ANSWER_STEP, result)
-            break
+            return True
 
         tool_messages, finished = await _run_calls(traj, phases, adapter, parsed, tool_names, config)
         messages.extend(tool_messages)
         if finished:
-            ended = True
-            break
+            return True
         suffix = renderer.tool_suffix_ids(tool_messages)
         if stopped_on is not None and stopped_on != renderer.eos_token_id:
             # The template closes an assistant turn with its end-of-turn token; close it so before the tool results
             # (environment glue, not trained on), so the next turn sees the conversation the template would write.
             suffix = [renderer.eos_token_id, *suffix]
         if len(traj.prompt_ids) + len(traj.completion_ids) + len(suffix) >= config.max_total_tokens:
-            break
+            return False
         traj.completion_ids.extend(suffix)
         traj.logprobs.extend([0.0] * len(suffix))
         traj.env_mask.extend([0] * len(suffix))
-    else:
-        return False, config.max_turns, stopped_on
-    return ended, turn_index + 1, stopped_on
+        state.stopped_on = None
+    state.next_turn = max(state.next_turn, config.max_turns)
+    return False
 
 
 async def _act(

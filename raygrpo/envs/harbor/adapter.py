@@ -143,6 +143,19 @@ class HarborAdapter(EpisodeGrading, LiveAdapter):
         return self._steps is not None
 
     @property
+    def agent_timeout_s(self) -> float | None:
+        """The current step's agent deadline, as Harbor's trial sets it: the step's `[agent] timeout_sec`, else the
+        task's (None when neither is set, or before `start`). The agent loop stops the model's turns there and has
+        the episode verified, as Harbor does on an `AgentTimeoutError` (`raygrpo.agent.rollout._agent_phase`)."""
+        if self.harbor_task is None:
+            return None
+        step = self._steps.step if self._steps is not None else None
+        if step is not None and step.agent.timeout_sec is not None:
+            return float(step.agent.timeout_sec)
+        timeout = self.harbor_task.config.agent.timeout_sec
+        return float(timeout) if timeout is not None else None
+
+    @property
     def env(self) -> BaseEnvironment | None:
         """The sandbox's Harbor environment (None before it has one)."""
         return self.sandbox.env if self.sandbox is not None else None
