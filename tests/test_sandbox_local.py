@@ -170,6 +170,105 @@ async def test_dockerfile_workdir_env_and_copies(tmp_path: Path, sroot: Path, ca
     assert len(froms) == 1 and ":2: FROM not applied" in froms[0] and "python:3.12-slim is not pulled" in froms[0]
 
 
+ROOT_COPIES_DOCKERFILE = """\
+FROM python:3.12-slim
+COPY config.json /config.json
+COPY entrypoint.sh /
+COPY a.txt b.txt /
+COPY rootfs/ /
+COPY <<EOF /inline.txt
+inline
+EOF
+RUN chmod +x /entrypoint.sh
+WORKDIR /app
+"""
+
+
+@pytest.mark.timeout(60)
+async def test_copies_into_the_root_land_there(tmp_path: Path, sroot: Path):
+    """The sandbox's `/` is a tmpfs: files copied into it (`COPY entrypoint.sh /entrypoint.sh`, very common) are
+    bound in one by one, a directory's contents become directories of their own, as a build puts them there."""
+    files = {"config.json": '{"port": 5432}\n', "entrypoint.sh": "#!/bin/sh\necho entry\n", "a.txt": "A\n",
+             "b.txt": "B\n", "rootfs/srv-data/x.txt": "X\n", "rootfs/top.txt": "T\n"}
+    task = make_task(tmp_path, dockerfile=ROOT_COPIES_DOCKERFILE, files=files)
+    env, _, _ = make_env(task, tmp_path / "trials", sroot)
+    await env.start(force_build=False)
+    try:
+        r = await env.exec("cat /config.json /a.txt /b.txt /srv-data/x.txt /top.txt /inline.txt; /entrypoint.sh; "
+                           "echo changed > /config.json && cat /config.json")
+        assert r.return_code == 0, r.stderr
+        assert r.stdout == '{"port": 5432}\nA\nB\nX\nT\ninline\nentry\nchanged\n'
+    finally:
+        await env.stop(delete=True)
+
+
+ENTRYPOINT_DOCKERFILE = """\
+FROM python:3.12-slim
+COPY status_server.py /opt/status/status_server.py
+COPY entrypoint.sh /entrypoint.sh
+RUN chmod +x /entrypoint.sh
+ENV GREETING=hello
+WORKDIR /app
+ENTRYPOINT ["/entrypoint.sh"]
+CMD ["python3", "-c", "print('the CMD ran')"]
+"""
+ENTRYPOINT_SH = """#!/bin/bash
+set -euo pipefail
+echo "$GREETING from $(pwd), args: $*" > /tmp/entrypoint.txt
+python3 /opt/status/status_server.py &
+exec "$@"
+"""
+STATUS_SERVER = """import http.server
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"fleet=green\\n")
+
+
+http.server.HTTPServer(("127.0.0.1", 8765), Handler).serve_forever()
+"""
+
+
+@pytest.mark.timeout(60)
+async def test_the_entrypoint_starts_with_harbors_arguments_as_on_docker(tmp_path: Path, sroot: Path, caplog):
+    """The service an `entrypoint.sh` starts before `exec "$@"` is up, as on Harbor's docker backend: the
+    ENTRYPOINT runs in the background with `sh -c "sleep infinity"` (what Harbor runs in place of CMD) as its
+    arguments, with the Dockerfile's ENV and WORKDIR; the CMD does not run; it all goes with the sandbox."""
+    task = make_task(tmp_path, dockerfile=ENTRYPOINT_DOCKERFILE,
+                     files={"status_server.py": STATUS_SERVER, "entrypoint.sh": ENTRYPOINT_SH})
+    caplog.set_level(logging.INFO, logger="raygrpo.sandbox.dockerfile")
+    env, _, _ = make_env(task, tmp_path / "trials", sroot)
+    await env.start(force_build=False)
+    try:
+        fetch = ("for i in $(seq 50); do python3 -c 'import urllib.request as u; "
+                 "print(u.urlopen(\"http://127.0.0.1:8765/status\", timeout=1).read().decode(), end=\"\")' "
+                 "2>/dev/null && break; sleep 0.1; done; cat /tmp/entrypoint.txt; ps -eo args")
+        r = await env.exec(fetch)
+        lines = r.stdout.splitlines()
+        assert lines[:2] == ["fleet=green", "hello from /app, args: sh -c sleep infinity"], r.stdout
+        assert "sh -c sleep infinity" in lines and not any("the CMD ran" in line for line in lines)
+    finally:
+        await env.stop(delete=True)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("ENTRYPOINT ['/entrypoint.sh'] started in the background" in m for m in messages)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "ENTRYPOINT" in r.getMessage()]
+
+
+def test_entrypoint_forms_as_docker_reads_them(tmp_path: Path):
+    df = tmp_path / "Dockerfile"
+    df.write_text("FROM a\nENTRYPOINT [\"/x.sh\", \"--flag\"]\nFROM b\nENTRYPOINT /y.sh \"$HOME\"\n")
+    assert parse_dockerfile(df).entrypoint == ("/bin/sh", "-c", '/y.sh "$HOME"')  # the last stage's, shell form
+    df.write_text("FROM a\nENTRYPOINT [\"/x.sh\", \"--flag\"]\n")
+    assert parse_dockerfile(df).entrypoint == ("/x.sh", "--flag")
+    df.write_text("FROM a\nENTRYPOINT [\"/x.sh\"]\nENTRYPOINT []\n")
+    assert parse_dockerfile(df).entrypoint is None
+    df.write_text("FROM a\nENTRYPOINT [\"/x.sh\"]\nFROM b\n")
+    assert parse_dockerfile(df).entrypoint is None
+
+
 def test_dockerfile_errors_name_path_and_line(tmp_path: Path):
     bad = tmp_path / "Dockerfile"
     bad.write_text("FROM x\nWORKDIR /app\nFROBNICATE now\n")

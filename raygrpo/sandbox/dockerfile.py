@@ -8,28 +8,36 @@ filesystem, read-only. So it applies only the parts of a Dockerfile that describ
 - `ARG` defaults: usable in later `$VAR` substitutions, as in a build;
 - `COPY` / `ADD` of files and directories from the build context (the task's `environment/` folder), heredoc
   sources included; a relative destination is relative to `WORKDIR`; `--chown` is ignored, `--chmod` is applied
-  (`raygrpo.sandbox.dockerfile_copy`).
+  (`raygrpo.sandbox.dockerfile_copy`); into `/` too (`COPY entrypoint.sh /entrypoint.sh`: each file bound in on its
+  own, `split_at_root`).
 
 - `RUN`: the commands that make files and folders run at every sandbox start; the ones that install software are
   skipped (the host and the verifier toolbox provide instead); see `raygrpo.sandbox.run_steps`.
 
-Everything else cannot be honoured and is skipped: `USER`
-(execs run as root unless a user is requested), `COPY --from`, `ADD` of URLs and archives, `FROM`, `CMD`,
-`ENTRYPOINT`, `EXPOSE`, ... Skipped steps are reported once per Dockerfile per process with a `logging` warning
-(`report_skipped`), not once per sandbox. Only the final build stage counts (each `FROM` starts a new one).
+- `ENTRYPOINT`: started in the background at every sandbox start, as the container's main process is, with the
+  arguments Harbor's docker backend gives it in place of the image's `CMD` (`sh -c "sleep infinity"`,
+  `HARBOR_COMMAND`): an
+  `entrypoint.sh` that starts a service and then `exec "$@"` starts the service.
+
+Everything else cannot be honoured and is skipped: `USER` (execs run as root unless a user is requested),
+`COPY --from`, `ADD` of URLs and archives, `FROM`, `EXPOSE`, ...; `CMD` too, which Harbor's docker backend does not
+run either (its compose file's `command` replaces it). Skipped steps are reported once per Dockerfile per process
+with a `logging` warning (`report_skipped`), not once per sandbox; `CMD` (at info level) and image metadata
+(`EXPOSE`, `LABEL`, ...) are not warned about. Only the final build stage counts (each `FROM` starts a new one).
 
 A Dockerfile that cannot be parsed raises `DockerfileError`, whose message names the file and the line.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from raygrpo.sandbox.dockerfile_copy import CopyStep, parse_copy, sandbox_path
+from raygrpo.sandbox.dockerfile_copy import ROOT, CopyStep, parse_copy, sandbox_path, split_at_root
 from raygrpo.sandbox.dockerfile_syntax import NAME_RE, DockerfileError, LexError, lex, lex_one, read_instructions
 from raygrpo.sandbox.run_steps import RunStep, plan_run
 
@@ -63,6 +71,8 @@ class DockerfilePlan:
         user: the final `USER` (not applied; recorded for the warning).
         skipped: every instruction that was not applied (for a `RUN`: the install commands taken out of it).
         runs: the final stage's `RUN` commands that the sandbox runs at start (`raygrpo.sandbox.run_steps`).
+        entrypoint: the final stage's `ENTRYPOINT` as the argv it starts (the shell form as `/bin/sh -c TEXT`), or
+            None when it sets none; the sandbox starts it in the background (`LocalSandboxEnvironment`).
     """
 
     path: Path
@@ -73,12 +83,18 @@ class DockerfilePlan:
     user: str | None
     skipped: tuple[SkippedStep, ...]
     runs: tuple[RunStep, ...] = ()
+    entrypoint: tuple[str, ...] | None = None
 
     def writable_dirs(self) -> list[PurePosixPath]:
-        """Sandbox directories that must be writable: the `WORKDIR` and every copy destination."""
+        """Sandbox directories that must be writable: the `WORKDIR` and every copy destination but `/`."""
         dirs = [PurePosixPath(self.workdir)] if self.workdir else []
-        dirs.extend(step.writable_dir for step in self.copies)
+        dirs.extend(step.writable_dir for step in self.copies if step.writable_dir != ROOT)
         return dirs
+
+    def root_files(self) -> list[PurePosixPath]:
+        """Files copied straight into `/` (`COPY entrypoint.sh /entrypoint.sh`), each bound in on its own: the
+        sandbox's `/` is a tmpfs, not a directory of the host it could write into."""
+        return sorted({step.dest for step in self.copies if step.writable_dir == ROOT})
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -114,6 +130,7 @@ def parse_dockerfile(path: Path | str, context_dir: Path | str | None = None) ->
     copies: list[CopyStep] = []
     skipped: list[SkippedStep] = []
     runs: list[RunStep] = []
+    entrypoint: tuple[str, ...] | None = None
     seen_from = False
 
     for ins in instructions:
@@ -123,6 +140,7 @@ def parse_dockerfile(path: Path | str, context_dir: Path | str | None = None) ->
                 # A new build stage: nothing of the previous stage reaches the final image except via COPY --from.
                 seen_from = True
                 args, env, workdir, user, copies, skipped, runs = {}, {}, None, None, [], [], []
+                entrypoint = None
                 skipped.append(SkippedStep(ins.line, "FROM", f"{ins.args.strip()} is not pulled: the sandbox runs the "
                                            "host's own files and tools (its python3, its pytest, if any), not the "
                                            "image's"))
@@ -164,7 +182,7 @@ def parse_dockerfile(path: Path | str, context_dir: Path | str | None = None) ->
                 step, reasons = parse_copy(ins, subst, escape, workdir, context, context_real)
                 skipped.extend(SkippedStep(ins.line, ins.keyword, reason) for reason in reasons)
                 if step is not None:
-                    copies.append(step)
+                    copies.extend(split_at_root(step))
             elif ins.keyword == "RUN":
                 run = plan_run(ins.line, ins.args, workdir, {**args, **env}) if not ins.heredocs else None
                 if run is None:
@@ -174,9 +192,15 @@ def parse_dockerfile(path: Path | str, context_dir: Path | str | None = None) ->
                         runs.append(run)
                     if run.skipped:
                         skipped.append(SkippedStep(ins.line, "RUN", "installs: " + "; ".join(run.skipped)))
+            elif ins.keyword == "ENTRYPOINT":
+                entrypoint = parse_entrypoint(ins.args)
+            elif ins.keyword == "CMD":
+                # Harbor's docker backend starts every container with `sh -c "sleep infinity"` in place of the
+                # image's CMD: a CMD does not run there either.
+                skipped.append(SkippedStep(ins.line, "CMD", CMD_REPLACED))
             else:
-                # CMD, ENTRYPOINT, EXPOSE, LABEL, VOLUME, HEALTHCHECK, SHELL, STOPSIGNAL, ONBUILD, MAINTAINER:
-                # image metadata with no effect on execs.
+                # EXPOSE, LABEL, VOLUME, HEALTHCHECK, SHELL, STOPSIGNAL, ONBUILD, MAINTAINER: image metadata with no
+                # effect on execs.
                 skipped.append(SkippedStep(ins.line, ins.keyword, "image metadata"))
         except LexError as e:
             raise DockerfileError(path, ins.line, str(e)) from None
@@ -189,7 +213,37 @@ def parse_dockerfile(path: Path | str, context_dir: Path | str | None = None) ->
         user=user,
         skipped=tuple(skipped),
         runs=tuple(runs),
+        entrypoint=entrypoint,
     )
+
+
+#: Why a Dockerfile's `CMD` is not run (logged, not warned about: Harbor's docker backend does not run it either).
+CMD_REPLACED = "Harbor's docker backend runs `sh -c \"sleep infinity\"` in its place"
+#: The arguments Harbor's docker backend gives the image's `ENTRYPOINT` in place of its `CMD` (its docker compose file's
+#: `command`); an entrypoint that ends in `exec "$@"` keeps running them.
+HARBOR_COMMAND = ("sh", "-c", "sleep infinity")
+
+
+def parse_entrypoint(text: str) -> tuple[str, ...] | None:
+    """An `ENTRYPOINT` instruction's argv, as Docker reads it: the exec form (a JSON array) as it is, the shell form
+    as `/bin/sh -c TEXT`; None for an empty one (`ENTRYPOINT []` resets it).
+
+    Raises:
+        LexError: A JSON array that is not one of strings.
+    """
+    body = text.strip()
+    if not body:
+        return None
+    if body.startswith("["):
+        try:
+            array = json.loads(body)
+        except json.JSONDecodeError:
+            array = None  # Docker runs what does not parse as JSON in the shell form
+        if array is not None:
+            if not isinstance(array, list) or not all(isinstance(a, str) for a in array):
+                raise LexError("ENTRYPOINT's JSON form must be an array of strings")
+            return tuple(array) if array and array[0] else None
+    return ("/bin/sh", "-c", body)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -229,7 +283,7 @@ def report_skipped(plan: DockerfilePlan) -> None:
             return
         _reported.add(key)
     installs = [s.line for s in plan.skipped if s.instruction == "RUN"]
-    other = [s for s in plan.skipped if s.instruction != "RUN" and s.reason != "image metadata"]
+    other = [s for s in plan.skipped if s.instruction != "RUN" and s.reason not in ("image metadata", CMD_REPLACED)]
     if installs:
         logger.warning(
             "%s: the install commands of %d RUN step(s) skipped (line%s %s): the local sandbox builds no image; the "
@@ -239,6 +293,12 @@ def report_skipped(plan: DockerfilePlan) -> None:
             "s" if len(installs) > 1 else "",
             ", ".join(map(str, installs)),
         )
+    for s in plan.skipped:
+        if s.reason == CMD_REPLACED:
+            logger.info("%s:%d: CMD not run: %s", plan.path, s.line, s.reason)
+    if plan.entrypoint is not None:
+        logger.info("%s: ENTRYPOINT %s started in the background at each sandbox start, with Harbor's arguments %s",
+                    plan.path, list(plan.entrypoint), list(HARBOR_COMMAND))
     if plan.runs:
         logger.info("%s: %d RUN step(s) run at each sandbox start (line%s %s)", plan.path, len(plan.runs),
                     "s" if len(plan.runs) > 1 else "", ", ".join(str(r.line) for r in plan.runs))

@@ -10,7 +10,7 @@ import glob
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
 from raygrpo.sandbox.dockerfile_syntax import HEREDOC_RE, Instruction, LexError, lex, lex_heredoc, lex_one
@@ -48,6 +48,35 @@ class CopyStep:
         if len(self.sources) == 1 and self.sources[0].is_dir():
             return self.dest
         return self.dest.parent
+
+
+ROOT = PurePosixPath("/")
+
+
+def split_at_root(step: CopyStep) -> list[CopyStep]:
+    """`step` as steps that each write one entry, when it writes into `/` itself (`COPY entrypoint.sh /`,
+    `COPY a.json b.json /`, `COPY rootfs/ /`); else `[step]` unchanged.
+
+    The local sandbox's `/` is a tmpfs it cannot copy into: each file it gets there is bound in on its own
+    (`raygrpo.sandbox.layout`), and each directory becomes a writable directory like any other destination. A
+    directory source's entries each become a step of their own, as `COPY dir /` puts the directory's contents at `/`.
+    """
+    if step.writable_dir != ROOT:
+        return [step]
+    into = step.dest_is_dir or len(step.sources) + len(step.inline) > 1
+    parts: list[CopyStep] = []
+    for source in step.sources:
+        if source.is_dir():
+            for entry in sorted(source.iterdir()):
+                is_dir = entry.is_dir() and not entry.is_symlink()
+                parts.append(replace(step, dest=ROOT / entry.name, dest_is_dir=is_dir, sources=(entry,), inline=()))
+        else:
+            dest = ROOT / source.name if into else step.dest
+            parts.append(replace(step, dest=dest, dest_is_dir=False, sources=(source,), inline=()))
+    for name, content in step.inline:
+        dest = ROOT / name if into else step.dest
+        parts.append(replace(step, dest=dest, dest_is_dir=False, sources=(), inline=((name, content),)))
+    return parts
 
 
 def _split_flags(words: list[str]) -> tuple[dict[str, str], list[str]]:

@@ -204,6 +204,7 @@ def layout(
         host = host_of(p) if covering(p).kind == "rw" else None
         if host is not None:
             host.mkdir(parents=True, exist_ok=True)
+    mounts += _root_files(fs, plan, mounts)
     for m in user_mounts:
         target = norm(m["target"])
         source = Path(m["source"]).absolute()
@@ -218,6 +219,26 @@ def layout(
                 host.touch()
         mounts.append(Mount(target, "ro" if m.get("read_only") else "rw", source))
     return mounts
+
+
+def _root_files(fs: Path, plan: _df.DockerfilePlan | None, mounts: list[Mount]) -> list[Mount]:
+    """Writable file mounts for the files the Dockerfile copies straight into `/` (`COPY entrypoint.sh
+    /entrypoint.sh`): the sandbox's `/` is a tmpfs, so each gets a host file of its own under `fs/`, bound at its
+    path. A name another mount already provides (`/app`, `/usr`) is left to that mount.
+
+    Raises:
+        CopyError: the name is taken on the host side by a writable directory of the sandbox.
+    """
+    files: list[Mount] = []
+    for path in plan.root_files() if plan is not None else []:
+        if any(under(path, m.target) for m in mounts if m.target != PurePosixPath("/")):
+            continue
+        host = fs / path.name
+        if host.exists():
+            raise CopyError(f"{plan.path}: cannot write {path}: a directory of the sandbox is there")
+        host.touch()
+        files.append(Mount(path, "rw", host))
+    return files
 
 
 def resolve_links(p: PurePosixPath, mounts: list[Mount]) -> PurePosixPath:

@@ -22,9 +22,11 @@ What a sandbox is:
   inside a read-only host directory (say `/usr/src/app`) gets that directory replaced by a writable copy whose
   existing entries are bound back read-only. The host's `/root`, `/home` and anything else not listed are not
   visible.
-- The Dockerfile: `WORKDIR`, `ENV` and `COPY`/`ADD` of local files are applied; of `RUN`, the commands that make
-  files and folders run at start, those that install software are skipped; everything else is skipped and reported
-  once per task; see `raygrpo.sandbox.dockerfile` and `raygrpo.sandbox.run_steps`. A task "runs unchanged" when what
+- The Dockerfile: `WORKDIR`, `ENV` and `COPY`/`ADD` of local files are applied (a file copied into `/` is bound
+  there on its own); of `RUN`, the commands that make files and folders run at start, those that install software
+  are skipped; the `ENTRYPOINT` is started in the background after them, with Harbor's `sh -c "sleep infinity"` as
+  its arguments, as on Harbor's docker backend (its output in `ENTRYPOINT_LOG`); everything else is skipped and
+  reported once per task; see `raygrpo.sandbox.dockerfile` and `raygrpo.sandbox.run_steps`. A task "runs unchanged" when what
   its `RUN` steps install is on the host or in the verifier toolbox. A `docker_image` without a Dockerfile is not pulled: the sandbox is
   the host's files, and `environment/` is uploaded into the working directory as Harbor does for prebuilt images.
 - Processes: `start()` launches one long-lived init (`bwrap --unshare-pid --die-with-parent ... sleep infinity`);
@@ -63,6 +65,7 @@ import contextlib
 import logging
 import os
 import re
+import shlex
 import uuid
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -92,6 +95,8 @@ from raygrpo.sandbox.transfer import HostFileTransfer
 from raygrpo.specs.harbor import LOCAL_RENAMED_KWARGS
 
 _ID_SAFE = re.compile(r"[^A-Za-z0-9_-]+")
+#: Where the Dockerfile's `ENTRYPOINT` writes its output, in the sandbox (its `/run` is a tmpfs of its own).
+ENTRYPOINT_LOG = "/run/raygrpo-entrypoint.log"
 
 
 class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment):
@@ -286,6 +291,7 @@ class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment
         self._state = "running"
         await self._upload_environment_dir_after_start()
         await self._run_dockerfile_steps()
+        await self._start_entrypoint()
 
     async def _run_dockerfile_steps(self) -> None:
         """Run the Dockerfile's `RUN` commands that make files (`raygrpo.sandbox.run_steps`), in order, as root; a
@@ -296,6 +302,22 @@ class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment
             if result.return_code != 0:
                 _df.report_run_failure(self._plan, step, result.return_code,
                                        (result.stdout or "") + (result.stderr or ""))
+
+    async def _start_entrypoint(self) -> None:
+        """Start the Dockerfile's `ENTRYPOINT` in the background, in a session of its own, as the container's main
+        process would be under Harbor's docker backend: as root, from the final `WORKDIR`, with the Dockerfile's
+        `ENV`, and `sh -c "sleep infinity"` as its arguments (what Harbor's compose file runs in place of `CMD`). Its
+        output goes to `ENTRYPOINT_LOG` in the sandbox; it dies with the sandbox."""
+        entrypoint = self._plan.entrypoint if self._plan is not None else None
+        if not entrypoint:
+            return
+        command = (f"setsid -f {shlex.join([*entrypoint, *_df.HARBOR_COMMAND])} </dev/null "
+                   f">{ENTRYPOINT_LOG} 2>&1")
+        result = await self.exec(command, cwd=self._plan.workdir or "/", user="root",
+                                 timeout_sec=int(self._init_timeout_s))
+        if result.return_code != 0:  # setsid itself failed: the entrypoint never ran
+            raise SandboxStartError(f"sandbox {self.sandbox_id}: the Dockerfile's ENTRYPOINT could not be started: "
+                                    f"{(result.stderr or result.stdout or '').strip()[:500]}")
 
     async def stop(self, delete: bool = True) -> None:
         """Kill every process of the sandbox and remove its host directory (unless `keep_dir`). Idempotent.
