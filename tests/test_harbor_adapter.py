@@ -31,7 +31,7 @@ from raygrpo.agent.rollout import run_rollout
 from raygrpo.sandbox.os_probe import sandbox_mounts, sandbox_processes
 from raygrpo.sandbox.owners import live_sandboxes
 from raygrpo.specs.harbor import HarborSpec
-from raygrpo.core.types import Status
+from raygrpo.core.types import Status, TaskRef
 from tests.harbor_utils import EXAMPLE_DIR, EXAMPLE_TASKS, bash_script, example_task_names, make_task, tool_texts
 
 pytestmark = pytest.mark.timeout(120)
@@ -339,6 +339,34 @@ async def test_failed_start_is_env_error_and_leaves_nothing(renderer, root, tmp_
     assert traj.status is Status.ENV_ERROR and traj.reward is None
     assert "HarborStartError" in traj.error
     assert traj.turns == 0
+    await nothing_left(root)
+
+
+@pytest.mark.parametrize("how", ["environment-env", "verifier-env", "gpus", "copy-into-proc", "bad-dockerfile"])
+async def test_a_task_that_cannot_run_as_it_is_is_a_task_error_before_any_episode(renderer, root, tmp_path,
+                                                                                  monkeypatch, how):
+    """What the load-time checks cannot see from the driver (a variable the actor lacks) or were not run on (a
+    `TaskRef` made by hand) still fails as the task's, never as a retried `env_error`, and before the episode: a
+    `[verifier.env]` variable the actor lacks no longer costs a whole episode first."""
+    toml = {"environment-env": '[environment.env]\nURL = "${RAYGRPO_TEST_LATER_UNSET}"\n',
+            "gpus": "gpus = 1\n"}.get(how, "")
+    task = make_task(tmp_path / "suite", "t", environment=toml,
+                     dockerfile={"copy-into-proc": "FROM x\nCOPY data.txt /proc/sys/x\n",
+                                 "bad-dockerfile": "FROM x\nCOPY missing.txt /app/\n"}.get(how),
+                     files={"data.txt": "x\n"} if how == "copy-into-proc" else None)
+    if how == "verifier-env":
+        (task / "task.toml").write_text((task / "task.toml").read_text().replace(
+            "[verifier]\n", '[verifier.env]\nJUDGE = "${RAYGRPO_TEST_LATER_UNSET}"\n\n[verifier]\n', 1))
+    monkeypatch.delenv("RAYGRPO_TEST_LATER_UNSET", raising=False)
+    ref = TaskRef(env="suite", index=0, metadata={"task_dir": str(task), "task_name": "tests/t"})
+    traj = await rollout(spec_for(tmp_path / "suite", root), renderer, bash_script("echo ok > /app/out.txt"), ref=ref)
+    assert traj.status is Status.TASK_ERROR and traj.reward is None and traj.turns == 0, traj.error
+    expected = {"environment-env": "[environment.env] URL = '${RAYGRPO_TEST_LATER_UNSET}': Environment variable",
+                "verifier-env": "[verifier.env] JUDGE = '${RAYGRPO_TEST_LATER_UNSET}': Environment variable",
+                "gpus": "Task requires 1 GPU(s) but raygrpo-local environment does not support GPU allocation",
+                "copy-into-proc": "cannot make /proc/sys writable in the local sandbox",
+                "bad-dockerfile": "Dockerfile:2: COPY source 'missing.txt' not found"}[how]
+    assert expected in traj.error and "task tests/t" in traj.error
     await nothing_left(root)
 
 

@@ -333,3 +333,54 @@ def test_a_task_dir_harbor_rejects_fails_with_harbors_reason(tmp_path):
     (bad / "task.toml").write_text(re.sub(r'(?m)^name = .*$', 'name = "no-org"', toml))
     message = resolve_error({"path": "suite"}, base_dir=tmp_path)
     assert f"task dir {bad}: task.toml is invalid: task.name:" in message and "'org/name' format" in message
+
+
+def _with_toml(task: Path, extra: str) -> Path:
+    (task / "task.toml").write_text((task / "task.toml").read_text() + extra)
+    return task
+
+
+def test_tasks_every_start_of_which_would_fail_are_refused_at_load_naming_the_field(tmp_path, monkeypatch):
+    """What fails every start (or every verification) alike is a task problem, refused when the run loads, naming the
+    task and the field, instead of a retried `env_error` per rollout: `[environment] gpus` on the local backend (unless
+    `override_gpus: 0` clears it), a host variable that `[environment.env]`, `[verifier.env]` or a step's verifier env
+    names and that is not set (a default, or a variable that is set, is fine), a Dockerfile the local backend cannot
+    read."""
+    monkeypatch.delenv("RAYGRPO_TEST_UNSET", raising=False)
+    monkeypatch.setenv("RAYGRPO_TEST_SET", "yes")
+    suite = tmp_path / "suite"
+    make_task(suite, "good", environment='[environment.env]\nA = "${RAYGRPO_TEST_SET}"\nB = "${RAYGRPO_TEST_UNSET:-x}"\n')
+    make_task(suite, "gpu", environment="gpus = 1\n")
+    make_task(suite, "env-unset", environment='[environment.env]\nURL = "${RAYGRPO_TEST_UNSET}"\n')
+    _with_toml(make_task(suite, "verifier-unset"), '\n[verifier.env]\nJUDGE = "${RAYGRPO_TEST_UNSET}"\n')
+    make_task(suite, "bad-dockerfile", dockerfile="FROM x\nCOPY missing.txt /app/\n")
+    refused: list = []
+    tasks = HarborKind().resolve(load({"path": "suite"}, tmp_path), "local", refused)
+    assert [Path(t.metadata["task_dir"]).name for t in tasks] == ["good"]
+    causes = {Path(r.task_dir).name: r.cause for r in refused}
+    assert causes["gpu"].startswith("task 'tests/gpu': [environment] gpus = 1: the local backend allocates no GPU")
+    assert causes["env-unset"].startswith("task 'tests/env-unset': [environment.env] URL = '${RAYGRPO_TEST_UNSET}': "
+                                          "Environment variable 'RAYGRPO_TEST_UNSET' not found")
+    assert causes["verifier-unset"].startswith("task 'tests/verifier-unset': [verifier.env] JUDGE = ")
+    assert causes["bad-dockerfile"].startswith("environment/Dockerfile cannot be read by the local backend: ")
+    assert "Dockerfile:2: COPY source 'missing.txt' not found" in causes["bad-dockerfile"]
+    assert len(refused) == 4
+    # Harbor's override clears the GPU request; docker may have GPUs (its own check decides when it starts).
+    overridden = load({"path": "suite", "indices": [3], "environment_kwargs": {"override_gpus": 0}}, tmp_path)
+    refused = []
+    cleared = HarborKind().resolve(overridden, "local", refused)
+    assert [Path(t.metadata["task_dir"]).name for t in cleared] == ["gpu"]
+    assert "gpu" not in {Path(r.task_dir).name for r in refused}
+
+
+def test_a_steps_verifier_env_naming_an_unset_variable_is_refused_at_load(tmp_path, monkeypatch):
+    from tests.harbor_steps_utils import make_counter_task
+
+    monkeypatch.delenv("RAYGRPO_TEST_UNSET", raising=False)
+    task = make_counter_task(tmp_path / "suite", "steps", steps=2)
+    toml = (task / "task.toml").read_text()
+    step = 'name = "step-2"\nartifacts = []\n'
+    assert step in toml
+    (task / "task.toml").write_text(toml.replace(step, step + '[steps.verifier.env]\nTOKEN = "${RAYGRPO_TEST_UNSET}"\n'))
+    message = resolve_error({"path": "suite"}, base_dir=tmp_path)
+    assert "[steps.verifier.env] of step 'step-2' TOKEN = '${RAYGRPO_TEST_UNSET}'" in message

@@ -12,6 +12,11 @@ class SandboxStartError(SandboxError):
     """The sandbox could not be started (bwrap failed, or did not become ready in time)."""
 
 
+class SandboxDefinitionError(SandboxStartError):
+    """The task's environment cannot be laid out by the local sandbox (a `COPY` destination it cannot make
+    writable): every start of the task fails alike, so the caller treats it as the task's fault, not the machine's."""
+
+
 class SandboxNotRunningError(SandboxError):
     """An operation on a sandbox that is not running: never started, stopped, or dead (its init is gone)."""
 

@@ -83,6 +83,7 @@ from raygrpo.sandbox import owners as _reg
 from raygrpo.sandbox import toolbox as _toolbox
 from raygrpo.sandbox.commands import SandboxCommands, log_once
 from raygrpo.sandbox.errors import (
+    SandboxDefinitionError,
     SandboxError,
     SandboxExecTimeoutError,  # noqa: F401 (re-exported)
     SandboxNotRunningError,  # noqa: F401 (re-exported)
@@ -361,8 +362,8 @@ class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment
                 host_mounts=self._host_mounts,
                 workdir=self.workdir,
             )
-        except _lay.CopyError as e:
-            raise SandboxStartError(str(e)) from None
+        except ValueError as e:  # a CopyError, or a destination that cannot be made writable: the task's, every time
+            raise SandboxDefinitionError(str(e)) from None
         if self._toolbox is not None:
             self._mount_table.append(_lay.Mount(PurePosixPath(str(self._toolbox)), "ro", self._toolbox))
 

@@ -7,6 +7,11 @@ Outcomes, as the agent loop (`raygrpo.agent.rollout`) reports them:
 - the sandbox fails to start, its healthcheck fails, or it dies mid-episode: `EnvError` -> `env_error` (retried);
 - the task's image does not build (docker: a Dockerfile step fails) or an image it names cannot be pulled (a compose
   sidecar's): `TaskError` -> `task_error`, not retried, with the daemon's own line;
+- the task cannot run as it is, whatever the attempt: a host variable its `[environment.env]`, `[verifier.env]` or a
+  step's `[steps.verifier.env]` names is not set in the actor (checked before the sandbox is made, so never after an
+  episode), the backend allocates none of the GPUs or the TPU it asks for, or the local backend cannot read its
+  Dockerfile or lay out a `COPY`: `TaskError` -> `task_error`, not retried (most are refused at load already,
+  `raygrpo.envs.harbor.tasks.check_task_dir`);
 - the verifier crashes (cannot upload the tests, cannot read the results back, ...): `EnvError` -> `env_error`;
 - the verifier runs past its deadline: `TimeoutError` (`HarborVerifierTimeout`) -> `timeout`, not retried;
 - the verifier writes no usable reward (no file, an empty or unparsable one, a missing `reward_key`):
@@ -41,6 +46,7 @@ from raygrpo.envs.harbor.steps import StepProgress, prepare_step
 from raygrpo.envs.live import LiveAdapter, LiveAdapters
 from raygrpo.envs.harbor.rewards import reduce_rewards
 from raygrpo.core.errors import TaskError, describe
+from raygrpo.sandbox.errors import SandboxDefinitionError
 from raygrpo.core.types import Observation, TaskRef, ToolResult
 
 if TYPE_CHECKING:
@@ -203,6 +209,9 @@ class HarborAdapter(EpisodeGrading, LiveAdapter):
         except TimeoutError:
             self._dead = f"did not start within start_timeout_s={self.spec.start_timeout_s:g}"
             raise HarborStartError(f"{self.label}: the sandbox {self._dead}") from None
+        except SandboxDefinitionError as exc:  # the local backend cannot lay the task out: the same every time
+            self._dead = describe(exc)
+            raise TaskError(f"{self.label}: the sandbox cannot be set up for the task: {self._dead}") from None
         except Exception as exc:  # noqa: BLE001 - every backend fails its own way; all are start failures
             docker = self.context.docker
             self._dead = (docker.explain(exc) if docker is not None else None) or describe(exc)

@@ -15,7 +15,7 @@ from raygrpo.core.errors import TaskError
 from raygrpo.core.imports import is_file_spec, split_spec
 from raygrpo.envs.harbor.faults import wrap_environment
 from raygrpo.envs.harbor.network import is_network_refusal, task_network_policies
-from raygrpo.envs.harbor.tasks import load_environment_class
+from raygrpo.envs.harbor.tasks import load_environment_class, unset_variables
 from raygrpo.envs.harbor.trial import keep_fresh
 
 if TYPE_CHECKING:
@@ -35,12 +35,18 @@ async def create_environment(context: SuiteContext, task: Task, trial_paths: Tri
     backend, with the lease's label and the sandbox's lifetime, the lease id being `session_id`).
 
     Raises:
-        TaskError: The backend refuses the task's network policy.
+        TaskError: The task cannot run as it is, on any attempt: a host variable its environment tables name is not
+            set in this process (`raygrpo.envs.harbor.tasks.unset_variables`: checked before the sandbox exists, so
+            that a `[verifier.env]` one fails before the episode, not after it), the backend refuses its network
+            policy, or it cannot give it what it asks for (GPUs, a TPU) or read its Dockerfile (the local backend).
     """
     from harbor.environments.factory import EnvironmentFactory
     from harbor.models.trial.config import EnvironmentConfig as TrialEnvironmentConfig
 
     spec = context.spec
+    unset = unset_variables(task.config)
+    if unset is not None:
+        raise TaskError(f"{context.label} task {task.name}: {unset}")
     kwargs = dict(spec.environment_kwargs)
     task_env_config = task.config.environment.model_copy(deep=True)
     network: dict[str, Any] = {}
@@ -67,8 +73,8 @@ async def create_environment(context: SuiteContext, task: Task, trial_paths: Tri
             logger=logger,
             **network,
         )
-    except ValueError as exc:
-        if is_network_refusal(exc):
+    except (ValueError, RuntimeError) as exc:
+        if is_network_refusal(exc) or _is_task_refusal(exc, task_env_config):
             raise TaskError(f"{context.label} task {task.name}: {exc}") from None
         raise
     if spec.faults is not None:
@@ -80,6 +86,18 @@ async def create_environment(context: SuiteContext, task: Task, trial_paths: Tri
     if mounted:
         keep_fresh(trial_paths.trial_dir)
     return env
+
+
+def _is_task_refusal(exc: BaseException, task_env_config: Any) -> bool:
+    """Whether `exc`, raised while the backend was built, refuses the task itself: its Dockerfile cannot be read
+    (the local backend), or it asks for accelerators the backend does not allocate (Harbor's own check in
+    `BaseEnvironment.__init__`: `Task requires 1 GPU(s) but ... does not support GPU allocation`)."""
+    from raygrpo.sandbox.dockerfile import DockerfileError
+
+    if isinstance(exc, DockerfileError):
+        return True
+    asks = bool(task_env_config.gpus) or task_env_config.tpu is not None
+    return asks and isinstance(exc, RuntimeError) and str(exc).startswith("Task requires")
 
 
 def harbor_import_path(spec: str | None) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -59,18 +60,22 @@ LOCAL_COMPOSE_REFUSAL = ("compose services are not run by the local backend: env
 COMPOSE_FILE = "docker-compose.yaml"
 
 
-def check_task_dir(task_dir: Path, backend: str | None = None) -> None:
+def check_task_dir(task_dir: Path, backend: str | None = None, overrides: Mapping[str, Any] | None = None) -> None:
     """Validate one task dir with Harbor's own loader, plus what raygrpo needs on top.
 
     Args:
         task_dir: The task folder.
         backend: The suite's backend (`HarborSpec.backend`); `"local"` refuses tasks with compose services.
+        overrides: The suite's `environment_kwargs`, whose Harbor overrides (`override_gpus`, `override_tpu`) replace
+            the task's own requests.
 
     Raises:
         TaskDirError: The message names the task dir and what is wrong (a missing `task.toml`, `instruction.md`,
             `tests/test.sh` or `environment/` (for a multi-step task: a step's folder, `instruction.md` or test
-            script, as Harbor's loader checks them), an invalid `task.toml`, a feature the suite's backend does not
-            run: separate verifier environments off docker, or compose services on the local backend).
+            script, as Harbor's loader checks them), an invalid `task.toml`, a host variable its environment tables
+            name that is not set (`unset_variables`), a feature the suite's backend does not run: separate verifier
+            environments off docker; compose services, GPUs, TPUs or a Dockerfile it cannot read on the local
+            backend).
     """
     from harbor.models.task.config import TaskConfig
     from harbor.utils.scripts import discover_script
@@ -83,7 +88,7 @@ def check_task_dir(task_dir: Path, backend: str | None = None) -> None:
         raise TaskDirError(task_dir, f"task.toml is invalid: {_toml_error(exc)}") from None
     name = config.task.name if config.task is not None else None
     # Shapes the backend does not run are named before the files they lay out differently are looked for.
-    unsupported = unsupported_shape(config, backend)
+    unsupported = unsupported_shape(config, backend, overrides) or unset_variables(config)
     if unsupported is not None:
         raise TaskDirError(task_dir, unsupported, name)
     # A multi-step task has no top-level instruction.md, and may keep its tests per step: Harbor's loader checks
@@ -101,24 +106,81 @@ def check_task_dir(task_dir: Path, backend: str | None = None) -> None:
         raise TaskDirError(task_dir, "missing tests/test.sh", name)
     if not task.paths.environment_dir.is_dir() and not task.config.environment.docker_image:
         raise TaskDirError(task_dir, "missing environment/ (or [environment].docker_image in task.toml)", name)
-    if backend == "local" and (task.paths.environment_dir / COMPOSE_FILE).is_file():
-        raise TaskDirError(task_dir, LOCAL_COMPOSE_REFUSAL, name)
+    if backend == "local":
+        if (task.paths.environment_dir / COMPOSE_FILE).is_file():
+            raise TaskDirError(task_dir, LOCAL_COMPOSE_REFUSAL, name)
+        _check_local_dockerfile(task_dir, task, name)
 
 
-def unsupported_shape(config: Any, backend: str | None = None) -> str | None:
+def _check_local_dockerfile(task_dir: Path, task: Task, name: str | None) -> None:
+    """The local backend reads the task's Dockerfile itself (`raygrpo.sandbox.dockerfile`): one it cannot read fails
+    every start alike, so it is refused here, naming the file and the line.
+
+    Raises:
+        TaskDirError: The Dockerfile does not parse, or copies from outside its build context.
+    """
+    from raygrpo.sandbox.dockerfile import DockerfileError, load_plan
+
+    try:
+        load_plan(task.paths.environment_dir)
+    except DockerfileError as exc:
+        raise TaskDirError(task_dir, f"environment/Dockerfile cannot be read by the local backend: {exc}",
+                           name) from None
+
+
+def unsupported_shape(config: Any, backend: str | None = None,
+                      overrides: Mapping[str, Any] | None = None) -> str | None:
     """What raygrpo cannot run in a parsed task.toml (Harbor's `TaskConfig`) on the suite's `backend`, as a message
     naming the task and the feature; None when the task's shape is supported.
 
     Multi-step tasks (`[[steps]]`) run everywhere (`raygrpo.envs.harbor.steps`). A separate verifier environment
     (`[verifier] environment_mode = "separate"`, or a `[verifier.environment]` table: the default of `harbor tasks
     init`; for a multi-step task, on any step, as Harbor resolves each step's mode) runs on docker only
-    (`raygrpo.envs.harbor.separate`).
+    (`raygrpo.envs.harbor.separate`). The local backend allocates no GPU or TPU: a task that asks for one (and
+    whose request `overrides`, the suite's `environment_kwargs`, do not clear with `override_gpus: 0`) is refused, as
+    Harbor's own check would refuse every start of it.
     """
     from raygrpo.envs.harbor.separate import SEPARATE_BACKENDS, SEPARATE_REFUSAL, uses_separate_verifier
 
     name = f"task {config.task.name!r}" if config.task is not None else "this task"
     if uses_separate_verifier(config) and backend not in SEPARATE_BACKENDS:
         return f"{name} " + SEPARATE_REFUSAL.format(backend=backend or "local")
+    if (backend or "local") == "local":
+        overrides = overrides or {}
+        environment = config.environment
+        gpus = overrides.get("override_gpus")
+        gpus = environment.gpus if gpus is None else gpus
+        if gpus:
+            return (f"{name}: [environment] gpus = {gpus}: the local backend allocates no GPU; run it on a backend "
+                    "that does (docker with the NVIDIA runtime, modal, ...)")
+        if (overrides.get("override_tpu") or environment.tpu) is not None:
+            return f"{name}: [environment] tpu: the local backend allocates no TPU; run it on a backend that does"
+    return None
+
+
+def unset_variables(config: Any) -> str | None:
+    """What of a parsed task.toml's environment tables names a host variable that is not set here, as a message
+    naming the task, the table and the key; None when every one resolves.
+
+    The tables are those Harbor resolves with `harbor.utils.env.resolve_env_vars` when it starts the sandbox
+    (`[environment.env]`) and when it verifies (`[verifier.env]`, each step's `[steps.verifier.env]`): a `${VAR}`
+    without a default that is not set fails there, the same way every time. Run at load (the driver's environment)
+    and again when an episode starts (the env pool actor's, which is what Harbor reads), so that a task that cannot
+    be verified fails before its episode runs, not after. `[solution] env` is the oracle's alone and is checked when
+    it runs (`raygrpo.envs.harbor.solution`).
+    """
+    from harbor.utils.env import resolve_env_vars
+
+    name = f"task {config.task.name!r}" if config.task is not None else "this task"
+    tables = [("[environment.env]", config.environment.env), ("[verifier.env]", config.verifier.env)]
+    tables += [(f"[steps.verifier.env] of step {step.name!r}", step.verifier.env) for step in config.steps or []]
+    for table, values in tables:
+        for key, value in (values or {}).items():
+            try:
+                resolve_env_vars({key: value})
+            except ValueError as exc:
+                return (f"{name}: {table} {key} = {value!r}: {first_line(exc)} (set it in the environment raygrpo "
+                        "and its env pool actors run in, or give it a default: ${VAR:-default})")
     return None
 
 
@@ -214,7 +276,7 @@ def scan_harbor_tasks(spec: HarborSpec, name: str) -> tuple[list[TaskRef], list[
     refused: dict[str, Refusal] = {}
     for index, task_dir in enumerate(dirs):
         try:
-            check_task_dir(task_dir, spec.backend)
+            check_task_dir(task_dir, spec.backend, spec.environment_kwargs)
         except TaskDirError as exc:
             refused[str(task_dir)] = Refusal(index=index, task_dir=str(task_dir), task=exc.task or task_dir.name,
                                              cause=exc.cause)
