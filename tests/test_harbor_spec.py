@@ -384,3 +384,21 @@ def test_a_steps_verifier_env_naming_an_unset_variable_is_refused_at_load(tmp_pa
     (task / "task.toml").write_text(toml.replace(step, step + '[steps.verifier.env]\nTOKEN = "${RAYGRPO_TEST_UNSET}"\n'))
     message = resolve_error({"path": "suite"}, base_dir=tmp_path)
     assert "[steps.verifier.env] of step 'step-2' TOKEN = '${RAYGRPO_TEST_UNSET}'" in message
+
+
+def test_a_suite_verifier_timeout_replacing_a_tasks_own_is_warned_about_once_per_task(tmp_path, caplog):
+    """`verifier_timeout_s` wins over a task's `[verifier] timeout_sec` both ways (documented); the run says so, once
+    per task, with both values; a task whose own value it matches is not mentioned."""
+    make_task(tmp_path / "suite", "short", verifier_timeout=6.0)
+    make_task(tmp_path / "suite", "long", verifier_timeout=900.0)
+    make_task(tmp_path / "suite", "same", verifier_timeout=60.0)
+    spec = load({"path": "suite", "verifier_timeout_s": 60}, tmp_path)
+    with caplog.at_level("WARNING", logger="raygrpo.envs.harbor.tasks"):
+        HarborKind().resolve(spec, "override")
+        HarborKind().resolve(spec, "override")  # the driver lists a suite's tasks more than once
+    told = [r.getMessage() for r in caplog.records if "verifier_timeout_s" in r.getMessage()]
+    assert sorted(told) == [
+        "envs.override.verifier_timeout_s=60 replaces task tests/long's [verifier] timeout_sec=900 (the suite's "
+        "value wins, shorter or longer)",
+        "envs.override.verifier_timeout_s=60 replaces task tests/short's [verifier] timeout_sec=6 (the suite's "
+        "value wins, shorter or longer)"]

@@ -285,6 +285,7 @@ def scan_harbor_tasks(spec: HarborSpec, name: str) -> tuple[list[TaskRef], list[
         if task_dir in refused:
             continue
         task = load_task(task_dir)
+        _warn_verifier_timeout_override(spec, name, task)
         # A multi-step task opens with its first step's instruction.
         instruction = task.step_instruction(task.config.steps[0].name) if task.has_steps else task.instruction
         meta: dict[str, Any] = {"task_dir": task_dir, "task_name": task.name, "instruction": instruction}
@@ -294,6 +295,31 @@ def scan_harbor_tasks(spec: HarborSpec, name: str) -> tuple[list[TaskRef], list[
         refs.append(TaskRef(env=name, index=index, split="train", metadata=meta))
     _name_collisions_by_folder(refs, name)
     return refs, list(refused.values())
+
+
+#: Tasks already warned about `verifier_timeout_s` replacing their own verifier timeout (once per task per process).
+_TIMEOUT_OVERRIDES_TOLD: set[tuple[str, str, float]] = set()
+
+
+def _warn_verifier_timeout_override(spec: HarborSpec, env: str, task: Task) -> None:
+    """Warn once per task when the suite's `verifier_timeout_s` replaces a different `[verifier] timeout_sec` of the
+    task (or of one of its steps), saying both: it wins in both directions (`raygrpo.envs.harbor.grading`), which a
+    task's author would not expect."""
+    override = spec.verifier_timeout_s
+    if override is None:
+        return
+    own = float(task.config.verifier.timeout_sec)
+    replaced = [f"[verifier] timeout_sec={own:g}"] if own != override else []
+    for step in task.config.steps or []:
+        value = step.verifier.timeout_sec
+        if value is not None and float(value) not in (override, own):
+            replaced.append(f"step {step.name!r}'s timeout_sec={float(value):g}")
+    key = (env, str(task.paths.task_dir), override)
+    if not replaced or key in _TIMEOUT_OVERRIDES_TOLD:
+        return
+    _TIMEOUT_OVERRIDES_TOLD.add(key)
+    logger.warning("%s=%g replaces task %s's %s (the suite's value wins, shorter or longer)",
+                   spec.field_path(env, "verifier_timeout_s"), override, task.name, ", ".join(replaced))
 
 
 def _name_collisions_by_folder(refs: list[TaskRef], env: str) -> None:
