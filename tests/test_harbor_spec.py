@@ -349,7 +349,8 @@ def test_tasks_every_start_of_which_would_fail_are_refused_at_load_naming_the_fi
     monkeypatch.delenv("RAYGRPO_TEST_UNSET", raising=False)
     monkeypatch.setenv("RAYGRPO_TEST_SET", "yes")
     suite = tmp_path / "suite"
-    make_task(suite, "good", environment='[environment.env]\nA = "${RAYGRPO_TEST_SET}"\nB = "${RAYGRPO_TEST_UNSET:-x}"\n')
+    make_task(suite, "good",
+              environment='[environment.env]\nA = "${RAYGRPO_TEST_SET}"\nB = "${RAYGRPO_TEST_UNSET:-x}"\n')
     make_task(suite, "gpu", environment="gpus = 1\n")
     make_task(suite, "env-unset", environment='[environment.env]\nURL = "${RAYGRPO_TEST_UNSET}"\n')
     _with_toml(make_task(suite, "verifier-unset"), '\n[verifier.env]\nJUDGE = "${RAYGRPO_TEST_UNSET}"\n')
@@ -381,7 +382,8 @@ def test_a_steps_verifier_env_naming_an_unset_variable_is_refused_at_load(tmp_pa
     toml = (task / "task.toml").read_text()
     step = 'name = "step-2"\nartifacts = []\n'
     assert step in toml
-    (task / "task.toml").write_text(toml.replace(step, step + '[steps.verifier.env]\nTOKEN = "${RAYGRPO_TEST_UNSET}"\n'))
+    unset = '[steps.verifier.env]\nTOKEN = "${RAYGRPO_TEST_UNSET}"\n'
+    (task / "task.toml").write_text(toml.replace(step, step + unset))
     message = resolve_error({"path": "suite"}, base_dir=tmp_path)
     assert "[steps.verifier.env] of step 'step-2' TOKEN = '${RAYGRPO_TEST_UNSET}'" in message
 

@@ -111,8 +111,7 @@ def _sleeps_in_step_one(ctx):
 
 
 @pytest.mark.timeout(120)
-async def test_a_steps_agent_timeout_stops_its_turns_then_verifies_it_and_the_episode_goes_on(renderer, root,  # noqa: F811
-                                                                                             tmp_path):
+async def test_a_steps_agent_timeout_stops_its_turns_then_the_step_is_verified(renderer, root, tmp_path):  # noqa: F811
     """Harbor's `MultiStepTrial`: a step's agent that times out (the step's `[agent] timeout_sec`, else the task's)
     is stopped, the step is verified, and the next step follows."""
     task = make_counter_task(tmp_path / "suite", "deadline", steps=2)

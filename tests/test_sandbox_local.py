@@ -257,6 +257,26 @@ async def test_the_entrypoint_starts_with_harbors_arguments_as_on_docker(tmp_pat
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "ENTRYPOINT" in r.getMessage()]
 
 
+@pytest.mark.timeout(60)
+async def test_an_entrypoint_that_exits_at_once_is_warned_about_once_per_task(tmp_path: Path, sroot: Path, caplog):
+    """On docker the container would stop with it; the local sandbox goes on, and says so once per task, with the
+    exit status and the end of the entrypoint's output."""
+    task = make_task(tmp_path, dockerfile="FROM x\nCOPY fail.sh /fail.sh\nENTRYPOINT [\"sh\", \"/fail.sh\"]\n",
+                     files={"fail.sh": "echo cannot reach the database >&2\nexit 3\n"})
+    caplog.set_level(logging.WARNING, logger="raygrpo.sandbox.local")
+    for _ in range(2):
+        env, _, _ = make_env(task, tmp_path / "trials", sroot)
+        await env.start(force_build=False)
+        try:
+            assert (await env.exec("echo up")).stdout == "up\n"
+        finally:
+            await env.stop(delete=True)
+    told = [r.getMessage() for r in caplog.records if "ENTRYPOINT" in r.getMessage()]
+    assert len(told) == 1, told
+    assert "ENTRYPOINT ['sh', '/fail.sh'] exited 3 right after it started" in told[0]
+    assert told[0].endswith("cannot reach the database")
+
+
 def test_entrypoint_forms_as_docker_reads_them(tmp_path: Path):
     df = tmp_path / "Dockerfile"
     df.write_text("FROM a\nENTRYPOINT [\"/x.sh\", \"--flag\"]\nFROM b\nENTRYPOINT /y.sh \"$HOME\"\n")

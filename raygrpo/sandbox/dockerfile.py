@@ -16,8 +16,7 @@ filesystem, read-only. So it applies only the parts of a Dockerfile that describ
 
 - `ENTRYPOINT`: started in the background at every sandbox start, as the container's main process is, with the
   arguments Harbor's docker backend gives it in place of the image's `CMD` (`sh -c "sleep infinity"`,
-  `HARBOR_COMMAND`): an
-  `entrypoint.sh` that starts a service and then `exec "$@"` starts the service.
+  `HARBOR_COMMAND`): an `entrypoint.sh` that starts a service and then `exec "$@"` starts the service.
 
 Everything else cannot be honoured and is skipped: `USER` (execs run as root unless a user is requested),
 `COPY --from`, `ADD` of URLs and archives, `FROM`, `EXPOSE`, ...; `CMD` too, which Harbor's docker backend does not
@@ -219,7 +218,7 @@ def parse_dockerfile(path: Path | str, context_dir: Path | str | None = None) ->
 
 #: Why a Dockerfile's `CMD` is not run (logged, not warned about: Harbor's docker backend does not run it either).
 CMD_REPLACED = "Harbor's docker backend runs `sh -c \"sleep infinity\"` in its place"
-#: The arguments Harbor's docker backend gives the image's `ENTRYPOINT` in place of its `CMD` (its docker compose file's
+#: The arguments Harbor's docker backend gives the image's `ENTRYPOINT` in place of its `CMD` (its compose file's
 #: `command`); an entrypoint that ends in `exec "$@"` keeps running them.
 HARBOR_COMMAND = ("sh", "-c", "sleep infinity")
 

@@ -26,9 +26,10 @@ What a sandbox is:
   there on its own); of `RUN`, the commands that make files and folders run at start, those that install software
   are skipped; the `ENTRYPOINT` is started in the background after them, with Harbor's `sh -c "sleep infinity"` as
   its arguments, as on Harbor's docker backend (its output in `ENTRYPOINT_LOG`); everything else is skipped and
-  reported once per task; see `raygrpo.sandbox.dockerfile` and `raygrpo.sandbox.run_steps`. A task "runs unchanged" when what
-  its `RUN` steps install is on the host or in the verifier toolbox. A `docker_image` without a Dockerfile is not pulled: the sandbox is
-  the host's files, and `environment/` is uploaded into the working directory as Harbor does for prebuilt images.
+  reported once per task; see `raygrpo.sandbox.dockerfile` and `raygrpo.sandbox.run_steps`. A task "runs
+  unchanged" when what its `RUN` steps install is on the host or in the verifier toolbox. A `docker_image` without a
+  Dockerfile is not pulled: the sandbox is the host's files, and `environment/` is uploaded into the working
+  directory as Harbor does for prebuilt images.
 - Processes: `start()` launches one long-lived init (`bwrap --unshare-pid --die-with-parent ... sleep infinity`);
   each `exec` enters its namespaces with `nsenter` and runs `bash -c <command>` (as Harbor's docker backend does) in
   the working directory (`cwd`, else the task's `workdir`, else `WORKDIR`, else `/`) with the sandbox's environment
@@ -98,6 +99,10 @@ from raygrpo.specs.harbor import LOCAL_RENAMED_KWARGS
 _ID_SAFE = re.compile(r"[^A-Za-z0-9_-]+")
 #: Where the Dockerfile's `ENTRYPOINT` writes its output, in the sandbox (its `/run` is a tmpfs of its own).
 ENTRYPOINT_LOG = "/run/raygrpo-entrypoint.log"
+#: How long a sandbox's start waits to see whether its `ENTRYPOINT` stays up.
+ENTRYPOINT_GRACE_S = 0.2
+#: What the start's command prints when the `ENTRYPOINT` exited within that time, before its exit status.
+ENTRYPOINT_EXITED = "raygrpo: entrypoint exited"
 
 
 class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment):
@@ -308,17 +313,26 @@ class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment
         """Start the Dockerfile's `ENTRYPOINT` in the background, in a session of its own, as the container's main
         process would be under Harbor's docker backend: as root, from the final `WORKDIR`, with the Dockerfile's
         `ENV`, and `sh -c "sleep infinity"` as its arguments (what Harbor's compose file runs in place of `CMD`). Its
-        output goes to `ENTRYPOINT_LOG` in the sandbox; it dies with the sandbox."""
+        output goes to `ENTRYPOINT_LOG` in the sandbox; it dies with the sandbox.
+
+        One that exits within `ENTRYPOINT_GRACE_S` (a missing script, a crash) would stop a container with it; here
+        the sandbox goes on, and that is warned about once per task, with its exit status and the end of its output.
+        """
         entrypoint = self._plan.entrypoint if self._plan is not None else None
         if not entrypoint:
             return
-        command = (f"setsid -f {shlex.join([*entrypoint, *_df.HARBOR_COMMAND])} </dev/null "
-                   f">{ENTRYPOINT_LOG} 2>&1")
+        log = ENTRYPOINT_LOG
+        command = (f"setsid -w {shlex.join([*entrypoint, *_df.HARBOR_COMMAND])} </dev/null >{log} 2>&1 & pid=$!; "
+                   f"sleep {ENTRYPOINT_GRACE_S}; kill -0 $pid 2>/dev/null && exit 0; wait $pid; "
+                   f"echo \"{ENTRYPOINT_EXITED} $?\"; tail -c 1000 {log}")
         result = await self.exec(command, cwd=self._plan.workdir or "/", user="root",
                                  timeout_sec=int(self._init_timeout_s))
-        if result.return_code != 0:  # setsid itself failed: the entrypoint never ran
-            raise SandboxStartError(f"sandbox {self.sandbox_id}: the Dockerfile's ENTRYPOINT could not be started: "
-                                    f"{(result.stderr or result.stdout or '').strip()[:500]}")
+        out = result.stdout or ""
+        if out.startswith(ENTRYPOINT_EXITED):
+            status, _, tail = out[len(ENTRYPOINT_EXITED):].partition("\n")
+            log_once(f"entrypoint:{self.environment_dir}", "%s: the Dockerfile's ENTRYPOINT %s exited %s right after "
+                     "it started (on docker the container would stop with it); the sandbox goes on: %s",
+                     self._plan.path, list(entrypoint), status.strip(), tail.strip()[-500:] or "(no output)")
 
     async def stop(self, delete: bool = True) -> None:
         """Kill every process of the sandbox and remove its host directory (unless `keep_dir`). Idempotent.
