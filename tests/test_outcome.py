@@ -24,7 +24,8 @@ def test_the_same_failure_of_many_rollouts_is_one_cause():
                  _traj(Status.OK, reward=1.0), _traj(Status.OK), _traj(Status.TASK_ERROR, "no reward file")]:
         outcomes.add(traj)
     causes = outcomes.causes()
-    assert [(c["status"], c["count"]) for c in causes] == [("env_error", 2), ("policy_error", 1)]
+    # A broken task is reported among the causes too (it is not retried: this is where its message shows).
+    assert [(c["status"], c["count"]) for c in causes] == [("env_error", 2), ("policy_error", 1), ("task_error", 1)]
     assert causes[0]["example"] == a  # the first message seen, as it was
     assert outcomes.scored == 1 and dict(outcomes.status_counts) == {"env_error": 2, "policy_error": 1, "ok": 2,
                                                                      "task_error": 1}
@@ -40,6 +41,7 @@ def test_the_same_failure_of_many_rollouts_is_one_cause():
     ({"ok": 6, "timeout": 2, "env_error": 2}, 6, 0.25, True),  # 4/10 > 0.25
     ({"ok": 6, "timeout": 2, "env_error": 2}, 6, 0.5, False),
     ({"ok": 3, "task_error": 5}, 3, 0.25, False),              # a task that writes no reward is not infrastructure
+    ({"task_error": 4}, 0, 0.25, True),                       # ... but a run of nothing else measured nothing
     ({}, 0, 0.25, False),
 ])
 def test_verdict(counts, scored, fail_fraction, failed):

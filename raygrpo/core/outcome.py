@@ -1,7 +1,9 @@
 """How a run went: the statuses its rollouts ended with, why the failed ones failed, and whether the run failed.
 
 DESIGN section 7's exit codes: a run that completed exits 0, unless it failed: no rollout was scored while some failed
-for an infrastructure reason, or more than `fail_fraction` of its rollouts failed. `Outcomes` collects the final
+for an infrastructure reason or met a broken task (`task_error`: a run of nothing else trained or measured nothing),
+or more than `fail_fraction` of its rollouts failed (a broken task among working ones does not count there: it is the
+suite's, reported among the causes). `Outcomes` collects the final
 trajectories (`rollout` counts every requested rollout, `train` every consumed one); `verdict` judges them.
 """
 
@@ -51,13 +53,14 @@ class Outcomes:
         self.status_counts[traj.status.value] += 1
         if traj.reward is not None:
             self.scored += 1
-        if traj.status.is_failure:
+        if traj.status.is_failure or traj.status is Status.TASK_ERROR:
             key = (traj.status.value, cause_of(traj.error))
             self._causes[key] += 1
             self._examples.setdefault(key, traj.error or "")
 
     def causes(self, top: int = TOP_CAUSES) -> list[dict[str, Any]]:
-        """The most frequent failure causes: `{status, cause, count, example}`, most frequent first."""
+        """The most frequent failure causes (broken tasks', `task_error`, too): `{status, cause, count, example}`, most
+    frequent first."""
         return [{"status": status, "cause": cause, "count": count, "example": self._examples[(status, cause)]}
                 for (status, cause), count in self._causes.most_common(top)]
 
@@ -75,8 +78,11 @@ def verdict(status_counts: Mapping[str, int], scored: int, fail_fraction: float)
     number of scored rollouts (as `summary.json` reports them)."""
     total = sum(status_counts.values())
     failed = sum(n for status, n in status_counts.items() if Status(status).is_failure)
+    broken = status_counts.get(Status.TASK_ERROR.value, 0)
     if failed and not scored:
         return Verdict(True, f"no rollout was scored and {failed} of {total} failed")
+    if broken and not scored:
+        return Verdict(True, f"no rollout was scored and {broken} of {total} met a broken task (task_error)")
     if total and failed / total > fail_fraction:
         return Verdict(True, f"{failed} of {total} rollouts failed, more than fail_fraction={fail_fraction:g}")
     return Verdict(False)
