@@ -372,6 +372,13 @@ def test_tasks_every_start_of_which_would_fail_are_refused_at_load_naming_the_fi
     cleared = HarborKind().resolve(overridden, "local", refused)
     assert [Path(t.metadata["task_dir"]).name for t in cleared] == ["gpu"]
     assert "gpu" not in {Path(r.task_dir).name for r in refused}
+    # Joining a cluster, the actors' nodes may hold what the driver lacks (a Secret on worker pods): only warned
+    # about at load, and checked in the actor (a task_error before the episode: test_harbor_adapter).
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    refused = []
+    joined = HarborKind().resolve(load({"path": "suite", "indices": [1, 4]}, tmp_path), "local", refused)
+    assert sorted(Path(t.metadata["task_dir"]).name for t in joined) == ["env-unset", "verifier-unset"]
+    assert sorted(Path(r.task_dir).name for r in refused) == ["bad-dockerfile", "gpu"]
 
 
 def test_a_steps_verifier_env_naming_an_unset_variable_is_refused_at_load(tmp_path, monkeypatch):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -88,7 +89,7 @@ def check_task_dir(task_dir: Path, backend: str | None = None, overrides: Mappin
         raise TaskDirError(task_dir, f"task.toml is invalid: {_toml_error(exc)}") from None
     name = config.task.name if config.task is not None else None
     # Shapes the backend does not run are named before the files they lay out differently are looked for.
-    unsupported = unsupported_shape(config, backend, overrides) or unset_variables(config)
+    unsupported = unsupported_shape(config, backend, overrides) or _unset_here(config)
     if unsupported is not None:
         raise TaskDirError(task_dir, unsupported, name)
     # A multi-step task has no top-level instruction.md, and may keep its tests per step: Harbor's loader checks
@@ -182,6 +183,18 @@ def unset_variables(config: Any) -> str | None:
                 return (f"{name}: {table} {key} = {value!r}: {first_line(exc)} (set it in the environment raygrpo "
                         "and its env pool actors run in, or give it a default: ${VAR:-default})")
     return None
+
+
+def _unset_here(config: Any) -> str | None:
+    """`unset_variables` as the driver sees them. Joining a cluster (`RAY_ADDRESS`, as in a `ray job submit` job) the
+    env pool actors' nodes may hold a variable the driver's does not (a Secret on the worker pods): there it is only
+    warned about here, and the actor's own check makes such a task a `task_error` before its episode."""
+    unset = unset_variables(config)
+    if unset is not None and os.environ.get("RAY_ADDRESS"):
+        logger.warning("%s; joining the cluster at %s, the env pool actors' nodes may set it: checked there",
+                       unset, os.environ["RAY_ADDRESS"])
+        return None
+    return unset
 
 
 def _toml_error(exc: BaseException) -> str:
