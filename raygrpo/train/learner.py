@@ -5,7 +5,7 @@ Plain Python (no Ray actor here: `raygrpo.actors.learner` wraps it). What happen
 1. TRL calls `rollout_func(prompts, trainer)` with its batch's placeholder prompts, already repeated G times.
 2. The learner pushes its weights to the transformers engines when due (`train.weight_sync_every`; with vLLM, TRL
    syncs the server itself) and calls them policy version `global_step`.
-3. Every `train.eval_every` steps (and before the first) the eval environments run once with those weights.
+3. Every `train.eval_every` policy versions (and before the first) the eval environments run once with those weights.
 4. `RolloutSource.next_batch` returns `len(prompts) / G` complete groups (sync: generated now; async: streamed
    ahead, stale groups dropped), which fill TRL's entries group by group (see `raygrpo.train.groups`).
 5. TRL scores them with `env_reward` (the environment's reward; None stays None, so TRL leaves unscored rollouts
@@ -66,7 +66,7 @@ class Learner:
             (`raygrpo.driver.pools`), sized from its rollout demand, and closes them when training ends.
         engines: Transformers engine actors that receive the weights (empty for vLLM or scripted policies).
         tasks_by_env: Training tasks per environment.
-        eval_tasks: Tasks evaluated every `cfg.train.eval_every` steps.
+        eval_tasks: Tasks evaluated every `cfg.train.eval_every` policy versions.
         resume: Continue from the latest checkpoint in `out_dir/checkpoints` (if any).
         workdir: The driver's working_dir on a cluster: config paths under it are mapped into this node's copy.
     """

@@ -82,7 +82,7 @@ class RolloutSource:
         mode: `"sync"` or `"async"`.
         max_staleness: Async mode: groups staler than this are dropped.
         groups_per_step: Groups one step consumes (sets the async look-ahead).
-        weight_sync_every: Steps between weight pushes to the engines (the versions a rollout can wait for).
+        weight_sync_every: Policy versions between weight pushes to the engines (the versions a rollout can wait for).
         max_extra_groups: Dynamic sampling: all-equal groups replaced per step at most; None turns it off.
     """
 
