@@ -411,3 +411,45 @@ def test_a_suite_verifier_timeout_replacing_a_tasks_own_is_warned_about_once_per
         "value wins, shorter or longer)",
         "envs.override.verifier_timeout_s=60 replaces task tests/short's [verifier] timeout_sec=6 (the suite's "
         "value wins, shorter or longer)"]
+
+
+def test_task_toml_fields_the_backend_does_not_apply_are_warned_about_once_per_suite_per_field(tmp_path, caplog):
+    """A task.toml field raygrpo does not apply on the suite's backend is named once per suite per field at load,
+    with how many tasks set it, a few of them and what happens instead; fields left at Harbor's default are not."""
+    suite = tmp_path / "suite"
+    for name in ("a", "b", "c", "d"):
+        make_task(suite, name, environment="memory_mb = 2048\ncpus = 2" if name != "d" else 'memory = "1G"')
+    make_task(suite, "extras", environment='storage_mb = 4096\nskills_dir = "/skills"\nmcp_servers = [{name = "fs", '
+              'transport = "stdio", command = "mcp-fs"}]\n\n[[verifier.collect]]\ncommand = "true"')
+    make_task(suite, "built", toml='artifacts = ["/app/out.txt"]\n\n[task]\nname = "tests/built"\n\n'
+              '[environment]\nbuild_timeout_sec = 1200.0\n')
+    make_task(suite, "plain")  # build_timeout_sec = 600.0: Harbor's default, set or not
+    spec = load({"path": "suite"}, tmp_path)
+    with caplog.at_level("WARNING", logger="raygrpo.envs.harbor.tasks"):
+        HarborKind().resolve(spec, "s")
+        HarborKind().resolve(spec, "s")  # the driver lists a suite's tasks more than once
+    told = sorted(r.getMessage() for r in caplog.records if r.getMessage().startswith("envs.s: "))
+    assert told == sorted([
+        "envs.s: 1 task set [[verifier.collect]], which raygrpo does not run: no hook runs before the verifier "
+        "(e.g. task 'tests/extras')",
+        "envs.s: 1 task set artifacts, which raygrpo collects only for a separate verifier: a task verified in its "
+        "own sandbox has them neither collected nor kept (e.g. task 'tests/built')",
+        "envs.s: 1 task set [environment] build_timeout_sec, which raygrpo does not apply: the suite's "
+        "start_timeout_s=300 bounds each start, image build included (e.g. task 'tests/built')",
+        "envs.s: 1 task set [environment] mcp_servers, which raygrpo's agent is not given: its tools are the "
+        "harness's (e.g. task 'tests/extras')",
+        "envs.s: 1 task set [environment] skills_dir, which raygrpo's agent is not given (e.g. task 'tests/extras')",
+        "envs.s: 1 task set [environment] storage_mb (or storage), which the local backend does not enforce: the "
+        "sandbox has no disk limit (e.g. task 'tests/extras')",
+        "envs.s: 3 tasks set [environment] cpus, which the local backend does not enforce: the sandbox shares the "
+        "host's CPUs (e.g. task 'tests/a', 'tests/b', 'tests/c')",
+        "envs.s: 4 tasks set [environment] memory_mb (or memory), which the local backend does not enforce: the "
+        "sandbox has no memory limit (e.g. task 'tests/a', 'tests/b', 'tests/c', ...)"])
+    # Harbor's docker backend enforces cpus and memory_mb (compose limits), not storage_mb.
+    caplog.clear()
+    docker = load({"path": "suite", "environment_type": "docker"}, tmp_path)
+    with caplog.at_level("WARNING", logger="raygrpo.envs.harbor.tasks"):
+        list_harbor_tasks(docker, "d")
+    told = [r.getMessage() for r in caplog.records if r.getMessage().startswith("envs.d: ")]
+    assert not [m for m in told if "cpus" in m or "memory_mb" in m]
+    assert any("storage_mb (or storage), which the docker backend does not enforce" in m for m in told)
