@@ -76,8 +76,10 @@ class SuiteTasks:
         if found is None:
             found = self._tooling[task_dir] = await probe_tooling(env, task, offline_tooling=self.spec.offline_tooling)
             if found:
-                logger.warning("%s task %s: its verifier needs what its sandbox lacks: %s; rollouts it does not award "
-                               "full reward are verifier_error", self.label, task.name, ", ".join(found))
+                logger.warning("%s task %s: its verifier needs what its sandbox lacks: %s; a rollout it does not "
+                               "award full reward is verifier_error when the verifier also lacked it while it ran (a "
+                               "command its shell did not find, a package still missing after it), else its verdict "
+                               "stands", self.label, task.name, ", ".join(found))
         return found
 
 
