@@ -21,6 +21,11 @@ os.environ[LEASE_DIR_ENV] = _LEASES
 atexit.register(shutil.rmtree, _LEASES, True)
 
 
+#: Harbor task folders used as test data: their `tests/test_outputs.py` are the tasks' own verifiers, run inside a
+#: sandbox by the task's test.sh, not tests of raygrpo.
+collect_ignore_glob = ["harbor_verdicts/*"]
+
+
 @pytest.fixture(scope="session")
 def ray_local():
     """A local Ray runtime kept on loopback, shut down at the end of the session; the scratch folders of the actors

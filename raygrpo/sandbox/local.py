@@ -25,7 +25,7 @@ What a sandbox is:
 - The Dockerfile: `WORKDIR`, `ENV` and `COPY`/`ADD` of local files are applied (a file copied into `/` is bound
   there on its own); of `RUN`, the commands that make files and folders run at start, those that install software
   are skipped; the `ENTRYPOINT` is started in the background after them, with Harbor's `sh -c "sleep infinity"` as
-  its arguments, as on Harbor's docker backend (its output in `ENTRYPOINT_LOG`); everything else is skipped and
+  its arguments, as on Harbor's docker backend (`raygrpo.sandbox.entrypoint`); everything else is skipped and
   reported once per task; see `raygrpo.sandbox.dockerfile` and `raygrpo.sandbox.run_steps`. A task "runs
   unchanged" when what its `RUN` steps install is on the host or in the verifier toolbox. A `docker_image` without a
   Dockerfile is not pulled: the sandbox is the host's files, and `environment/` is uploaded into the working
@@ -66,7 +66,6 @@ import contextlib
 import logging
 import os
 import re
-import shlex
 import uuid
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -83,6 +82,7 @@ from raygrpo.sandbox import process as _proc
 from raygrpo.sandbox import owners as _reg
 from raygrpo.sandbox import toolbox as _toolbox
 from raygrpo.sandbox.commands import SandboxCommands, log_once
+from raygrpo.sandbox.entrypoint import start_entrypoint
 from raygrpo.sandbox.errors import (
     SandboxDefinitionError,
     SandboxError,
@@ -97,12 +97,6 @@ from raygrpo.sandbox.transfer import HostFileTransfer
 from raygrpo.specs.harbor import LOCAL_RENAMED_KWARGS
 
 _ID_SAFE = re.compile(r"[^A-Za-z0-9_-]+")
-#: Where the Dockerfile's `ENTRYPOINT` writes its output, in the sandbox (its `/run` is a tmpfs of its own).
-ENTRYPOINT_LOG = "/run/raygrpo-entrypoint.log"
-#: How long a sandbox's start waits to see whether its `ENTRYPOINT` stays up.
-ENTRYPOINT_GRACE_S = 0.2
-#: What the start's command prints when the `ENTRYPOINT` exited within that time, before its exit status.
-ENTRYPOINT_EXITED = "raygrpo: entrypoint exited"
 
 
 class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment):
@@ -297,7 +291,8 @@ class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment
         self._state = "running"
         await self._upload_environment_dir_after_start()
         await self._run_dockerfile_steps()
-        await self._start_entrypoint()
+        if self._plan is not None and self._plan.entrypoint:
+            await start_entrypoint(self, self._plan, self._init_timeout_s)
 
     async def _run_dockerfile_steps(self) -> None:
         """Run the Dockerfile's `RUN` commands that make files (`raygrpo.sandbox.run_steps`), in order, as root; a
@@ -308,31 +303,6 @@ class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment
             if result.return_code != 0:
                 _df.report_run_failure(self._plan, step, result.return_code,
                                        (result.stdout or "") + (result.stderr or ""))
-
-    async def _start_entrypoint(self) -> None:
-        """Start the Dockerfile's `ENTRYPOINT` in the background, in a session of its own, as the container's main
-        process would be under Harbor's docker backend: as root, from the final `WORKDIR`, with the Dockerfile's
-        `ENV`, and `sh -c "sleep infinity"` as its arguments (what Harbor's compose file runs in place of `CMD`). Its
-        output goes to `ENTRYPOINT_LOG` in the sandbox; it dies with the sandbox.
-
-        One that exits within `ENTRYPOINT_GRACE_S` (a missing script, a crash) would stop a container with it; here
-        the sandbox goes on, and that is warned about once per task, with its exit status and the end of its output.
-        """
-        entrypoint = self._plan.entrypoint if self._plan is not None else None
-        if not entrypoint:
-            return
-        log = ENTRYPOINT_LOG
-        command = (f"setsid -w {shlex.join([*entrypoint, *_df.HARBOR_COMMAND])} </dev/null >{log} 2>&1 & pid=$!; "
-                   f"sleep {ENTRYPOINT_GRACE_S}; kill -0 $pid 2>/dev/null && exit 0; wait $pid; "
-                   f"echo \"{ENTRYPOINT_EXITED} $?\"; tail -c 1000 {log}")
-        result = await self.exec(command, cwd=self._plan.workdir or "/", user="root",
-                                 timeout_sec=int(self._init_timeout_s))
-        out = result.stdout or ""
-        if out.startswith(ENTRYPOINT_EXITED):
-            status, _, tail = out[len(ENTRYPOINT_EXITED):].partition("\n")
-            log_once(f"entrypoint:{self.environment_dir}", "%s: the Dockerfile's ENTRYPOINT %s exited %s right after "
-                     "it started (on docker the container would stop with it); the sandbox goes on: %s",
-                     self._plan.path, list(entrypoint), status.strip(), tail.strip()[-500:] or "(no output)")
 
     async def stop(self, delete: bool = True) -> None:
         """Kill every process of the sandbox and remove its host directory (unless `keep_dir`). Idempotent.

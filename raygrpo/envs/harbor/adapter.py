@@ -152,7 +152,7 @@ class HarborAdapter(EpisodeGrading, LiveAdapter):
     def agent_timeout_s(self) -> float | None:
         """The current step's agent deadline, as Harbor's trial sets it: the step's `[agent] timeout_sec`, else the
         task's (None when neither is set, or before `start`). The agent loop stops the model's turns there and has
-        the episode verified, as Harbor does on an `AgentTimeoutError` (`raygrpo.agent.rollout._agent_phase`)."""
+        the episode verified, as Harbor does on an `AgentTimeoutError` (`raygrpo.agent.limits.agent_phase`)."""
         if self.harbor_task is None:
             return None
         step = self._steps.step if self._steps is not None else None

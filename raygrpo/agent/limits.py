@@ -1,0 +1,76 @@
+"""The limits of an episode that are not the model's doing, for the agent loop (`raygrpo.agent.rollout`).
+
+A prompt that leaves the model no token under `rollout.max_total_tokens` is the task's or the config's problem
+(`check_prompt_fits`: `task_error`, not retried); an environment's own agent deadline (`agent_timeout_s` on the
+adapter: Harbor's task `[agent] timeout_sec`) stops the model's turns and the episode is scored, as Harbor's trial
+does (`agent_phase`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from raygrpo.config.rollout import RolloutConfig
+from raygrpo.core.errors import TaskError
+from raygrpo.core.types import TaskRef, Trajectory
+from raygrpo.envs.base import EnvAdapter
+
+logger = logging.getLogger(__name__)
+
+
+def check_prompt_fits(prompt_tokens: int, config: RolloutConfig) -> None:
+    """Refuse an episode whose opening prompt leaves the model no token under `rollout.max_total_tokens`.
+
+    Not the model's doing (it never wrote a token), and the same on every attempt: a task or config problem, so it is
+    unscored and not retried, rather than a `truncated` rollout with no turn.
+
+    Raises:
+        TaskError: The prompt has `max_total_tokens` tokens or more (the message says both).
+    """
+    if prompt_tokens >= config.max_total_tokens:
+        raise TaskError(f"the prompt is {prompt_tokens} tokens, at or over rollout.max_total_tokens="
+                        f"{config.max_total_tokens}: no token is left for the model (raise "
+                        "rollout.max_total_tokens, or shorten the task's prompt and tools)")
+
+
+#: Tasks already warned about an agent timeout longer than the rollout's deadline (once per task per process).
+_LONG_AGENT_TIMEOUTS: set[tuple[str, str]] = set()
+
+
+async def agent_phase(traj: Trajectory, adapter: EnvAdapter, config: RolloutConfig, turns: Any) -> bool:
+    """Run one step's model turns (`turns`, a `_turns` coroutine) under the environment's agent deadline, and say
+    whether the step is to be scored (`_turns`' answer; True when the deadline stopped them).
+
+    An adapter may set `agent_timeout_s` (read after `start` and after each `next_step`): Harbor's task `[agent]
+    timeout_sec` (a step's own where it sets one). As Harbor's trial does on its `AgentTimeoutError`, the turns are
+    stopped there (a generation or tool call in flight is cancelled) and the episode is verified as usual: the reward
+    is the verifier's, and `traj.error` says the agent timed out. `rollout.rollout_timeout_s` still bounds the whole
+    episode, this included.
+    """
+    timeout_s = getattr(adapter, "agent_timeout_s", None)
+    if not timeout_s:
+        return await turns
+    _warn_if_past_the_rollout_deadline(traj.task, float(timeout_s), config)
+    try:
+        async with asyncio.timeout(float(timeout_s)) as deadline:
+            return await turns
+    except TimeoutError:
+        if not deadline.expired():  # raised inside the turns: not the agent deadline's
+            raise
+    traj.error = (f"the model's turns ran past the task's agent timeout ({timeout_s:g} s): stopped, then verified "
+                  "as Harbor does")
+    logger.info("%s/%s: %s", traj.task.env, traj.task.index, traj.error)
+    return True
+
+
+def _warn_if_past_the_rollout_deadline(task: TaskRef, timeout_s: float, config: RolloutConfig) -> None:
+    """Warn once per task when its agent timeout is longer than `rollout.rollout_timeout_s`, which then ends the
+    episode first (`truncated`, not verified)."""
+    name = str(task.metadata.get("task_name") or task.index)
+    if timeout_s <= config.rollout_timeout_s or (task.env, name) in _LONG_AGENT_TIMEOUTS:
+        return
+    _LONG_AGENT_TIMEOUTS.add((task.env, name))
+    logger.warning("envs.%s task %s: its agent timeout (%g s) is longer than rollout.rollout_timeout_s=%g, which ends "
+                   "the episode first (truncated, not verified)", task.env, name, timeout_s, config.rollout_timeout_s)
