@@ -206,7 +206,8 @@ class PolicyConfig(BaseModel):
         """Refuse what the chosen kind never reads, naming the field and what to set instead."""
         server = [f"policy.{name}" for name in given(self, ("url", "serve"))]
         if server and self.kind != "vllm":
-            raise ValueError(f"{' and '.join(server)} {'name' if len(server) > 1 else 'names'} a vLLM server, which only policy.kind 'vllm' uses; "
+            verb = "name" if len(server) > 1 else "names"
+            raise ValueError(f"{' and '.join(server)} {verb} a vLLM server, which only policy.kind 'vllm' uses; "
                              f"policy.kind is {self.kind!r}: set policy.kind=vllm, or leave {server[0]} out")
         unread = [f"policy.{name}" for name in given(self, SERVER_FIELDS)]
         if unread and (self.kind != "vllm" or self.engine_actors):
