@@ -212,12 +212,36 @@ def test_eval_envs_without_eval_every_are_refused_and_an_explicit_0_warns(caplog
     ({"num_train_epochs": 3, "max_steps": 50}, "set trainer.max_steps instead"),
     ({"vllm_importance_sampling_cap": 3.0}, "trainer.vllm_importance_sampling_cap is set by raygrpo from "
                                             "train.off_policy.high"),
+    ({"vllm_gpu_memory_utilization": 0.5}, "TRL's colocate vLLM mode, which raygrpo does not run: set "
+                                           "policy.vllm.gpu_memory_utilization"),
+    ({"vllm_max_model_length": 2048}, "policy.serve.max_model_len"),
+    ({"vllm_tensor_parallel_size": 2}, "trainer.vllm_tensor_parallel_size: applies to TRL's colocate"),
+    ({"vllm_enable_sleep_mode": True}, "policy.vllm.enable_sleep_mode"),
+    ({"vllm_model_impl": "transformers"}, "trainer.vllm_model_impl"),
+    ({"vllm_structured_outputs_regex": "[0-9]+"}, "trainer.vllm_structured_outputs_regex: TRL does not generate"),
 ])
 def test_the_trainer_mapping_is_checked_at_load(trainer, says):
     """Names, types and batch sizes fail when the config loads (exit 2), not in the learner after Ray started."""
     with pytest.raises(ConfigError) as err:
         _load(trainer=trainer)
     assert says in str(err.value)
+
+
+@pytest.mark.parametrize("policy, refused", [
+    ({"kind": "transformers"}, True),
+    ({"kind": "vllm"}, True),  # engine actors: the weights travel through Ray, not TRL's NCCL group
+    ({"kind": "vllm", "url": "http://127.0.0.1:8000"}, False),
+])
+def test_trls_vllm_server_options_only_where_trl_drives_a_server(policy, refused):
+    """`vllm_group_port` / `vllm_server_timeout` reach TRL's VLLMClient only in its server mode."""
+    trainer = {"vllm_group_port": 51300, "vllm_server_timeout": 600}
+    if not refused:
+        assert _load(policy=policy, trainer=trainer).trainer == trainer
+        return
+    with pytest.raises(ConfigError) as err:
+        _load(policy=policy, trainer=trainer)
+    for name in trainer:
+        assert f"trainer.{name} is read only when TRL drives a vLLM server" in str(err.value)
 
 
 def test_numeric_trainer_strings_become_numbers_at_load():

@@ -16,7 +16,8 @@ from raygrpo.config.fields import given
 from raygrpo.config.policy import PolicyConfig, SamplingConfig
 from raygrpo.config.rollout import RolloutConfig
 from raygrpo.config.train import OFF_POLICY_BOUNDS, TrainConfig
-from raygrpo.config.trainer import TRAINER_DEFAULTS, check_trainer_mapping, generation_batch_size, generation_steps
+from raygrpo.config.trainer import (SERVER_TRAINER_FIELDS, TRAINER_DEFAULTS, check_trainer_mapping,
+                                    generation_batch_size, generation_steps)
 from raygrpo.specs import EnvSpec, ProviderSpec
 from raygrpo.specs.pool import PoolSpec
 
@@ -218,10 +219,18 @@ class RunConfig(BaseModel):
 
     def _check_engine_fields(self) -> None:
         """`train.behaviour_ratio` and `train.weight_sync_every` act on engine actors only: refused elsewhere, either
-        value, so that e.g. `behaviour_ratio: false` cannot look like it turned off a vLLM server's correction."""
+        value, so that e.g. `behaviour_ratio: false` cannot look like it turned off a vLLM server's correction; TRL's
+        `vllm_group_port` and `vllm_server_timeout` act on a vLLM server TRL drives only: refused elsewhere."""
+        server = self.policy.kind == "vllm" and not self.policy.engine_actors
+        unread = [k for k in SERVER_TRAINER_FIELDS if k in self.trainer]
+        if unread and not server:
+            raise ValueError("; ".join(
+                f"trainer.{k} is read only when TRL drives a vLLM server (policy.kind vllm with policy.url or "
+                f"policy.serve); policy.kind {self.policy.kind!r} here"
+                + (" runs engine actors, which take the weights through Ray" if self.policy.engine_actors else "")
+                + ": leave it out" for k in unread))
         if self.policy.engine_actors:
             return
-        server = self.policy.kind == "vllm"
         if self.train.behaviour_ratio is not None:
             raise ValueError(f"train.behaviour_ratio needs the sampling log-probs of engine actors (transformers, or "
                              f"vLLM's without policy.url/serve); policy.kind {self.policy.kind!r} here reports none ("

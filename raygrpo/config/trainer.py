@@ -49,7 +49,22 @@ UNREAD_TRAINER_FIELDS: dict[str, str] = {
     "num_train_epochs": "raygrpo trains trainer.max_steps optimizer steps (default 20), which TRL lets override "
                         "num_train_epochs; TRL's dataset here is placeholder prompts, so an epoch is no pass over your "
                         "tasks: set trainer.max_steps instead",
+    "vllm_structured_outputs_regex": "TRL does not generate in a raygrpo run (raygrpo's rollout_func does), so it "
+                                     "never reads it",
+    # TRL reads these only in its colocate mode (an engine inside the trainer), which raygrpo never runs.
+    **{name: f"applies to TRL's colocate vLLM mode, which raygrpo does not run: set {where}"
+       for name, where in (("vllm_gpu_memory_utilization", "policy.vllm.gpu_memory_utilization (engine actors) or "
+                                                            "policy.serve.gpu_memory_utilization"),
+                           ("vllm_max_model_length", "policy.vllm.max_model_len (engine actors) or "
+                                                     "policy.serve.max_model_len"),
+                           ("vllm_tensor_parallel_size", "policy.vllm.tensor_parallel_size (engine actors) or "
+                                                         "policy.serve.tensor_parallel_size"),
+                           ("vllm_enable_sleep_mode", "policy.vllm.enable_sleep_mode (engine actors)"),
+                           ("vllm_model_impl", "policy.vllm.model_impl (engine actors) or policy.serve.extra_args"))},
 }
+
+#: `GRPOConfig` options TRL reads only when it drives a vLLM server (`policy.kind: vllm` with `url` or `serve`).
+SERVER_TRAINER_FIELDS: tuple[str, ...] = ("vllm_group_port", "vllm_server_timeout")
 
 #: Defaults raygrpo gives `GRPOConfig` unless the `trainer:` mapping says otherwise (docs/training.md lists where they
 #: differ from TRL's).
