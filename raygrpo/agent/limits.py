@@ -15,7 +15,7 @@ from typing import Any
 from raygrpo.config.rollout import RolloutConfig
 from raygrpo.core.errors import TaskError
 from raygrpo.core.types import TaskRef, Trajectory
-from raygrpo.envs.base import EnvAdapter
+from raygrpo.envs.base import AgentDeadline, EnvAdapter
 
 logger = logging.getLogger(__name__)
 
@@ -43,13 +43,14 @@ async def agent_phase(traj: Trajectory, adapter: EnvAdapter, config: RolloutConf
     """Run one step's model turns (`turns`, a `_turns` coroutine) under the environment's agent deadline, and say
     whether the step is to be scored (`_turns`' answer; True when the deadline stopped them).
 
-    An adapter may set `agent_timeout_s` (read after `start` and after each `next_step`): Harbor's task `[agent]
-    timeout_sec` (a step's own where it sets one). As Harbor's trial does on its `AgentTimeoutError`, the turns are
+    An adapter may bound them (`raygrpo.envs.base.AgentDeadline`, read after `start` and after each `next_step`):
+    Harbor's task `[agent] timeout_sec` (a step's own where it sets one). As Harbor's trial does on its
+    `AgentTimeoutError`, the turns are
     stopped there (a generation or tool call in flight is cancelled) and the episode is verified as usual: the reward
     is the verifier's, and `traj.error` says the agent timed out. `rollout.rollout_timeout_s` still bounds the whole
     episode, this included.
     """
-    timeout_s = getattr(adapter, "agent_timeout_s", None)
+    timeout_s = adapter.agent_timeout_s if isinstance(adapter, AgentDeadline) else None
     if not timeout_s:
         return await turns
     _warn_if_past_the_rollout_deadline(traj.task, float(timeout_s), config)

@@ -74,6 +74,19 @@ class SteppedAdapter(Protocol):
 
 
 @runtime_checkable
+class AgentDeadline(Protocol):
+    """An adapter whose task bounds the model's turns itself (Harbor's `[agent] timeout_sec`).
+
+    `agent_timeout_s` is read after `start` and after each `next_step`: seconds the model's turns of the current
+    step may take before they are stopped and the step is verified, or None for no bound of its own
+    (`raygrpo.agent.limits.agent_phase`).
+    """
+
+    @property
+    def agent_timeout_s(self) -> float | None: ...
+
+
+@runtime_checkable
 class EnvProvider(Protocol):
     """Makes adapters for one environment on one event loop.
 
