@@ -119,6 +119,14 @@ class HarborSpec(EnvSpecBase):
             (`raygrpo.envs.harbor.offline`; task files are not rewritten). The packages asked for must be in the
             sandbox's `python3` (the local backend's toolbox, or the image's); one that is not is a
             `verifier_error` naming it.
+        stop_agent_processes (`bool`, *optional*, defaults to `False`):
+            Before each verification in the model's own sandbox (Harbor's shared verifier), kill every process
+            started since the sandbox was ready for the episode: the model's commands and whatever they left running,
+            detached daemons included, so that none can rewrite the reward file or the tests while `test.sh` runs
+            (`raygrpo.envs.harbor.agent_processes`). The init, a Dockerfile's `ENTRYPOINT` services and the harness's
+            set-up are spared. Off by default, as in Harbor: many tasks ask the model to start a service that their
+            tests then query, which this would stop. Tasks with a separate verifier environment need none: their
+            verifier runs elsewhere.
         keep_logs (`Literal["failed", "all", "none"]`, *optional*, defaults to `"failed"`):
             Which rollouts keep the sandbox's `/logs` (the verifier's output, `ctrf.json`, what `test.sh` wrote) in
             the run folder, under `verifier_logs/`: those whose verification did not award a reward of at least 1.0
@@ -166,6 +174,7 @@ class HarborSpec(EnvSpecBase):
     reward_reduce: Literal["key", "mean", "sum", "min", "max"] = "key"
     probe_verifier: bool = True
     offline_tooling: bool = False
+    stop_agent_processes: bool = False
     keep_logs: Literal["failed", "all", "none"] = "failed"
     keep_logs_kib: int = Field(default=256, ge=1)
     faults: FaultConfig | None = None

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from raygrpo.core.errors import TaskError, VerifierError, describe
 from raygrpo.core.scratch import process_scratch
 from raygrpo.envs.base import EnvError, RewardMissingError
+from raygrpo.envs.harbor.agent_processes import stop_agent_processes
 from raygrpo.envs.harbor.rewards import reduce_rewards
 from raygrpo.envs.harbor.sandbox import HarborSandbox
 from raygrpo.envs.harbor.separate import collect_artifacts, place_artifacts, verifier_definition, verifier_task
@@ -75,6 +76,8 @@ class EpisodeGrading:
     _evidence: VerifierEvidence | None = None
     #: Whether the verification under way was cancelled (nothing is gathered from the sandbox then).
     _score_cancelled: bool = False
+    #: The processes the sandbox ran before the model acted (`HarborSpec.stop_agent_processes`; None when off).
+    _baseline_pids: set[int] | None = None
     #: The sandbox a separate verifier environment runs in, while a verification holds one.
     _verifier_sandbox: HarborSandbox | None = None
     #: Where the artifacts of the verification under way are kept on the host (removed after it).
@@ -185,6 +188,8 @@ class EpisodeGrading:
         definition = verifier_definition(self.harbor_task, step)
         env, trial_paths = self.env, self._trial_paths
         try:
+            if definition is None and self._baseline_pids is not None:
+                await stop_agent_processes(env, self._baseline_pids, self.label)
             if definition is not None:
                 env, trial_paths = await self._start_verifier_sandbox(definition, step)
             result = await asyncio.wait_for(
