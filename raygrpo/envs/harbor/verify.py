@@ -24,6 +24,7 @@ from raygrpo.envs.harbor.missing_commands import missing_commands
 from raygrpo.envs.harbor.offline import SERVED, SERVED_URL_PART, install_shims, with_shims
 from raygrpo.envs.harbor.tooling import probe_command, read_probe, scan_test_script, set_aside_named
 from raygrpo.core.errors import describe
+from raygrpo.core.nofollow import read_file, regular_files
 
 if TYPE_CHECKING:
     from harbor.environments.base import BaseEnvironment
@@ -250,8 +251,13 @@ async def _output_tail(env: BaseEnvironment, trial_paths: TrialPaths) -> str | N
     from harbor.models.trial.paths import EnvironmentPaths
 
     host = trial_paths.test_stdout_path
-    if host.is_file():  # downloaded (or mounted) by the verifier
-        return _tail(host.read_bytes(), OUTPUT_TAIL_CHARS)
+    # Downloaded (or mounted) by the verifier. Read without following a link: the model can plant one at this name
+    # (`-> /proc/self/environ`), and on the host it would lead to the host's files.
+    data = read_file(host, max_bytes=OUTPUT_TAIL_CHARS * 4, tail=True)
+    if data is not None:
+        return _tail(data, OUTPUT_TAIL_CHARS)
+    if host.is_symlink():
+        return None
     # The verifier did not get to download it (it ran past its deadline, or crashed): ask the sandbox.
     sandbox_path = EnvironmentPaths.for_os(env.os).verifier_dir / host.name
     result = await env.exec(f"tail -c {OUTPUT_TAIL_CHARS * 4} {shlex.quote(str(sandbox_path))}", user="root")
@@ -262,12 +268,14 @@ async def _output_tail(env: BaseEnvironment, trial_paths: TrialPaths) -> str | N
 
 async def _kept_logs(env: BaseEnvironment, trial_paths: TrialPaths, budget: int) -> tuple[dict[str, str], list[str]]:
     """The sandbox's `/logs` as `{relative path: text}` within `budget` bytes (each file keeps its end; the test
-    output first), and the files left out."""
+    output first), and the files left out. Regular files only: a link the model planted in `/logs` (say
+    `agent/env.txt -> /proc/self/environ`) is neither followed nor kept, whatever the backend's download made of
+    it (docker's keeps links as links)."""
     from harbor.models.trial.paths import EnvironmentPaths
 
     with tempfile.TemporaryDirectory(dir=trial_paths.trial_dir, prefix="kept-logs-") as tmp:
         await env.download_dir(source_dir=str(EnvironmentPaths.for_os(env.os).logs_dir), target_dir=Path(tmp))
-        files = sorted((p for p in Path(tmp).rglob("*") if p.is_file()),
+        files = sorted(regular_files(tmp),
                        key=lambda p: (p.name != trial_paths.test_stdout_path.name, str(p)))
         kept: dict[str, str] = {}
         omitted: list[str] = []
@@ -276,7 +284,9 @@ async def _kept_logs(env: BaseEnvironment, trial_paths: TrialPaths, budget: int)
             if budget <= 0:
                 omitted.append(rel)
                 continue
-            data = path.read_bytes()
+            data = read_file(path)
+            if data is None:
+                continue
             text = _tail(data, budget)
             kept[rel] = text
             budget -= min(len(data), budget)
