@@ -92,6 +92,9 @@ class SandboxCommands:
         assert self._reg is not None
         prefix, home = self._user_prefix(self._resolve_user(user))
         workdir = str(_lay.norm(cwd, self.workdir)) if cwd else self.workdir
+        # `nsenter`, on the host, carries both marks (`_exec_env`: a stop finds it by them); what runs inside does
+        # not learn the sandbox root's host path (`env -u`, so not even in its `/proc/<pid>/environ`).
+        prefix = [*prefix, _proc.TOOL["env"], "-u", ROOT_ENV]
         full = _proc.nsenter_argv(self._init.pid, prefix=prefix, workdir=workdir, argv=argv)
         self._execs_running += 1
         try:

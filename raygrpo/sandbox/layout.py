@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from raygrpo.sandbox import dockerfile as _df
+from raygrpo.sandbox import hidden as _hidden
 from raygrpo.sandbox.dockerfile_copy import CopyStep, sandbox_path
 
 BWRAP = shutil.which("bwrap") or "/usr/bin/bwrap"
@@ -60,6 +62,7 @@ def prepare_host_dir(
     extra_writable: list[str],
     host_mounts: list[dict[str, Any]] | None,
     workdir: str,
+    hidden: Iterable[str | os.PathLike] = (),
 ) -> list[Mount]:
     """Fill a sandbox's fresh host directory `d` (`fs/`, the writable mounts with Harbor's log dirs and a
     sticky `/tmp`, the Dockerfile's `COPY` files) and return its mount table (see `layout`).
@@ -70,7 +73,8 @@ def prepare_host_dir(
     fs = d / "fs"
     fs.mkdir()
     mounts = layout(
-        fs, plan=plan, task_workdir=task_workdir, extra_writable=extra_writable, host_mounts=host_mounts
+        fs, plan=plan, task_workdir=task_workdir, extra_writable=extra_writable, host_mounts=host_mounts,
+        hidden=hidden,
     )
     for sub in _LOG_SUBDIRS:
         host = host_path(mounts, PurePosixPath("/logs") / sub, workdir)
@@ -96,11 +100,15 @@ def layout(
     task_workdir: str | None,
     extra_writable: list[str],
     host_mounts: list[dict[str, Any]] | None,
+    hidden: Iterable[str | os.PathLike] = (),
 ) -> list[Mount]:
     """The sandbox's mount table, in the order bwrap applies it; creates the host side of writable mounts.
 
     Writable: `STANDARD_WRITABLE`, the plan's `WORKDIR` and `COPY` destinations, `task_workdir`, `extra_writable`
-    and the targets of the (bind) `host_mounts`, whose sources are bound there.
+    and the targets of the (bind) `host_mounts`, whose sources are bound there. Not seen: the host's secrets in the
+    exposed trees and the `hidden` folders (`raygrpo.sandbox.hidden`), covered empty; a later mount covers an
+    earlier one, so the covers come before the writable directories (one inside a covered folder is the sandbox's
+    own) and again after the shadows, whose entries bound back would show them.
     """
     mounts: list[Mount] = [Mount(PurePosixPath("/"), "tmpfs")]
     for name in EXPOSED_DIRS:
@@ -121,6 +129,8 @@ def layout(
     ]
     if os.path.isdir("/var/tmp"):
         mounts.append(Mount(PurePosixPath("/var/tmp"), "tmpfs"))
+    covers = _hide_mounts(fs, hidden)
+    mounts += covers
 
     user_mounts = [m for m in (host_mounts or []) if m.get("type") == "bind"]
     wanted: list[PurePosixPath] = [PurePosixPath(p) for p in STANDARD_WRITABLE]
@@ -187,6 +197,8 @@ def layout(
         shutil.copymode(src, dst)
         mounts.append(Mount(a, "rw", dst))
         mounts.extend(children)
+    if shadows:
+        mounts += covers
     for p in roots:
         m = covering(p)
         if m.kind == "rw":
@@ -219,6 +231,15 @@ def layout(
                 host.touch()
         mounts.append(Mount(target, "ro" if m.get("read_only") else "rw", source))
     return mounts
+
+
+def _hide_mounts(fs: Path, hidden: Iterable[str | os.PathLike]) -> list[Mount]:
+    """The mounts that cover what the sandbox must not see (`raygrpo.sandbox.hidden.hidden_paths`): an empty tmpfs
+    over a folder, an empty read-only file (in the sandbox's own host folder) over a file."""
+    out: list[Mount] = []
+    for path, is_dir in _hidden.hidden_paths(EXPOSED_DIRS, hidden):
+        out.append(Mount(path, "tmpfs") if is_dir else Mount(path, "ro", _hidden.empty_file(fs.parent)))
+    return out
 
 
 def _root_files(fs: Path, plan: _df.DockerfilePlan | None, mounts: list[Mount]) -> list[Mount]:
@@ -277,15 +298,13 @@ def bwrap_argv(mounts: list[Mount], *, hostname: str) -> list[str]:
     return argv
 
 
-def host_path(
+def host_parts(
     mounts: list[Mount], sandbox_path: str | PurePosixPath, workdir: str, *, writable_only: bool = True
-) -> Path | None:
-    """The host path backing `sandbox_path` (relative ones are taken from `workdir`), or None when it is not in a
-    writable host-backed mount.
-
-    None too when a component under the mount is a symlink: the sandbox resolves it differently from the host,
-    so such paths go through the sandbox itself.
-    """
+) -> tuple[Path, tuple[str, ...]] | None:
+    """The host directory of the mount holding `sandbox_path` (relative ones are taken from `workdir`) and the
+    path's components below it, or None when it is not in a (writable, unless not `writable_only`) host-backed
+    mount. Nothing is looked up on the host: what the sandbox put there (links) is for the caller to refuse, with
+    `raygrpo.core.nofollow`'s dir-fd walks."""
     p = resolve_links(norm(sandbox_path, workdir), mounts)
     best: Mount | None = None
     for m in mounts:
@@ -294,51 +313,43 @@ def host_path(
                 best = m
     if best is None or best.source is None or (writable_only and best.kind != "rw"):
         return None
-    host = best.source
-    for part in p.parts[len(best.target.parts) :]:
+    return best.source, p.parts[len(best.target.parts) :]
+
+
+def host_path(
+    mounts: list[Mount], sandbox_path: str | PurePosixPath, workdir: str, *, writable_only: bool = True
+) -> Path | None:
+    """The host path backing `sandbox_path` (see `host_parts`), or None when it is not in a writable host-backed
+    mount.
+
+    None too when a component under the mount is a symlink: the sandbox resolves it differently from the host. A
+    check at lookup time only: what the sandbox can change while it runs is written with `host_parts` and
+    `raygrpo.core.nofollow` instead.
+    """
+    found = host_parts(mounts, sandbox_path, workdir, writable_only=writable_only)
+    if found is None:
+        return None
+    host = found[0]
+    for part in found[1]:
         host = host / part
         if host.is_symlink():
             return None
     return host
 
 
-def emptiable_host_dir(mounts: list[Mount], sandbox_path: str | PurePosixPath, workdir: str) -> Path | None:
-    """The host directory backing `sandbox_path` when the host can empty it exactly as the sandbox would (see
-    `empty_host_dir`): in a writable host-backed mount, no symlink on the way (`host_path`), and no other mount below
-    it (inside the sandbox a mount point cannot be removed; on the host it is only a placeholder). Else None."""
-    host = host_path(mounts, sandbox_path, workdir)
-    if host is None:
+def emptiable_host_dir(
+    mounts: list[Mount], sandbox_path: str | PurePosixPath, workdir: str
+) -> tuple[Path, tuple[str, ...]] | None:
+    """Where the host can empty `sandbox_path` exactly as the sandbox would (`host_parts`): in a writable host-backed
+    mount, and no other mount below it (inside the sandbox a mount point cannot be removed; on the host it is only
+    a placeholder). Else None."""
+    found = host_parts(mounts, sandbox_path, workdir)
+    if found is None:
         return None
     p = resolve_links(norm(sandbox_path, workdir), mounts)
     if any(under(m.target, p) and len(m.target.parts) > len(p.parts) for m in mounts):
         return None
-    return host
-
-
-def empty_host_dir(host: Path, *, chmod: bool) -> None:
-    """What Harbor's `empty_dirs` command does in a sandbox, done on the host side: `host` made a directory (a file
-    there removed, parents created), its entries removed, and with `chmod` its mode set to 0777.
-
-    Raises:
-        OSError: The host could not do it (the caller then runs Harbor's command in the sandbox).
-    """
-    if host.exists() and not host.is_dir():
-        host.unlink()
-    host.mkdir(parents=True, exist_ok=True)
-    for entry in os.scandir(host):
-        if entry.is_dir(follow_symlinks=False):
-            shutil.rmtree(entry.path)
-        else:
-            os.unlink(entry.path)
-    if chmod:
-        os.chmod(host, 0o777)
-
-
-def copy_file(source: Path, host: Path, *, into_dir: bool) -> None:
-    """Copy the host file `source` to the host path `host`, or into it when it is a directory (or `into_dir`)."""
-    target = host / source.name if (into_dir or host.is_dir()) else host
-    target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(source, target)
+    return found
 
 
 def copy_into(dest: Path, step: CopyStep) -> None:

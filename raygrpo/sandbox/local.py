@@ -21,7 +21,7 @@ What a sandbox is:
   `/root`, `/tmp`, the Dockerfile's `WORKDIR`, the task's `workdir` and every `COPY` destination. A destination
   inside a read-only host directory (say `/usr/src/app`) gets that directory replaced by a writable copy whose
   existing entries are bound back read-only. The host's `/root`, `/home` and anything else not listed are not
-  visible.
+  visible, nor its secrets in those trees, the sandbox root and the task's folders (`raygrpo.sandbox.hidden`).
 - The Dockerfile: `WORKDIR`, `ENV` and `COPY`/`ADD` of local files are applied (a file copied into `/` is bound
   there on its own); of `RUN`, the commands that make files and folders run at start, those that install software
   are skipped; the `ENTRYPOINT` is started in the background after them, with Harbor's `sh -c "sleep infinity"` as
@@ -76,6 +76,7 @@ from harbor.models.task.config import NetworkMode, TaskOS
 
 from raygrpo.core.aio import run_to_end
 from raygrpo.sandbox import dockerfile as _df
+from raygrpo.sandbox import hidden as _hidden
 from raygrpo.sandbox import layout as _lay
 from raygrpo.sandbox import network as _net
 from raygrpo.sandbox import process as _proc
@@ -129,6 +130,9 @@ class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment
             put the verifier toolbox (`raygrpo.sandbox.toolbox`: a venv with `python`, `python3`, pytest and
             pytest-json-ctrf, built once per machine) first on the sandbox's `PATH`, bound read-only; False leaves
             the sandbox with the host's own tools only.
+        hidden_paths (`list[str]`, *optional*):
+            more host folders the sandbox must not see (`raygrpo.sandbox.hidden.sandbox_hidden`: a run's output
+            folder under `/srv`, say).
         **kwargs: the remaining `BaseEnvironment` arguments (`persistent_env`, `mounts`, `auto_mounts`,
             `auto_mounting`, `network_policy`, `override_*`, ...). Bind mounts are honoured; `stream` is not
             supported.
@@ -150,6 +154,7 @@ class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment
         init_timeout_s: float = 30.0,
         max_output_bytes: int = 16 * 1024 * 1024,
         toolbox: bool = True,
+        hidden_paths: list[str] | None = None,
         **kwargs: Any,
     ):
         renamed = [f"`{key}` {now}" for key, now in LOCAL_RENAMED_KWARGS.items() if key in kwargs]
@@ -163,6 +168,7 @@ class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment
         self._extra_writable = list(writable_dirs or [])
         self._init_timeout_s = init_timeout_s
         self._max_output = max_output_bytes
+        self._extra_hidden = list(hidden_paths or [])
         try:
             self._toolbox = _toolbox.ensure_toolbox() if toolbox else None
         except _toolbox.ToolboxError as e:
@@ -345,15 +351,18 @@ class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment
                 extra_writable=self._extra_writable,
                 host_mounts=self._host_mounts,
                 workdir=self.workdir,
+                hidden=_hidden.sandbox_hidden(self._root, self.environment_dir, self.trial_paths, self._extra_hidden),
             )
         except ValueError as e:  # a CopyError, or a destination that cannot be made writable: the task's, every time
             raise SandboxDefinitionError(str(e)) from None
         if self._toolbox is not None:
             self._mount_table.append(_lay.Mount(PurePosixPath(str(self._toolbox)), "ro", self._toolbox))
 
-    def _host_path(self, sandbox_path: str | PurePosixPath, *, writable_only: bool = True) -> Path | None:
-        """The host path backing `sandbox_path` (see `raygrpo.sandbox.layout.host_path`), or None."""
-        return _lay.host_path(self._mount_table, sandbox_path, self.workdir, writable_only=writable_only)
+    def _host_parts(self, sandbox_path: str | PurePosixPath, *,
+                    writable_only: bool = True) -> tuple[Path, tuple[str, ...]] | None:
+        """The host mount source holding `sandbox_path` and the path below it (`raygrpo.sandbox.layout.host_parts`),
+        or None."""
+        return _lay.host_parts(self._mount_table, sandbox_path, self.workdir, writable_only=writable_only)
 
     # ------------------------------------------------------------------ the init process
 
@@ -361,7 +370,8 @@ class LocalSandboxEnvironment(SandboxCommands, HostFileTransfer, BaseEnvironment
         """Start the sandbox's init (see `raygrpo.sandbox.process.InitProcess.start`)."""
         assert self._reg is not None
         bwrap = _lay.bwrap_argv(self._mount_table, hostname=self._hostname)
-        env = {"PATH": _df.DEFAULT_PATH, "HOME": "/root", **self._mark_env()}
+        # Marked by id alone: bwrap's pid 1 inside keeps this environment, and must not tell where sandboxes live.
+        env = {"PATH": _df.DEFAULT_PATH, "HOME": "/root", ID_ENV: self.sandbox_id}
         try:
             ready = await self._init.start(bwrap, env, self._reg.dir / "init.log", self._reg, self._init_timeout_s)
         except TimeoutError:

@@ -74,12 +74,16 @@ def process_env_marks() -> dict[int, tuple[str | None, str | None]]:
 
 
 def sandbox_processes(root: str | os.PathLike | None = None, sandbox_id: str | None = None) -> list[int]:
-    """Host pids of live processes that belong to sandboxes under `root` (or to one sandbox), found via /proc."""
+    """Host pids of live processes that belong to sandboxes under `root` (or to one sandbox), found via /proc.
+
+    A sandbox's bwrap is marked by its id alone (the root's host path is kept from the sandbox), so it counts where
+    that id is asked for or its directory is under `root`."""
     root_s = str(Path(root or os.environ.get(ROOT_ENV) or DEFAULT_ROOT))
     return sorted(
         pid
         for pid, (sroot, sid) in process_env_marks().items()
-        if sroot == root_s and (sandbox_id is None or sid == sandbox_id)
+        if (sandbox_id is None or sid == sandbox_id)
+        and (sroot == root_s or (sroot is None and sid and (sid == sandbox_id or os.path.lexists(f"{root_s}/{sid}"))))
     )
 
 

@@ -308,7 +308,7 @@ def live_sandboxes(root: str | os.PathLike | None = None) -> list[SandboxInfo]:
     marks = process_env_marks()
     by_id: dict[str, list[int]] = {}
     for pid, (sroot, sid) in marks.items():
-        if sroot == str(base) and sid:
+        if sroot in (str(base), None) and sid:  # None: a bwrap, marked by id alone (looked up by the ids below)
             by_id.setdefault(sid, []).append(pid)
     out: list[SandboxInfo] = []
     for entry in sorted(os.scandir(base), key=lambda e: e.name):
@@ -352,7 +352,7 @@ def kill_sandbox_processes(
         if pid and pid_alive(pid, procs.get(start_key)):
             targets.append(pid)
     for pid, (sroot, sid) in process_env_marks().items() if stragglers else ():
-        if sid == sandbox_id and sroot == str(root):
+        if sid == sandbox_id and sroot in (str(root), None):  # None: marked by id alone (bwrap)
             targets.append(pid)
     started = {pid: proc_start_time(pid) for pid in targets}
     for pid in targets:
