@@ -173,3 +173,56 @@ def test_an_env_pool_actor_removes_its_folder_when_shut_down_and_a_killed_ones_i
     assert folder.is_dir()  # killed without its shutdown: left
     assert folder in scratch.sweep_orphans(folder.parent)
     assert not folder.exists()
+
+
+# A process that moves its temp dir into its scratch folder (as an env pool actor does), then makes a folder the way
+# Harbor's docker environment keeps its compose files (`TemporaryDirectory()` in the default temp dir), prints both,
+# and waits to be killed.
+_TEMP_USER = textwrap.dedent("""
+    import os, sys, tempfile
+    from raygrpo.core.scratch import process_scratch, use_as_tempdir
+
+    use_as_tempdir()
+    compose = tempfile.TemporaryDirectory()
+    open(os.path.join(compose.name, "docker-compose-mounts.json"), "w").write("{}")
+    print(process_scratch(), compose.name, os.environ["TMPDIR"], flush=True)
+    sys.stdin.readline()
+""")
+
+
+def test_a_killed_actors_temp_folders_go_with_its_scratch_folder(tmp_path):
+    """Harbor's compose temp folders of an env pool actor killed mid-run are removed by the next process's sweep:
+    the actor's temp dir is inside its scratch folder, not the shared temp dir."""
+    proc = subprocess.Popen([sys.executable, "-c", _TEMP_USER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "TMPDIR": str(tmp_path)})
+    try:
+        folder, compose, tmpdir = (Path(p) for p in proc.stdout.readline().split())
+        assert folder.parent == tmp_path and folder in compose.parents and folder in tmpdir.parents
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        assert compose.is_dir()  # no exit handler ran
+        assert scratch.sweep_orphans(tmp_path) == [folder]
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+
+
+def test_the_temp_dir_comes_back_when_the_scratch_folder_goes(tmp_path, monkeypatch):
+    """`use_as_tempdir` moves `tempfile`'s temp dir and `$TMPDIR` into the scratch folder; removing the folder (an
+    actor's shutdown) puts both back, so nothing later makes files in a folder that is gone."""
+    code = textwrap.dedent("""
+        import os, tempfile
+        from raygrpo.core.scratch import remove_process_scratch, use_as_tempdir
+        before = tempfile.gettempdir()
+        tmp = use_as_tempdir()
+        assert tempfile.gettempdir() == str(tmp) and os.environ["TMPDIR"] == str(tmp)
+        assert tempfile.mkdtemp().startswith(str(tmp))
+        remove_process_scratch()
+        assert not tmp.exists() and tempfile.gettempdir() == before and os.environ["TMPDIR"] == before, before
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert out.stdout.strip() == "ok", out.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -31,7 +31,7 @@ from raygrpo.sandbox.orphans import OrphanReaper
 from raygrpo.sandbox.os_probe import ROOT_ENV
 from raygrpo.sandbox.owners import RUN_ENV
 from raygrpo.sandbox.run_folders import RunFolder, base_root, reap_base
-from raygrpo.core.scratch import remove_process_scratch
+from raygrpo.core.scratch import remove_process_scratch, use_as_tempdir
 from raygrpo.core.types import RolloutCall, Status, TaskRef, Trajectory
 from raygrpo.core.workdir import relocate
 from raygrpo.agent.worker import RolloutWorker, WorkerSettings
@@ -48,6 +48,9 @@ class EnvPool:
 
     def __init__(self, settings: WorkerSettings) -> None:
         apply_process_env()
+        # What libraries leave in the temp dir (Harbor's docker compose folders) goes with this process's scratch
+        # folder, which the next actor's sweep removes if this one is killed.
+        use_as_tempdir()
         self._driver_workdir = settings.workdir
         self.settings = relocate(settings, settings.workdir)
         if self.settings is not settings:

@@ -37,6 +37,11 @@ OWNER_FILE = ".owner"
 MAKING_GRACE_S = 60.0
 
 _lock = threading.Lock()
+#: The temp dir scratch folders are made in: the one of the first use, kept when `use_as_tempdir` moves the temp dir
+#: into the folder (a forked child makes its own beside its parent's, not inside it).
+_parent: Path | None = None
+#: What `use_as_tempdir` replaced (`tempfile.tempdir`, `$TMPDIR`), restored when the folder goes.
+_saved_tempdir: tuple[str | None, str | None] | None = None
 _folder: Path | None = None
 _owner_fd: int | None = None
 _owner_pid: int | None = None
@@ -53,7 +58,7 @@ os.register_at_fork(after_in_child=_reset_lock_in_child)
 def process_scratch() -> Path:
     """This process's scratch folder (made on first use, in the temp dir of that moment); making it first removes
     the folders of owners that are gone (`sweep_orphans`)."""
-    global _folder, _owner_fd, _owner_pid
+    global _folder, _owner_fd, _owner_pid, _parent
     with _lock:
         if _folder is not None and _owner_pid == os.getpid() and _folder.is_dir():
             return _folder
@@ -61,7 +66,9 @@ def process_scratch() -> Path:
         # the folder was removed under this process.
         if _owner_fd is not None:
             os.close(_owner_fd)
-        parent = Path(tempfile.gettempdir())
+        if _parent is None:
+            _parent = Path(tempfile.gettempdir())
+        parent = _parent
         sweep_orphans(parent)
         making = Path(tempfile.mkdtemp(prefix=_MAKING, dir=parent))
         fd = os.open(making / OWNER_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -75,15 +82,48 @@ def process_scratch() -> Path:
         return folder
 
 
+def use_as_tempdir() -> Path:
+    """Make this process's temp dir (`tempfile.tempdir`, and `$TMPDIR` for its children) a `tmp/` folder inside its
+    scratch folder; that folder.
+
+    What libraries make in the temp dir then goes with the scratch folder: Harbor's docker environment keeps its
+    compose files in `TemporaryDirectory()`s, which a killed env pool actor left in the temp dir for good; inside
+    the scratch folder the next process's sweep removes them. `remove_process_scratch` puts the temp dir back.
+    """
+    global _saved_tempdir
+    tmp = process_scratch() / "tmp"
+    tmp.mkdir(exist_ok=True)
+    with _lock:
+        if _saved_tempdir is None:
+            _saved_tempdir = (tempfile.tempdir, os.environ.get("TMPDIR"))
+        tempfile.tempdir = str(tmp)
+        os.environ["TMPDIR"] = str(tmp)
+    return tmp
+
+
+def _restore_tempdir() -> None:
+    global _saved_tempdir
+    if _saved_tempdir is None:
+        return
+    tempfile.tempdir, env = _saved_tempdir
+    if env is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = env
+    _saved_tempdir = None
+
+
 def remove_process_scratch() -> None:
     """Remove this process's scratch folder and everything in it (at exit; a later `process_scratch` makes a new
-    one). Nothing happens in a forked child that never made its own."""
+    one), with the temp dir put back where `use_as_tempdir` moved it. Nothing happens in a forked child that never
+    made its own."""
     global _folder, _owner_fd
     with _lock:
         if _folder is None or _owner_pid != os.getpid():
             return
         folder, fd = _folder, _owner_fd
         _folder = _owner_fd = None
+        _restore_tempdir()
     shutil.rmtree(folder, ignore_errors=True)
     if fd is not None:
         os.close(fd)
