@@ -24,10 +24,11 @@ from tests.harbor_utils import bash_script, make_task
 
 pytestmark = pytest.mark.timeout(180)
 
-#: The model never writes /app/out.txt (test.sh writes 0) but leaves a loop that keeps writing reward 1.
+#: The model never writes /app/out.txt (test.sh writes 0) but leaves a loop that keeps putting reward 1 in place
+#: (renamed over the file, so that a read never finds it half written).
 TAMPER = ("nohup setsid bash -c 'end=$((SECONDS+60)); while [ $SECONDS -lt $end ]; do "
-          "echo 1 > /logs/verifier/reward.txt 2>/dev/null; sleep 0.005; done' >/dev/null 2>&1 & "
-          "sleep 300 & echo started")
+          "echo 1 > /logs/.r 2>/dev/null && mv -f /logs/.r /logs/verifier/reward.txt 2>/dev/null; sleep 0.005; "
+          "done' >/dev/null 2>&1 & sleep 300 & echo started")
 #: The verifier gives the tampering loop time to overwrite what it wrote.
 SLOW_TEST = """#!/bin/bash
 if [ "$(cat /app/out.txt 2>/dev/null)" = "ok" ]; then
@@ -102,10 +103,10 @@ async def test_the_models_processes_are_stopped_before_the_verifier_runs(rendere
     traj = await _rollout(tmp_path / "suite", renderer, [TAMPER], stop_agent_processes=True, **_local(tmp_path))
     assert traj.status is Status.OK and traj.reward == 0.0, traj.error
     assert traj.verifier["rewards"] == {"reward": 0.0}
-    # The loop and `sleep 300`, and the loop's `sleep 0.005` when it was caught between two writes.
+    # The loop and `sleep 300`, and whichever of the loop's children were running when it was caught.
     stopped = [int(m.group(1)) for r in caplog.records
                if (m := re.search(r"stopped (\d+) process\(es\) the model left running", r.getMessage()))]
-    assert stopped and stopped[0] in (2, 3), [r.getMessage() for r in caplog.records]
+    assert stopped and stopped[0] >= 2, [r.getMessage() for r in caplog.records]
 
 
 async def test_the_sandboxs_own_services_keep_running_and_a_right_answer_still_scores(renderer, tmp_path):
