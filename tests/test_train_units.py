@@ -253,6 +253,52 @@ def test_metrics_log_drops_lines_after_the_resumed_checkpoint_and_plots(tmp_path
     assert line["step"] == 3 and line["reward"] is None and line["status"] == "ok"
 
 
+def test_a_resume_drops_a_cut_off_last_line_and_names_a_bad_line_elsewhere(tmp_path, monkeypatch, caplog):
+    """A run killed while writing leaves its last line cut off: `--resume` drops it (and says so) instead of failing
+    on it; a bad line elsewhere is an error naming the file and line; the kept lines replace the file through a
+    temporary file (a crash during the rewrite leaves the old file whole)."""
+    import os
+
+    rollouts = tmp_path / "rollouts.jsonl"
+    log = RolloutLog(rollouts, keep_until_step=-1)
+    for step in (1, 2, 3):
+        log.write(_traj("g", step, 1.0), step=step)
+    log.close()
+    whole = rollouts.read_text()
+    rollouts.write_text(whole + whole.splitlines()[0][:40])  # killed while writing step 4's first line
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text('{"step": 1, "kind": "train"}\n{"step": 2, "kind": "train"}\n{"step": 3, "ki')
+    with caplog.at_level("WARNING"):
+        RolloutLog(rollouts, keep_until_step=2).close()
+        MetricsLog(metrics, keep_until_step=2).close()
+    assert [json.loads(line)["step"] for line in rollouts.read_text().splitlines()] == [1, 2]
+    assert [r["step"] for r in read_metrics(metrics)] == [1, 2]
+    assert "rollouts.jsonl: line 4, the last, is cut off" in caplog.text
+    assert "metrics.jsonl: line 3, the last, is cut off" in caplog.text
+    # Appending after a cut-off line (keep_until_step None) drops it first: no line is glued onto it.
+    metrics.write_text(metrics.read_text() + '{"step": 3, "ki')
+    log = MetricsLog(metrics)
+    log.write({"step": 3, "kind": "train"})
+    log.close()
+    assert [r["step"] for r in read_metrics(metrics)] == [1, 2, 3]
+
+    from raygrpo.core.jsonl import JsonLinesError
+
+    metrics.write_text('{"step": 1}\n{"step": 2, "lo\n{"step": 3}\n')  # not the last line: not a cut-off
+    with pytest.raises(JsonLinesError, match="metrics.jsonl: line 2 is not valid JSON"):
+        MetricsLog(metrics, keep_until_step=3)
+    assert metrics.read_text().count("\n") == 3  # left as it was
+
+    metrics.write_text('{"step": 1}\n{"step": 2}\n')
+    def crash(*args):
+        raise OSError("killed during the rewrite")
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="killed during the rewrite"):
+        MetricsLog(metrics, keep_until_step=1)
+    assert metrics.read_text() == '{"step": 1}\n{"step": 2}\n'  # the old file whole, no temporary file left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "rollouts.jsonl"]
+
+
 def test_env_reward_passes_rewards_through_unchanged():
     from raygrpo.train.learner import env_reward
 

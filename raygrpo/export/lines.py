@@ -3,7 +3,8 @@
 A rollout run writes `trajectories.jsonl`, a training run `rollouts.jsonl` (each line with the `step` that consumed
 it). Both are appended a line at a time as trajectories finish, so a run killed while writing leaves its last line
 cut off: that line, and only that one (the last, with no newline after it), is left out with a warning and the
-complete lines are exported. Any other line that is not a JSON object is an error naming its line.
+complete lines are exported. Any other line that is not a JSON object is an error naming its line. The lines are
+read by `raygrpo.core.jsonl.JsonLines`, as a resumed training run reads them, so both agree on a cut-off line.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from raygrpo.core.jsonl import JsonLines, JsonLinesError
 from raygrpo.core.types import TRAJECTORY_SCHEMA_VERSION as SCHEMA_VERSION
 
 logger = logging.getLogger(__name__)
@@ -135,19 +137,11 @@ def read_lines(source: Source, stats: ReadStats | None = None) -> Iterator[Line]
     """
     stats = stats if stats is not None else ReadStats()
     name = source.path.name
-    with source.path.open("rb") as f:
-        for number, raw in enumerate(f, start=1):
-            stats.bytes_read += len(raw)
-            if not raw.strip():
-                continue
-            try:
-                record = json.loads(raw)
-            except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
-                if not raw.endswith(b"\n"):  # only the last line can lack its newline: it was cut off
-                    stats.truncated_line = number
-                    logger.info("%s", stats.truncation_note(source))
-                    break
-                raise ExportError(f"{name}: line {number} is not valid JSON ({exc})") from None
+    lines = JsonLines(source.path)
+    try:
+        for line in lines:
+            stats.bytes_read = lines.bytes_read
+            record, number = line.value, line.number
             if not isinstance(record, dict):
                 raise ExportError(f"{name}: line {number} is not a JSON object")
             version = record.get("schema_version")
@@ -161,7 +155,13 @@ def read_lines(source: Source, stats: ReadStats | None = None) -> Iterator[Line]
                 logger.info("%s: line %d has schema_version %d (this raygrpo writes %d); its fields are kept as "
                                "they are", name, number, version, SCHEMA_VERSION)
             stats.lines += 1
-            yield Line(number, record, len(raw))
+            yield Line(number, record, len(line.raw))
+    except JsonLinesError as exc:
+        raise ExportError(str(exc)) from None
+    stats.bytes_read = lines.bytes_read
+    if lines.cut_off_line is not None:
+        stats.truncated_line = lines.cut_off_line
+        logger.info("%s", stats.truncation_note(source))
     if stats.lines == 0:
         raise ExportError(f"{source.path}: no complete trajectory to export"
                           + (" (its only line is cut off)" if stats.truncated_line is not None else ""))

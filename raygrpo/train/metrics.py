@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from raygrpo.driver.summary import trajectory_line
+from raygrpo.core.jsonl import JsonLines, JsonLinesError, rewrite_lines
 from raygrpo.core.types import Trajectory
+from raygrpo.driver.summary import trajectory_line
+
+logger = logging.getLogger(__name__)
 
 
 def reward_stats(trajectories: Iterable[Trajectory]) -> dict[str, Any]:
@@ -63,19 +67,39 @@ def per_env_stats(trajectories: Iterable[Trajectory]) -> dict[str, dict[str, Any
 class MetricsLog:
     """Appends one JSON object per line to `path` (flushed at once, so a crash loses nothing written).
 
+    A fresh run starts the file anew. A resumed run keeps the lines of steps up to its checkpoint: the file is read
+    through `raygrpo.core.jsonl.JsonLines`, so a last line that a killed run left cut off is dropped (and logged)
+    while any other line that is not JSON fails naming the file and line; the kept lines replace the file through a
+    temporary file, so a crash during that rewrite loses nothing.
+
     Args:
         path: The `metrics.jsonl` file.
         keep_until_step: When resuming: drop lines of steps after this one (written after the checkpoint that the
-            run resumes from), so the file has each step once.
+            run resumes from), so the file has each step once. Negative: start the file anew (a fresh run); None:
+            append to it as it is (a cut-off last line is still dropped, so no line is glued onto it).
+
+    Raises:
+        JsonLinesError: A line other than a cut-off last one is not JSON (resuming, or appending).
     """
 
     def __init__(self, path: str | os.PathLike[str], keep_until_step: int | None = None) -> None:
         self.path = Path(path)
-        if keep_until_step is not None and self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= keep_until_step]
-            self.path.write_text("".join(line + "\n" for line in kept))
+        if keep_until_step is not None and keep_until_step < 0:
+            self.path.write_bytes(b"")
+        elif self.path.exists():
+            self._keep(keep_until_step)
         self._file = self.path.open("a")
+
+    def _keep(self, until_step: int | None) -> None:
+        lines = JsonLines(self.path)
+        kept = [line.raw for line in lines
+                if until_step is None or _step_of(line.value, self.path, line.number) <= until_step]
+        if lines.cut_off_line is None and until_step is None:
+            return  # nothing to drop
+        note = lines.cut_off_note(len(kept), action="dropped it; kept")
+        if note:
+            logger.warning("%s", note)
+        rewrite_lines(self.path, kept)
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record) + "\n")
@@ -83,6 +107,13 @@ class MetricsLog:
 
     def close(self) -> None:
         self._file.close()
+
+
+def _step_of(value: Any, path: Path, number: int) -> int:
+    step = value.get("step", 0) if isinstance(value, dict) else None
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise JsonLinesError(f"{path.name}: line {number} is not a JSON object with an integer step")
+    return step
 
 
 class RolloutLog(MetricsLog):
@@ -94,7 +125,12 @@ class RolloutLog(MetricsLog):
 
 
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The records of a `metrics.jsonl`; a cut-off last line (a run killed while writing it) is left out.
+
+    Raises:
+        JsonLinesError: A line other than a cut-off last one is not JSON.
+    """
+    return [line.value for line in JsonLines(path)]
 
 
 def plot_rewards(metrics_path: str | os.PathLike[str], png_path: str | os.PathLike[str]) -> None:
