@@ -161,14 +161,23 @@ def test_a_run_where_every_rollout_failed_exits_1_with_its_causes(tmp_path):
             "workers": {"num_env_actors": 1},
             "ray": {"num_cpus": 2},
         })
-        proc = _cli(["rollout", str(config), "--out", str(tmp_path / "run"), "--no-progress"])
+        # A previous run with the same --out, killed while writing its last line: this run starts anew.
+        run = tmp_path / "run"
+        run.mkdir()
+        (run / "trajectories.jsonl").write_text('{"old": 1}\n{"old": 2}\n{"old": 3, "cut')
+        (run / "metrics.jsonl").write_text('{"kind": "pools", "old": true}\n')
+        proc = _cli(["rollout", str(config), "--out", str(run), "--no-progress"])
         out, err = proc.communicate(timeout=150)
     assert proc.returncode == 1, err
     assert "raygrpo: the run failed: no rollout was scored and 4 of 4 failed" in err
     assert "status: policy_error 4" in out and "top failure causes:" in out
     cause = next(line for line in out.splitlines() if "no answer today" in line and "e.g." not in line)
     assert cause.split()[:2] == ["4", "policy_error"]
-    assert json.loads((tmp_path / "run" / "summary.json").read_text())["failure_causes"][0]["count"] == 4
+    assert json.loads((run / "summary.json").read_text())["failure_causes"][0]["count"] == 4
+    lines = [json.loads(line) for line in (run / "trajectories.jsonl").read_text().splitlines()]
+    assert len(lines) == 4 and all(line["status"] == "policy_error" for line in lines)
+    assert all("old" not in json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines())
+    assert f"{run / 'trajectories.jsonl'} holds 3 line(s) of a previous run" in err
 
 
 @pytest.mark.timeout(180)

@@ -417,6 +417,31 @@ def test_a_cut_off_last_line_is_left_out_and_said_in_one_line(rollout_run, tmp_p
 
 
 @pytest.mark.timeout(60)
+def test_a_second_run_with_the_same_out_starts_the_trajectories_anew(rollout_run, tmp_path, caplog):
+    """A rollout run's writer replaces a previous run's lines (saying how many), as a fresh training run does, so
+    an export never mixes two runs nor loses a line glued onto a killed run's cut-off one."""
+    text = (rollout_run / "trajectories.jsonl").read_text(encoding="utf-8")
+    path = tmp_path / "trajectories.jsonl"
+    path.write_text(text + text.splitlines()[0][:123], encoding="utf-8")  # the killed first run: 6 + 1 cut off
+    trajectory = asyncio.run(run_rollout(_harbor_task(7), ShellEnv(), OraclePolicy(), None, SamplingParams(),
+                                         RolloutConfig()))
+    with caplog.at_level("WARNING"):
+        writer = TrajectoryWriter(path)
+        writer.write(trajectory)
+        writer.close()
+    assert f"{path} holds 7 line(s) of a previous run" in caplog.text
+    assert [line["task"]["index"] for line in _lines(path)] == [7]
+    assert export_run(ExportOptions(path=tmp_path, format=ExportFormat.PARQUET)).written == 1
+
+    # Appending (no command does today) keeps the lines, dropping a cut-off last one first.
+    path.write_text(text + text.splitlines()[0][:123], encoding="utf-8")
+    writer = TrajectoryWriter(path, append=True)
+    writer.write(trajectory)
+    writer.close()
+    assert [line["task"]["index"] for line in _lines(path)] == [0, 1, 2, 3, 4, 5, 7]
+
+
+@pytest.mark.timeout(60)
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(rollout_run, tmp_path, cli):
     empty_run = tmp_path / "empty-run"
     empty_run.mkdir()

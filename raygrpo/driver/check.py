@@ -237,7 +237,7 @@ def run_check(cfg: RunConfig, pass_threshold: float = 1.0, *, out_dir: str | Pat
         cfg: The run config; its `policy` is ignored (the check runs the oracle and noop), its `envs` must all be
             Harbor suites.
         pass_threshold: The oracle must score at least this; the noop must score less.
-        out_dir: Where to write the check's trajectories (`trajectories.jsonl`), if anywhere.
+        out_dir: Where to write the check's trajectories (`trajectories.jsonl`, started anew), if anywhere.
         progress: `"bar"` (or True), `"log"` or False.
 
     A task that cannot be loaded or run gets a `refused` verdict; the others are judged all the same (no Ray is

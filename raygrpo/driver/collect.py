@@ -1,7 +1,8 @@
 """`raygrpo rollout`: collect trajectories for every task of a run config, without training.
 
-Writes `OUT/trajectories.jsonl` (appended as rollouts finish), `OUT/metrics.jsonl` (the env pools' sizes, queue
-and attempts by status every few seconds) and `OUT/summary.json`. On Ctrl-C or an error the
+Writes `OUT/trajectories.jsonl` (a line as each rollout finishes), `OUT/metrics.jsonl` (the env pools' sizes, queue
+and attempts by status every few seconds) and `OUT/summary.json`. A run starts both JSON lines files anew, as
+`raygrpo train` without `--resume` does (a warning says how many lines of a previous run it replaced). On Ctrl-C or an error the
 rollouts in flight are cancelled, every environment is closed, and a partial summary is written.
 """
 
@@ -18,7 +19,7 @@ from raygrpo.driver.pools.ray_metrics import PoolMetricsLog
 from raygrpo.driver.progress import Progress, progress_mode
 from raygrpo.driver.resolve import resolve_run
 from raygrpo.driver.session import RunSession
-from raygrpo.driver.summary import RunSummary, TrajectoryWriter
+from raygrpo.driver.summary import RunSummary, TrajectoryWriter, warn_replaced
 from raygrpo.core.types import Trajectory
 
 logger = logging.getLogger(__name__)
@@ -40,6 +41,8 @@ def collect(cfg: RunConfig, out_dir: str | Path, progress: bool | str = True) ->
     out = Path(out_dir)
     summary = RunSummary(requested=0)
     writer = TrajectoryWriter(out / "trajectories.jsonl")
+    if warn_replaced(out / "metrics.jsonl"):
+        (out / "metrics.jsonl").unlink()  # the pools' lines are appended as they come: this run's only
     dispatch = {"attempts_lost_to_actors": 0, "attempts_abandoned": 0, "duplicates_discarded": 0}
     session = RunSession(cfg, out, resolved.tasks_by_env, actor_prefix="raygrpo-envpool",
                          summarize=lambda: summary.to_dict(extra={

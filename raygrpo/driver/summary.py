@@ -1,8 +1,9 @@
-"""Run outputs: trajectories appended as JSON lines, and the summary of a run."""
+"""Run outputs: trajectories written as JSON lines (a fresh run starts the file anew), and the summary of a run."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import statistics
@@ -10,8 +11,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from raygrpo.core.jsonl import JsonLines, count_lines, rewrite_lines
 from raygrpo.core.outcome import Outcomes
 from raygrpo.core.types import Trajectory
+
+logger = logging.getLogger(__name__)
 
 #: Folder of a run folder holding the verifier logs trajectories carried (`HarborSpec.keep_logs`).
 VERIFIER_LOGS = "verifier_logs"
@@ -37,13 +41,28 @@ def trajectory_line(traj: Trajectory, run_dir: Path) -> dict[str, Any]:
 
 
 class TrajectoryWriter:
-    """Appends one trajectory per line to `path`, flushed as each arrives so nothing finished is lost; kept verifier
-    logs go to files next to it (`trajectory_line`)."""
+    """Writes one trajectory per line to `path`, flushed as each arrives so nothing finished is lost; kept verifier
+    logs go to files next to it (`trajectory_line`).
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    A run starts the file anew, as `raygrpo train` without `--resume` does: a second run with the same `--out`
+    appending to the first's lines would leave `summary.json` describing only its own, mix both runs in an export,
+    and glue its first line onto a killed run's cut-off last one. Lines of a previous run it replaces are counted in
+    a warning naming the file.
+
+    Args:
+        path: The `trajectories.jsonl` file.
+        append: Keep the file's lines and append after them (a cut-off last line is dropped first, so no line is
+            glued onto it). No command uses it today.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], append: bool = False) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a", encoding="utf-8")
+        if append:
+            drop_cut_off_line(self.path)
+        else:
+            warn_replaced(self.path)
+        self._file = self.path.open("a" if append else "w", encoding="utf-8")
 
     def write(self, traj: Trajectory) -> None:
         self._file.write(json.dumps(trajectory_line(traj, self.path.parent), ensure_ascii=False) + "\n")
@@ -51,6 +70,26 @@ class TrajectoryWriter:
 
     def close(self) -> None:
         self._file.close()
+
+
+def warn_replaced(path: Path) -> int:
+    """Warn, naming `path`, how many lines of a previous run a fresh run is about to replace there; the count."""
+    previous = count_lines(path)
+    if previous:
+        logger.warning("%s holds %d line(s) of a previous run with this --out: this run starts it anew (move it "
+                       "away first to keep them)", path, previous)
+    return previous
+
+
+def drop_cut_off_line(path: Path) -> None:
+    """Before appending to `path`: drop a cut-off last line a killed run left (with a warning)."""
+    if not path.exists():
+        return
+    lines = JsonLines(path)
+    kept = [line.raw for line in lines]
+    if lines.cut_off_line is not None:
+        logger.warning("%s", lines.cut_off_note(len(kept), action="dropped it before appending; kept"))
+        rewrite_lines(path, kept)
 
 
 def _percentile(values: list[float], q: float) -> float:
