@@ -287,6 +287,32 @@ def test_lines_of_other_shapes_round_trip_through_the_extra_columns(rollout_run,
 
 
 @pytest.mark.timeout(60)
+def test_decode_row_takes_pandas_rows(rollout_run, tmp_path):
+    """pandas reads a null string as NaN and a list as a numpy array: `decode_row` of its rows is the JSON line all
+    the same, for the runs' lines and for lines of other shapes (`_extra`, an older line, a null step reward)."""
+    import pandas as pd
+
+    base = _lines(rollout_run / "trajectories.jsonl")
+    odd = json.loads(json.dumps(base[0]))
+    odd["messages"][1]["reasoning_content"] = "hmm"
+    odd["step_rewards"] = [1.0, None, 0.5]
+    odd["logprobs"][0] = float("-inf")
+    older = json.loads(json.dumps(base[1]))
+    older["schema_version"] = 4
+    del older["sandbox"]
+    lines = [*base, odd, older]
+    source = tmp_path / "trajectories.jsonl"
+    source.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    report = export_run(ExportOptions(path=source, format=ExportFormat.PARQUET))
+    frame = pd.read_parquet(report.out)
+    assert [decode_row(frame.iloc[i].to_dict()) for i in range(len(frame))] == lines
+    assert [decode_row(row) for row in frame.to_dict("records")] == lines
+    decoded = decode_row(frame.iloc[0].to_dict())
+    assert type(decoded["prompt_ids"]) is list and type(decoded["prompt_ids"][0]) is int
+    assert type(decoded["turns"]) is int and type(decoded["logprobs"][0]) is float
+
+
+@pytest.mark.timeout(60)
 def test_parquet_is_written_a_row_group_at_a_time(rollout_run, tmp_path, monkeypatch):
     import pyarrow.parquet as pq
 

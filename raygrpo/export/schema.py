@@ -79,6 +79,11 @@ class Scalar(Codec):
     def accepts(self, value: Any) -> bool:
         return self._check(value)
 
+    def decode(self, value: Any) -> Any:
+        if pa.types.is_integer(self.arrow) and isinstance(value, float) and value.is_integer():
+            return int(value)  # pandas reads an integer column with nulls as floats
+        return value
+
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
@@ -291,8 +296,42 @@ def arrow_schema(training: bool, metadata: dict[str, str] | None = None) -> pa.S
 
 
 def decode_row(row: dict[str, Any]) -> dict[str, Any]:
-    """An exported row (from `pyarrow`'s `to_pylist()` or a `datasets` row) as the JSON line it came from.
+    """An exported row (from `pyarrow`'s `to_pylist()`, a `datasets` row, or pandas' `df.iloc[i].to_dict()` /
+    `df.to_dict("records")`) as the JSON line it came from.
 
-    Which codec applies follows from the row: a training run's rows have `step`.
+    A pandas row is made plain first (`plain_row`): its lists are numpy arrays and its nulls NaN. Which codec
+    applies follows from the row: a training run's rows have `step`.
     """
-    return trajectory_codec("step" in row).decode(row)
+    return trajectory_codec("step" in row).decode(plain_row(row))
+
+
+def plain_row(row: dict[str, Any]) -> dict[str, Any]:
+    """`row` with pandas' values as pyarrow gives them: numpy arrays as lists, numpy scalars as Python numbers, and
+    NaN (pandas' null of a string, float or nullable column, and of a float list's item) or `pd.NA` as None.
+
+    A row of plain Python values (pyarrow, `datasets`) is returned as it is: there NaN is a value (a NaN
+    log-probability), not a null. Whether the row is pandas' is told by a numpy value at its top level (its token
+    lists always are).
+    """
+    if not any(type(value).__module__ == "numpy" for value in row.values()):
+        return row
+    return {name: _plain(value) for name, value in row.items()}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if type(value).__module__ == "numpy":
+        if hasattr(value, "tolist") and getattr(value, "ndim", 0) > 0:  # an array: a list column
+            if value.dtype.kind == "O":
+                return [_plain(v) for v in value]
+            items = value.tolist()
+            return [None if v != v else v for v in items] if value.dtype.kind == "f" else items
+        value = value.item()  # a numpy scalar
+    if isinstance(value, float) and value != value:
+        return None
+    if type(value).__name__ == "NAType":  # pd.NA, of a nullable column
+        return None
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
