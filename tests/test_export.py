@@ -508,6 +508,35 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(rollout_run, tmp_pat
 
 
 @pytest.mark.timeout(60)
+def test_a_token_id_or_mask_that_is_not_an_integer_fails_the_export_naming_line_and_field(rollout_run, tmp_path,
+                                                                                           cli):
+    """pyarrow truncates a float into an integer column (2.5 to 2, 1.9 to 1) without a word: such a line fails the
+    export instead, naming its line and field; an integral float (2.0) is stored as the integer it equals."""
+    line = _lines(rollout_run / "trajectories.jsonl")[0]
+    run = tmp_path / "run"
+    run.mkdir()
+    source = run / "trajectories.jsonl"
+    cases = [("prompt_ids", [line["prompt_ids"][0], 2.5]), ("env_mask", [1.9] + line["env_mask"][1:]),
+             ("completion_ids", [True] + line["completion_ids"][1:])]
+    for field, value in cases:
+        source.write_text(json.dumps(line) + "\n" + json.dumps(line | {field: value}) + "\n")
+        for fmt in ("parquet", "hf"):
+            code, _, err = cli(str(run), "--format", fmt)
+            assert code == 2 and f"trajectories.jsonl: line 2: {field}: item" in err and "not an integer" in err
+    source.write_text(json.dumps(line | {"prompt_ids": [line["prompt_ids"][0], 2.5]}) + "\n")
+    code, _, err = cli(str(run), "--format", "atif")
+    assert code == 2 and "line 1: Harbor's ATIF model refuses" in err and "fractional part" in err
+    assert sorted(p.name for p in run.iterdir()) == ["trajectories.jsonl"]  # nothing left
+
+    integral = line | {"prompt_ids": [float(t) for t in line["prompt_ids"]]}
+    source.write_text(json.dumps(integral) + "\n")
+    code, _, err = cli(str(run), "--format", "parquet")
+    assert code == 0, err
+    back = next(read_parquet(run / "trajectories.parquet"))
+    assert back == integral and type(back["prompt_ids"][0]) is int
+
+
+@pytest.mark.timeout(60)
 def test_the_cli_exports_each_format_and_a_library_error_is_an_export_error(rollout_run, tmp_path, cli):
     for fmt, unit in (("atif", "file(s)"), ("hf", "row(s)"), ("parquet", "row(s)")):
         out = tmp_path / f"out-{fmt}"

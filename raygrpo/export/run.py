@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from raygrpo.export.lines import ExportError, Line, ReadStats, Source, find_source, read_lines
 
@@ -172,6 +172,11 @@ def _write_atif(lines: Iterator[Line], folder: Path, source: Source,
             if len(examples) < LEFT_OUT_EXAMPLES:
                 examples.append(f"line {line.number}: {exc}")
             continue
+        except ValidationError as exc:  # a value of the line Harbor's model refuses (a token id of 2.5)
+            problem = exc.errors()[0]
+            where = ".".join(str(part) for part in problem["loc"])
+            raise ExportError(f"{source.path.name}: line {line.number}: Harbor's ATIF model refuses {where}: "
+                              f"{problem['msg']}") from None
         (folder / f"{name}.json").write_text(to_json(trajectory), encoding="utf-8")
         written += 1
     if not written:

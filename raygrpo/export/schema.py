@@ -122,8 +122,11 @@ class ListOf(Codec):
     Args:
         item: The codec of the items.
         check_items: Check each item's shape (a list with an item of another shape then goes to `_extra` whole).
-            Off for token ids, masks and log-probabilities: thousands of numbers per line that pyarrow checks itself
-            as it converts them (a line with a wrong one fails the export, naming its lines).
+            Off for token ids, masks and log-probabilities: thousands of numbers per line, where a wrong one fails
+            the export instead, naming its line and field. pyarrow checks what it converts (a string, a token id
+            past int32), but truncates a float into an integer column (2.5 to 2) without a word, so the items of an
+            integer list are checked here: every item must be an integer, or a float of integral value (2.0, which
+            pyarrow stores as 2, equal to it in Python).
         arrow_item: The Arrow type of the items, where it is narrower than the codec's (int32 token ids).
     """
 
@@ -132,6 +135,7 @@ class ListOf(Codec):
         self.item = item
         self.check_items = check_items
         self._plain = isinstance(item, Scalar)
+        self._integers = not check_items and pa.types.is_integer(arrow_item or item.arrow)
 
     def accepts(self, value: Any) -> bool:
         if not isinstance(value, list):
@@ -139,6 +143,10 @@ class ListOf(Codec):
         return not self.check_items or all(v is not None and self.item.accepts(v) for v in value)
 
     def encode(self, value: list[Any]) -> list[Any]:
+        if self._integers and not all(type(v) is int for v in value):  # the common case costs one pass
+            for index, v in enumerate(value):
+                if not (type(v) is int or (type(v) is float and v.is_integer())):
+                    raise ValueError(f"item {index} is {json.dumps(v)}, not an integer")
         return value if self._plain else [self.item.encode(v) for v in value]
 
     def decode(self, value: list[Any]) -> list[Any]:
@@ -198,7 +206,10 @@ class Record(Codec):
                 if not key.always:
                     extra[key.name] = None  # the typed null would read back as "no such key"
             elif key.codec.accepts(item):
-                row[key.name] = key.codec.encode(item)
+                try:
+                    row[key.name] = key.codec.encode(item)
+                except ValueError as exc:
+                    raise ValueError(f"{key.name}: {exc}") from None
             else:
                 extra[key.name] = item
         for name, item in value.items():

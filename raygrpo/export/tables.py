@@ -51,8 +51,8 @@ def record_batches(lines: Iterable[Line], schema: pa.Schema, training: bool,
     """`lines` encoded into record batches of `schema`, one at a time.
 
     Raises:
-        ExportError: A value pyarrow cannot store in its column (e.g. a token id that is not an integer), naming
-            the lines of its batch.
+        ExportError: A token id or mask value that is not an integer (2.5), naming its line and field; a value
+            pyarrow cannot store in its column (a token id past int32), naming the lines of its batch.
     """
     codec = trajectory_codec(training)
     rows: list[dict[str, Any]] = []
@@ -67,7 +67,10 @@ def record_batches(lines: Iterable[Line], schema: pa.Schema, training: bool,
                               f"column: {exc}") from None
 
     for line in lines:
-        rows.append(codec.encode(line.record))
+        try:
+            rows.append(codec.encode(line.record))
+        except ValueError as exc:
+            raise ExportError(f"{source_name}: line {line.number}: {exc}") from None
         numbers.append(line.number)
         size += line.size
         if len(rows) >= BATCH_ROWS or size >= BATCH_BYTES:
