@@ -403,6 +403,57 @@ def test_atif_files_validate_with_harbors_models_and_map_each_episode(rollout_ru
     assert acting["observation"]["results"][0]["content"] == "fixed\n" and "metrics" not in acting
 
 
+class SteppedShellEnv(ShellEnv):
+    """Harbor's multi-step task shape (`SteppedAdapter`): three steps, each opened by a user message of instruction
+    and scored on its own; the oracle's solution solves the first two steps only."""
+
+    multi_step = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.step = 0
+
+    async def score(self) -> float | None:
+        await super().score()
+        return 1.0 if self.step < 2 else 0.0
+
+    async def next_step(self) -> Observation | None:
+        self.step += 1
+        if self.step == 3:
+            return None
+        return Observation(messages=[{"role": "user", "content": f"Step {self.step + 1}: go on."}], tools=[])
+
+    def episode_reward(self) -> float:
+        return 2 / 3
+
+
+@pytest.mark.timeout(60)
+def test_atif_of_a_multi_step_oracle_run_puts_each_solution_after_its_instruction_with_its_reward(tmp_path):
+    from harbor.models.trajectories import Trajectory as AtifTrajectory
+    from harbor.utils.trajectory_validator import TrajectoryValidator
+
+    traj = asyncio.run(run_rollout(_harbor_task(8), SteppedShellEnv(), OraclePolicy(), None, SamplingParams(),
+                                   RolloutConfig(system_prompt="Be brief.")))
+    assert traj.step_rewards == [1.0, 1.0, 0.0] and [s["tool"] for s in traj.steps] == [SOLUTION_STEP] * 3
+    writer = TrajectoryWriter(tmp_path / "trajectories.jsonl")
+    writer.write(traj)
+    writer.close()
+    report = export_run(ExportOptions(path=tmp_path, format=ExportFormat.ATIF))
+    file = next(report.out.glob("*.json"))
+    assert TrajectoryValidator().validate(file)
+    atif = AtifTrajectory.model_validate(_atif(file)).to_json_dict()
+    steps = atif["steps"]
+    assert [(s["source"], s.get("message")) for s in steps if s["source"] != "agent"] == [
+        ("system", "Be brief."), ("user", "Fix `raygrpo/task-8` — ünïcode."), ("user", "Step 2: go on."),
+        ("user", "Step 3: go on.")]
+    assert [s["source"] for s in steps] == ["system", "user", "agent", "user", "agent", "user", "agent"]
+    runs = [s["observation"]["results"][0]["extra"] for s in steps if s["source"] == "agent"]
+    assert [(r["tool"], r["reward"], r["episode_step"]) for r in runs] == [
+        (SOLUTION_STEP, 1.0, 1), (SOLUTION_STEP, 1.0, 2), (SOLUTION_STEP, 0.0, 3)]
+    assert [s["step_id"] for s in steps] == list(range(1, 8))
+    assert atif["extra"]["step_rewards"] == [1.0, 1.0, 0.0] and atif["extra"]["reward"] == pytest.approx(2 / 3)
+
+
 @pytest.mark.timeout(60)
 def test_atif_keeps_the_token_arrays_whole_where_they_do_not_split_per_turn(rollout_run):
     from raygrpo.export.atif import TOKEN_KEYS, to_atif

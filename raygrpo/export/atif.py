@@ -17,7 +17,9 @@ What maps where:
 - The environment's steps (`steps`: reward, finished, metadata of each call it ran) go on the observation results
   of their calls when they pair one to one (every call ran, none was refused); a final answer scored by an ORS
   `@terminal` tool is a result without a call on the last agent step; a built-in acting policy's run (the oracle's
-  `solve.sh`) is an agent step with `llm_call_count` 0 (no model), its pseudo-call and the output's tail.
+  `solve.sh`) is an agent step with `llm_call_count` 0 (no model), its pseudo-call and the output's tail; in an
+  episode of several steps (a Harbor multi-step task, one user message of instruction per step) the k-th run
+  follows the k-th instruction and its result carries the k-th step's reward (`step_rewards`) and `episode_step`.
 - The reward, status, error, per-phase timings, verifier evidence, task and every other field of the line are the
   trajectory's `extra` (all but `messages`, and the token arrays where they were split per step): ATIF has no reward
   field (Harbor keeps rewards in a trial's result, not its trajectory).
@@ -96,6 +98,14 @@ def to_atif(record: dict[str, Any], *, name: str, agent_version: str, model_name
     spans = _turn_spans(record) if aligned and turns else None  # None: the token arrays stay whole in `extra`
     versions = (record.get("policy_versions") or []) if aligned else []
 
+    env_steps = [s for s in record.get("steps") or [] if isinstance(s, dict)]
+    # A built-in acting policy's runs (the oracle's), one per step of the episode: with no model turn, each follows
+    # its step's instruction (a user message) and carries that step's reward, when the episode has steps.
+    acting = [s for s in env_steps if _pseudo(s.get("tool")) and s.get("tool") != ANSWER_STEP]
+    interleave = bool(acting) and not assistants
+    step_rewards = record.get("step_rewards") if isinstance(record.get("step_rewards"), list) else []
+    placed = users = 0
+
     steps: list[dict[str, Any]] = []
     results: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (observation result, its tool message)
     for index, message in enumerate(messages):
@@ -103,6 +113,11 @@ def to_atif(record: dict[str, Any], *, name: str, agent_version: str, model_name
             raise NotMappable(f"message {index} is not an object")
         role = message.get("role")
         rest = {k: v for k, v in message.items() if k not in _MESSAGE_KEYS}
+        if role == "user":
+            if interleave and users and placed < len(acting):  # the next step's instruction: the last one's run first
+                steps.append(_acting_step(acting[placed], len(steps) + 1, placed, step_rewards))
+                placed += 1
+            users += 1
         if role in ("system", "user"):
             step = {"step_id": len(steps) + 1, "source": role, "message": _content(message, index)}
             if message.get("tool_calls"):
@@ -119,13 +134,13 @@ def to_atif(record: dict[str, Any], *, name: str, agent_version: str, model_name
         else:
             raise NotMappable(f"message {index} has role {role!r}, which ATIF has no step source for")
 
-    env_steps = [s for s in record.get("steps") or [] if isinstance(s, dict)]
     _pair_env_steps(results, [s for s in env_steps if not _pseudo(s.get("tool"))])
     for env_step in env_steps:
         if env_step.get("tool") == ANSWER_STEP:
             _answer_result(steps, env_step)
-        elif _pseudo(env_step.get("tool")):
-            steps.append(_acting_step(env_step, len(steps) + 1))
+    for position in range(placed, len(acting)):
+        steps.append(_acting_step(acting[position], len(steps) + 1, position if interleave else None,
+                                  step_rewards))
 
     split = spans is not None
     extra = {k: v for k, v in record.items() if k != "messages" and not (split and k in TOKEN_KEYS)}
@@ -327,11 +342,19 @@ def _answer_result(steps: list[dict[str, Any]], env_step: dict[str, Any]) -> Non
         {"content": None, "extra": {"tool": ANSWER_STEP, **_env_fields(env_step)}})
 
 
-def _acting_step(env_step: dict[str, Any], step_id: int) -> dict[str, Any]:
-    """A built-in acting policy's run (the oracle's `solve.sh`): an agent step without a model call."""
+def _acting_step(env_step: dict[str, Any], step_id: int, position: int | None,
+                 step_rewards: list[Any]) -> dict[str, Any]:
+    """A built-in acting policy's run (the oracle's `solve.sh`): an agent step without a model call.
+
+    `position` is which step of the episode it ran in (None when that is not known): its result's `reward` is that
+    step's (`step_rewards`), where the run itself recorded none (a script's run has no reward of its own)."""
     call_id = f"call_{step_id}_1"
     metadata = env_step.get("metadata") if isinstance(env_step.get("metadata"), dict) else {}
     tail = metadata.get("output_tail")
+    fields = _env_fields(env_step)
+    if fields.get("reward") is None and position is not None and position < len(step_rewards):
+        fields["reward"] = step_rewards[position]
+        fields["episode_step"] = position + 1
     return {
         "step_id": step_id,
         "source": "agent",
@@ -339,5 +362,5 @@ def _acting_step(env_step: dict[str, Any], step_id: int) -> dict[str, Any]:
         "llm_call_count": 0,
         "tool_calls": [{"tool_call_id": call_id, "function_name": env_step["tool"], "arguments": {}}],
         "observation": {"results": [{"source_call_id": call_id, "content": tail if isinstance(tail, str) else None,
-                                     "extra": {"tool": env_step["tool"], **_env_fields(env_step)}}]},
+                                     "extra": {"tool": env_step["tool"], **fields}}]},
     }
