@@ -588,6 +588,53 @@ def test_a_token_id_or_mask_that_is_not_an_integer_fails_the_export_naming_line_
 
 
 @pytest.mark.timeout(60)
+def test_an_export_removes_the_staging_folder_a_killed_export_left_but_no_live_ones(rollout_run, tmp_path):
+    """An export killed with SIGKILL runs no clean-up: the next export of the same output removes its hidden staging
+    folder, and leaves those of exports still running (another process, another host) and of other outputs."""
+    import socket
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "trajectories.jsonl").write_text((rollout_run / "trajectories.jsonl").read_text(encoding="utf-8"),
+                                            encoding="utf-8")
+    # An export that stops once its staging folder is made, until it is killed.
+    code = "\n".join([
+        "import sys, time", "import raygrpo.export.run as run",
+        "def stuck(lines, folder, *args):", "    folder.mkdir(); print('staged', flush=True); time.sleep(120)",
+        "run._write_atif = stuck",
+        "run.export_run(run.ExportOptions(path=sys.argv[1], format='atif'))"])
+
+    def staging() -> set[str]:
+        return {p.name for p in run.iterdir() if p.name.startswith(".")}
+
+    live = None
+    killed = subprocess.Popen([sys.executable, "-c", code, str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert killed.stdout.readline().strip() == "staged"
+        killed_names = staging()
+        live = subprocess.Popen([sys.executable, "-c", code, str(run)], stdout=subprocess.PIPE, text=True)
+        assert live.stdout.readline().strip() == "staged"
+        live_names = staging() - killed_names
+        assert len(killed_names) == len(live_names) == 1
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(10)
+        other_host = f".trajectories.atif.export-elsewhere-{killed.pid}-abcd1234"
+        other_output = f".trajectories.parquet.export-{socket.gethostname()}-{killed.pid}-abcd1234"
+        for name in (other_host, other_output):
+            (run / name).mkdir()
+        report = export_run(ExportOptions(path=run, format=ExportFormat.ATIF))
+        assert report.written == 5
+        assert staging() == live_names | {other_host, other_output}
+    finally:
+        for proc in (killed, live):
+            if proc is not None:
+                proc.kill()
+                proc.wait(10)
+
+
+@pytest.mark.timeout(60)
 def test_the_cli_exports_each_format_and_a_library_error_is_an_export_error(rollout_run, tmp_path, cli):
     for fmt, unit in (("atif", "file(s)"), ("hf", "row(s)"), ("parquet", "row(s)")):
         out = tmp_path / f"out-{fmt}"

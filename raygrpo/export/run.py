@@ -3,16 +3,20 @@
 The trajectories are streamed from the JSON lines file (`raygrpo.export.lines`) into the output, so memory stays
 bounded by a row group (Parquet, HF) or one trajectory (ATIF) whatever the size of the run. The output is written
 under a temporary name next to its destination and renamed into place once complete: an export that fails or is
-interrupted leaves nothing that looks finished.
+interrupted leaves nothing that looks finished, and one killed outright leaves a hidden folder that the next export
+of the same output removes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import importlib.metadata
 import logging
 import os
+import re
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -123,7 +127,7 @@ def export_run(options: ExportOptions) -> ExportReport:
         raise ExportError(f"{out} exists: pass --overwrite to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
     stats = ReadStats()
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    staging = _make_staging(out)
     try:
         staged = staging / out.name
         with _Progress(options.progress, source, stats) as progress:
@@ -149,6 +153,49 @@ def export_run(options: ExportOptions) -> ExportReport:
                           older_schema=stats.older_schema, left_out=left_out, left_out_examples=examples)
     logger.info("exported %d trajectories of %s to %s in %.1f s", written, source.path, out, report.seconds)
     return report
+
+
+def _make_staging(out: Path) -> Path:
+    """The hidden folder next to `out` that the export is written in before it is renamed into place:
+    `.<out name>.export-<host>-<pid>-<random>`.
+
+    An export killed outright (SIGKILL, the OOM killer) cannot remove its folder, so each export first removes the
+    folders of its own output name left by exports that are gone: made on this host by a pid that no longer runs.
+    A live export's folder, this process's own, and folders of other hosts (a shared file system) are kept; a
+    reused pid only keeps a dead export's folder until a later export.
+    """
+    host = _HOST_UNSAFE.sub("_", socket.gethostname()) or "host"
+    pattern = re.compile(rf"\.{re.escape(out.name)}\.export-(?P<host>[A-Za-z0-9_-]+)-(?P<pid>\d+)-[a-z0-9_]{{8}}")
+    removed = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(out.parent):
+            match = pattern.fullmatch(entry.name)
+            if match is None or match["host"] != host or _alive(int(match["pid"])):
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed.append(entry.name)
+    if removed:
+        logger.warning("removed %d staging folder(s) of killed exports of %s: %s", len(removed), out,
+                       ", ".join(removed))
+    return Path(tempfile.mkdtemp(prefix=f".{out.name}.export-{host}-{os.getpid()}-", dir=out.parent))
+
+
+_HOST_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True  # an export in another thread of this process
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    except (OverflowError, ValueError):
+        return False  # a pid no process can have
+    return True
 
 
 def _write_atif(lines: Iterator[Line], folder: Path, source: Source,
