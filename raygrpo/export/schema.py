@@ -143,7 +143,7 @@ class ListOf(Codec):
         return not self.check_items or all(v is not None and self.item.accepts(v) for v in value)
 
     def encode(self, value: list[Any]) -> list[Any]:
-        if self._integers and not all(type(v) is int for v in value):  # the common case costs one pass
+        if self._integers and value and set(map(type, value)) != {int}:  # the common case: one pass in C
             for index, v in enumerate(value):
                 if not (type(v) is int or (type(v) is float and v.is_integer())):
                     raise ValueError(f"item {index} is {json.dumps(v)}, not an integer")
