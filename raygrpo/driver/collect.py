@@ -2,8 +2,8 @@
 
 Writes `OUT/trajectories.jsonl` (a line as each rollout finishes), `OUT/metrics.jsonl` (the env pools' sizes, queue
 and attempts by status every few seconds) and `OUT/summary.json`. A run starts both JSON lines files anew, as
-`raygrpo train` without `--resume` does (a warning says how many lines of a previous run it replaced). On Ctrl-C or an error the
-rollouts in flight are cancelled, every environment is closed, and a partial summary is written.
+`raygrpo train` without `--resume` does (a warning says how many lines of a previous run it replaced). On Ctrl-C or
+an error the rollouts in flight are cancelled, every environment is closed, and a partial summary is written.
 """
 
 from __future__ import annotations
