@@ -123,3 +123,39 @@ async def test_on_docker_too(renderer, tmp_path, docker_ready):
     traj = await _rollout(tmp_path / "suite", renderer, [TAMPER], stop_agent_processes=True,
                           environment_type="docker")
     assert traj.status is Status.OK and traj.reward == 0.0, traj.error
+
+
+#: What the model leaves running re-plants `reward.txt` as a link to a host file holding `1` after Harbor's `rm -f`
+#: (a model would aim at a file it can guess: a pid file; the test plants its own).
+RELINK = ("nohup setsid bash -c 'end=$((SECONDS+60)); while [ $SECONDS -lt $end ]; do "
+          "ln -sfn {target} /logs/verifier/reward.txt 2>/dev/null; sleep 0.002; "
+          "done' >/dev/null 2>&1 & echo started")
+#: `test.sh` writes 0 (through the link where there is one, which fails) and takes a moment.
+RELINK_TEST = """#!/bin/bash
+sleep 0.3
+echo 0 > /logs/verifier/reward.txt
+sleep 0.3
+"""
+
+
+@pytest.mark.parametrize("backend", ["local", pytest.param("docker", marks=pytest.mark.docker)])
+async def test_a_reward_file_planted_as_a_link_to_a_host_file_is_no_reward(renderer, tmp_path, backend, request):
+    """A leftover process re-planting `reward.txt` as a link to a host file holding 1: on docker (/logs mounted)
+    Harbor reads the reward on the host, through the link, unless the process is stopped first; the local backend
+    never copies a link out of the sandbox (`raygrpo.core.nofollow`), so there it is no reward (`task_error`)."""
+    if backend == "docker":
+        request.getfixturevalue("docker_ready")
+    host_file = tmp_path / "one.txt"
+    host_file.write_text("1\n")
+    make_task(tmp_path / "suite", "t", test_sh=RELINK_TEST)
+    fields = {"environment_type": "docker"} if backend == "docker" else _local(tmp_path)
+    attack = [RELINK.format(target=host_file)]
+    if backend == "local":
+        traj = await _rollout(tmp_path / "suite", renderer, attack, **fields)
+        assert traj.status is Status.TASK_ERROR and "RewardFileNotFoundError" in traj.error, (traj.status, traj.error)
+    else:
+        traj = await _rollout(tmp_path / "suite", renderer, attack, **fields)
+        assert traj.status is Status.OK and traj.reward == 1.0, (traj.status, traj.error)  # Harbor's own reading
+    traj = await _rollout(tmp_path / "suite", renderer, attack, stop_agent_processes=True, **fields)
+    assert traj.status is Status.OK and traj.reward == 0.0, (traj.status, traj.error)
+    assert host_file.read_text() == "1\n"

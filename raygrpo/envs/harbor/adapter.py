@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from raygrpo.envs.base import EnvError, refuse_call
 from raygrpo.envs.harbor.grading import EpisodeGrading
-from raygrpo.envs.harbor.agent_processes import baseline_pids
+from raygrpo.envs.harbor.agent_processes import baseline_sessions
 from raygrpo.envs.harbor.separate import uses_separate_verifier
 from raygrpo.envs.harbor.solution import run_solution
 from raygrpo.envs.harbor.steps import StepProgress, prepare_step
@@ -248,7 +248,7 @@ class HarborAdapter(EpisodeGrading, LiveAdapter):
             if self.spec.probe_verifier and not uses_separate_verifier(harbor_task.config):
                 self._tooling_missing = await tasks.tooling_missing(task_dir, harbor_task, env)
             if self.spec.stop_agent_processes:
-                self._baseline_pids = await baseline_pids(env, self.label)
+                self._baseline_sessions = await baseline_sessions(env, self.label)
             instruction = harbor_task.instruction
             if harbor_task.has_steps:
                 self._steps = StepProgress(harbor_task)

@@ -76,8 +76,8 @@ class EpisodeGrading:
     _evidence: VerifierEvidence | None = None
     #: Whether the verification under way was cancelled (nothing is gathered from the sandbox then).
     _score_cancelled: bool = False
-    #: The processes the sandbox ran before the model acted (`HarborSpec.stop_agent_processes`; None when off).
-    _baseline_pids: set[int] | None = None
+    #: The sessions of the processes the sandbox ran before the model acted (`HarborSpec.stop_agent_processes`; None when off).
+    _baseline_sessions: set[int] | None = None
     #: The sandbox a separate verifier environment runs in, while a verification holds one.
     _verifier_sandbox: HarborSandbox | None = None
     #: Where the artifacts of the verification under way are kept on the host (removed after it).
@@ -188,8 +188,8 @@ class EpisodeGrading:
         definition = verifier_definition(self.harbor_task, step)
         env, trial_paths = self.env, self._trial_paths
         try:
-            if definition is None and self._baseline_pids is not None:
-                await stop_agent_processes(env, self._baseline_pids, self.label)
+            if definition is None and self._baseline_sessions is not None:
+                await stop_agent_processes(env, self._baseline_sessions, self.label)
             if definition is not None:
                 env, trial_paths = await self._start_verifier_sandbox(definition, step)
             result = await asyncio.wait_for(
@@ -204,7 +204,7 @@ class EpisodeGrading:
         except asyncio.CancelledError:
             self._score_cancelled = True
             raise
-        except (EnvError, TaskError):
+        except (EnvError, TaskError, VerifierError):
             raise
         except Exception as exc:  # noqa: BLE001 - uploading tests, running test.sh or reading results failed
             raise HarborVerifierError(f"{self.label}: the verifier crashed: {describe(exc)}") from exc
