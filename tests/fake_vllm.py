@@ -35,6 +35,11 @@ class CompletionRequest(BaseModel):
     max_tokens: int | None = 16
     temperature: float | None = None
     top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     n: int = 1
     seed: int | None = None
     logprobs: int | None = None

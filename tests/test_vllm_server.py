@@ -93,6 +93,17 @@ def test_build_command_is_trls_vllm_serve_command():
 
 
 @pytest.mark.timeout(30)
+def test_served_model_samples_as_asked_not_as_its_generation_config_says():
+    """`policy.serve` starts vLLM with `--generation-config vllm` (the model's generation_config.json would otherwise
+    set top_k, top_p, temperature for what a request leaves out), unless the user's extra_args choose one."""
+    cmd = build_command(VLLMServeConfig(), "/models/qwen3", 8123)
+    assert dict(zip(cmd, cmd[1:]))["--generation-config"] == "vllm"
+    for extra in (["--generation-config", "auto"], ["--generation-config=/cfg"]):
+        cmd = build_command(VLLMServeConfig(extra_args=extra), "/models/qwen3", 8123)
+        assert [a for a in cmd if a.startswith("--generation-config")] == extra[:1] and cmd[-len(extra):] == extra
+
+
+@pytest.mark.timeout(30)
 def test_config_is_checked():
     with pytest.raises(ValueError, match="extra"):
         VLLMServeConfig(gpus=1)

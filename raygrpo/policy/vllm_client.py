@@ -19,7 +19,9 @@ Request and response shapes were checked against:
 
 Which log-probabilities the server returns depends on how it was started: TRL starts vLLM with
 `--logprobs-mode processed_logprobs` (after temperature scaling), which is what GRPO's importance ratio needs; the
-default `raw_logprobs` ignores the temperature. Start servers the TRL way.
+default `raw_logprobs` ignores the temperature. Start servers the TRL way. Whatever a server's `--generation-config`,
+the client sends every sampling field (`NEUTRAL_SAMPLING` beside the run's temperature and top_p), so the model's
+`generation_config.json` cannot change how turns are sampled.
 
 vLLM itself cannot run on the CPU-only machines raygrpo is developed on: this client is tested against a FastAPI
 fake with the same request/response shapes (`tests/fake_vllm.py`); the `vllm`-marked test exercises a real server
@@ -39,6 +41,18 @@ from raygrpo.policy.base import GenerationContext, PolicyError, SamplingParams
 from raygrpo.core.types import UNVERSIONED, Turn
 
 logger = logging.getLogger(__name__)
+
+
+#: Sampling fields vLLM's server fills from the model's `generation_config.json` when a request leaves them out
+#: (vLLM's `ModelConfig.get_diff_sampling_param`), at the values that leave the distribution untouched; `top_k` -1
+#: is "off" in every vLLM version (0 too since 0.8; older ones refuse 0). TRL's `VLLMClient` sends the same.
+NEUTRAL_SAMPLING: dict[str, Any] = {
+    "top_k": -1,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
 
 
 class _RetryableHTTPError(Exception):
@@ -112,11 +126,18 @@ class VLLMClient:
         return self._client
 
     def request_body(self, prompt_ids: list[int], sampling: SamplingParams) -> dict[str, Any]:
-        """The JSON body sent to `/v1/completions` for one turn."""
+        """The JSON body sent to `/v1/completions` for one turn.
+
+        Every sampling field vLLM's server reads is sent, the run's (`temperature`, `top_p`) or neutral ones
+        (`NEUTRAL_SAMPLING`): for a field a request leaves out, the server takes the model's `generation_config.json`
+        (Qwen3's: top_k 20, top_p 0.95, temperature 0.6) unless it was started with `--generation-config vllm`, and
+        the turns would then be sampled from another distribution than the one the learner computes log-probs of.
+        """
         body: dict[str, Any] = {
             "model": self.model,
             "prompt": [int(t) for t in prompt_ids],
             "max_tokens": sampling.max_tokens,
+            **NEUTRAL_SAMPLING,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
             "n": 1,

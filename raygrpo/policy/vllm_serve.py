@@ -54,7 +54,10 @@ def build_command(cfg: VLLMServeConfig, model_path: str, port: int) -> list[str]
 
     The flags come from `trl.scripts.vllm_serve.build_command` (the weight-transfer engine, processed logprobs,
     uncapped logprobs, and `--enable-scale-out` where the installed vLLM has it), followed by raygrpo's own
-    (`--served-model-name`) and `cfg.extra_args`.
+    (`--served-model-name`; `--generation-config vllm` unless `cfg.extra_args` names a `--generation-config`) and
+    `cfg.extra_args`. `--generation-config vllm` keeps the model's `generation_config.json` (Qwen3: top_k 20,
+    top_p 0.95, temperature 0.6) from filling the sampling fields a request leaves out: raygrpo's client sends them
+    all, but TRL's generation and any other client of the server then sample as asked too.
     """
     from trl.scripts.vllm_serve import ScriptArguments
     from trl.scripts.vllm_serve import build_command as trl_build_command
@@ -72,6 +75,8 @@ def build_command(cfg: VLLMServeConfig, model_path: str, port: int) -> list[str]
         trust_remote_code=cfg.trust_remote_code,
     )
     extra = ["--served-model-name", cfg.served_model_name] if cfg.served_model_name else []
+    if not any(a == "--generation-config" or a.startswith("--generation-config=") for a in cfg.extra_args):
+        extra += ["--generation-config", "vllm"]
     trl_command = trl_build_command(args, extra + list(cfg.extra_args))
     # TRL's command starts `python -m vllm.entrypoints.cli.main serve`; keep what follows `serve`.
     return launcher(cfg) + trl_command[trl_command.index("serve") + 1 :]
