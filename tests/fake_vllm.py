@@ -3,7 +3,8 @@
 vLLM cannot run on the CPU-only machines raygrpo is developed on, so `raygrpo.policy.vllm_client.VLLMClient` is
 tested against this FastAPI app. It is deterministic: each request answers with a scripted continuation (token ids
 given up front, or computed from the prompt), cut at `max_tokens`, with made-up but reproducible log-probabilities.
-It records every request body it received, can fail the next N requests with HTTP 500, and can be made slow.
+It records every request body it received, can fail the next N requests with HTTP 500, and can be made slow; it
+lists its model at `/v1/models` as vLLM does (name, root path, `max_model_len`), which raygrpo's resolve step reads.
 
 Shapes follow vLLM's `CompletionRequest` / `CompletionResponse` (vllm/entrypoints/openai/protocol.py): the request
 model here forbids unknown fields, so a misspelt field in the client fails loudly (real vLLM would only log it).
@@ -56,6 +57,8 @@ class FakeVLLM:
             the eos id last for a turn that ends by itself.
         model: The served model name; requests naming another model get a 404 as from vLLM.
         decode: Optional function of token ids to text, for the `text` field.
+        root: The model path `/v1/models` reports (vLLM's `--model`); defaults to `model`.
+        max_model_len: The context length `/v1/models` reports, as vLLM does.
     """
 
     def __init__(
@@ -63,9 +66,13 @@ class FakeVLLM:
         continuation: list[int] | Callable[[list[int]], list[int]],
         model: str = "fake-model",
         decode: Callable[[list[int]], str] | None = None,
+        root: str | None = None,
+        max_model_len: int = 8192,
     ):
         self.continuation = continuation
         self.model = model
+        self.root = root or model
+        self.max_model_len = max_model_len
         self.decode = decode or (lambda ids: "")
         self.requests: list[dict[str, Any]] = []
         self.fail_next = 0  # answer this many next requests with HTTP 500
@@ -83,6 +90,14 @@ class FakeVLLM:
         @app.get("/health")
         async def health() -> dict[str, str]:
             return {}
+
+        @app.get("/v1/models")
+        async def models() -> dict[str, Any]:
+            # vLLM's `ModelList` of `ModelCard`s (vllm/entrypoints/openai/models/protocol.py), permissions left out
+            return {"object": "list", "data": [{
+                "id": self.model, "object": "model", "created": int(time.time()), "owned_by": "vllm",
+                "root": self.root, "parent": None, "max_model_len": self.max_model_len,
+            }]}
 
         @app.post("/v1/completions")
         async def completions(request: CompletionRequest):

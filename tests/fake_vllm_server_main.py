@@ -2,8 +2,8 @@
 (from the repository root, or with it on PYTHONPATH).
 
 It serves `tests/fake_vllm.py`'s fake `/v1/completions` (and `/health`) with uvicorn, plus the read-only endpoints
-TRL 1.16's `VLLMClient` calls before any weight transfer, shaped from what TRL reads of them: `/v1/models`,
-`/server_info` (404 unless `VLLM_SERVER_DEV_MODE=1`, as in vLLM; `weight_transfer_config` and
+TRL 1.16's `VLLMClient` calls before any weight transfer, shaped from what TRL reads of them: `/v1/models` (from
+`tests/fake_vllm.py`), `/server_info` (404 unless `VLLM_SERVER_DEV_MODE=1`, as in vLLM; `weight_transfer_config` and
 `model_config.logprobs_mode` come from the command-line flags) and `/get_world_size`. Every `vllm serve` flag it
 does not know is accepted and ignored, so raygrpo's real command line can be handed to it unchanged.
 
@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--weight-transfer-config", default=None)
     parser.add_argument("--logprobs-mode", default="raw_logprobs")
+    parser.add_argument("--max-model-len", type=int, default=8192)
     parser.add_argument("--fake-exit", type=int, default=None)
     parser.add_argument("--fake-startup-delay", type=float, default=0.0)
     parser.add_argument("--fake-spawn-child", action="store_true")
@@ -51,12 +52,9 @@ def main(argv: list[str] | None = None) -> None:
     time.sleep(args.fake_startup_delay)
 
     name = args.served_model_name or args.model
-    fake = FakeVLLM([int(t) for t in args.fake_continuation.split(",")], model=name)
+    fake = FakeVLLM([int(t) for t in args.fake_continuation.split(",")], model=name, root=args.model,
+                    max_model_len=args.max_model_len)
     dev_mode = os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
-
-    @fake.app.get("/v1/models")
-    async def models() -> dict:
-        return {"object": "list", "data": [{"id": name, "object": "model", "root": args.model}]}
 
     if dev_mode:  # vLLM registers its development endpoints only in dev mode
 

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from tests.e2e_support import FlakyEnvironment, NapEnvironment
-from tests.ors_utils import SecretEnvironment, ors_server, wait_until
+from tests.ors_utils import SecretEnvironment, closed_port, ors_server, wait_until
 
 SUPPORT = str(Path(__file__).with_name("e2e_support.py"))
 FAKE_SECRET = "sk-fake-raygrpo-7f3a9c1e"
@@ -72,12 +72,24 @@ def test_bad_config_key_exits_2_naming_the_field(tmp_path):
     assert "rollout.max_turnz" in err and "Extra inputs are not permitted" in err
 
 
+def _run_folder(path: Path) -> Path:
+    """A training run's folder, its model saved under `model/`: what `model:` is often given instead of that."""
+    (path / "model").mkdir(parents=True)
+    (path / "summary.json").write_text("{}")
+    for name in ("config.json", "tokenizer.json"):
+        (path / "model" / name).write_text("{}")
+    return path
+
+
 @pytest.mark.parametrize("case, field, cause", [
     ("missing file", "envs.echo.environment", "does not exist"),
     ("missing class", "envs.echo.environment", "has no attribute 'Nope'"),
     ("not an Environment", "envs.echo.environment", "is not an openreward.environments.Environment subclass"),
     ("missing policy function", "policy.script", "has no attribute 'nope'"),
     ("missing task folder", "envs.tasks.path", "does not exist"),
+    ("run folder for its model", "model", "it holds a model folder at"),
+    ("policy url without a scheme", "policy.url", "is not an http(s) URL"),
+    ("policy server down", "policy.url", "cannot reach the vLLM server"),
 ])
 @pytest.mark.timeout(90)
 def test_what_a_config_names_is_resolved_before_ray_starts(tmp_path, case, field, cause):
@@ -89,6 +101,9 @@ def test_what_a_config_names_is_resolved_before_ray_starts(tmp_path, case, field
         "not an Environment": [f"envs.echo.environment={echo}/env.py:TRAIN_TARGETS"],
         "missing policy function": [f"policy.script={echo}/policies.py:nope"],
         "missing task folder": ["envs.tasks.kind=harbor", f"envs.tasks.path={tmp_path}/no-such-suite"],
+        "run folder for its model": [f"model={_run_folder(tmp_path / 'echo-train')}"],
+        "policy url without a scheme": ["policy.kind=vllm", "policy.script=null", "policy.url=127.0.0.1:8000"],
+        "policy server down": ["policy.kind=vllm", "policy.script=null", f"policy.url=http://127.0.0.1:{closed_port()}"],
     }[case]
     ray_tmp = Path(tempfile.mkdtemp(prefix="rg-", dir="/tmp"))  # where a Ray started by this run would write
     started = time.monotonic()

@@ -121,12 +121,16 @@ def test_a_failure_that_repeats_identically_is_not_retried_again(tmp_path):
 
 @pytest.mark.timeout(180)
 def test_failed_run_leaves_no_session(tmp_path):
-    """Every generation fails (no policy server): all rollouts end policy_error, and every session was closed."""
-    with ors_server("examples/echo/env.py:EchoEnvironment") as server:
+    """Every generation fails (the policy server answers every completion with HTTP 500): all rollouts end
+    policy_error, and every session was closed."""
+    from tests.fake_vllm import FakeVLLM, ServerThread
+
+    policy = FakeVLLM([2], model="m")
+    policy.fail_next = 10**6
+    with ors_server("examples/echo/env.py:EchoEnvironment") as server, ServerThread(policy.app) as policy_server:
         data = {
             "envs": {"echo": {"kind": "ors", "url": server.url}},
-            "policy": {"kind": "vllm", "url": f"http://127.0.0.1:{closed_port()}", "served_model_name": "m",
-                       "request_timeout_s": 5},
+            "policy": {"kind": "vllm", "url": policy_server.url, "served_model_name": "m", "request_timeout_s": 5},
             "rollout": {"group_size": 1},
             "workers": {"max_retries": 1},
         }

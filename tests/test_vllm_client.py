@@ -200,6 +200,47 @@ def test_factory_builds_a_vllm_client():
     assert client.model == "qwen" and client.timeout_s == 30
 
 
+def _server_cfg(*overrides: str):
+    from raygrpo.config import load_config
+
+    return load_config("examples/echo/rollout.yaml", ["policy.kind=vllm", "policy.script=null", *overrides])
+
+
+@pytest.mark.timeout(60)
+def test_the_policy_server_is_checked_before_ray_starts(fake):
+    """`policy.url` is asked for `/v1/models` when the run resolves, as an ORS `url` is: a URL without a scheme, a
+    server that is down or not vLLM, a model name it does not serve, and a context shorter than an episode fail there
+    (exit 2, naming the field) instead of every rollout failing as policy_error once Ray and the environments run."""
+    from raygrpo.core.errors import ResolveError
+    from raygrpo.driver.resolve import resolve_run
+
+    resolve_run(_server_cfg(f"policy.url={fake.url}/v1"))  # the run's model, "tiny", is the name the fake serves
+    resolve_run(_server_cfg(f"policy.url={fake.url}", "policy.served_model_name=tiny", "model=tiny"))
+    with ServerThread(FakeVLLM([2], model="other").app) as other:
+        refusals = {
+            r"policy.url: '127.0.0.1:8000' is not an http\(s\) URL": ["policy.url=127.0.0.1:8000"],
+            "policy.url: cannot reach the vLLM server at http://127.0.0.1:": [f"policy.url=http://127.0.0.1:{free_port()}"],
+            "policy.served_model_name: the vLLM server at .* does not serve 'Qwen3-8B'; it serves 'tiny'":
+                [f"policy.url={fake.url}", "policy.served_model_name=Qwen3-8B"],
+            r"policy.served_model_name \(unset: the run's model, 'tiny'\): .* it serves 'other'": [f"policy.url={other.url}"],
+        }
+        for says, overrides in refusals.items():
+            with pytest.raises(ResolveError, match=says):
+                resolve_run(_server_cfg(*overrides))
+    from fastapi import FastAPI
+
+    with ServerThread(FastAPI()) as not_vllm:
+        with pytest.raises(ResolveError, match="policy.url: the server at .* answered GET /v1/models with HTTP 404"):
+            resolve_run(_server_cfg(f"policy.url={not_vllm.url}"))
+    fake.max_model_len = 512  # item of the server's /v1/models, as vLLM reports its --max-model-len
+    with pytest.raises(ResolveError, match=r"rollout.max_total_tokens: 1024 .* max_model_len of the vLLM server at "
+                                           r"policy.url .* = 512"):
+        resolve_run(_server_cfg(f"policy.url={fake.url}"))
+    resolve_run(_server_cfg(f"policy.url={fake.url}", "rollout.max_total_tokens=512"))
+    with pytest.raises(ResolveError, match=r"rollout.max_total_tokens: 1024 .* policy.serve.max_model_len = 256"):
+        resolve_run(_server_cfg("policy.serve.max_model_len=256"))
+
+
 @contextlib.asynccontextmanager
 async def real_vllm_server(model: str, log_path):
     """`vllm serve MODEL` on a free port the way TRL starts it (on the CPU build here, a small KV cache), served as

@@ -80,11 +80,31 @@ def test_engine_arguments_are_checked_before_ray_starts():
     from raygrpo.driver.resolve import check_vllm_engines
 
     cfg = load_config(path=str(ECHO_TRAIN), overrides=["policy.kind=vllm", "policy.vllm.max_model_len=2048"])
-    check_vllm_engines(cfg)
+    check_vllm_engines(cfg, "tiny")
     for field, says in [("no_such_arg", "not a vLLM engine argument"), ("max_num_seqs", "policy.max_batch_size")]:
         cfg = load_config(path=str(ECHO_TRAIN), overrides=["policy.kind=vllm", f"policy.vllm.{field}=1"])
         with pytest.raises(ResolveError, match=f"policy.vllm.{field}: .*{says}"):
-            check_vllm_engines(cfg)
+            check_vllm_engines(cfg, "tiny")
+
+
+def test_an_episode_longer_than_the_engines_context_is_refused_before_ray_starts():
+    """The agent loop ends an episode `truncated` at rollout.max_total_tokens; a vLLM engine refuses a prompt past its
+    max_model_len, which made such an episode a policy_error (retried, failing the run). Both fields are named at
+    resolve: the engine argument, or raygrpo's CPU default (4096) where it is unset."""
+    require_vllm()
+    from raygrpo.config import load_config
+    from raygrpo.core.errors import ResolveError
+    from raygrpo.driver.resolve import resolve_run
+
+    echo = ["policy.kind=vllm", "policy.script=null"]
+    rollout = str(ROOT / "examples" / "echo" / "rollout.yaml")  # rollout.max_total_tokens: 1024
+    with pytest.raises(ResolveError, match=r"^rollout.max_total_tokens: 1024 .* policy.vllm.max_model_len = 200"):
+        resolve_run(load_config(rollout, [*echo, "policy.vllm.max_model_len=200"]))
+    resolve_run(load_config(rollout, [*echo, "policy.vllm.max_model_len=1024"]))
+    with pytest.raises(ResolveError, match=r"^rollout.max_total_tokens: 8192 .*policy.vllm.max_model_len, unset: "
+                                           r"raygrpo's default on vLLM's CPU build\) = 4096"):
+        resolve_run(load_config(rollout, [*echo, "rollout.max_total_tokens=8192"]))
+    resolve_run(load_config(rollout, [*echo, "rollout.max_total_tokens=4096"]))
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

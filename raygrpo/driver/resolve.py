@@ -3,8 +3,10 @@
 Loading a config only validates its fields (`raygrpo.config`). Resolving then checks what those fields point at, in
 this process, in one place: the task folders of Harbor suites, harness and backend classes, ORS environment classes,
 that `url` and `catalog` servers answer (listing their tasks), scripted policy functions, the warm-up's example
-function, and the model folder (building the tiny model if it is asked for; not for `oracle` and `noop`, which need
-no model). It also refuses what a policy cannot serve: `raygrpo train` with `oracle` or `noop`, and the oracle on
+function, and the model folder (building the tiny model if it is asked for; a folder must hold a `config.json` and
+a tokenizer; not for `oracle` and `noop`, which need no model); that a vLLM server at `policy.url` answers and
+serves the run's model; and that an episode (`rollout.max_total_tokens`) fits the context of the vLLM that generates
+it. It also refuses what a policy cannot serve: `raygrpo train` with `oracle` or `noop`, and the oracle on
 an ORS environment. The first failure raises a `ResolveError` whose message starts with the config field; no Ray
 session has been started by then.
 """
@@ -22,6 +24,8 @@ from raygrpo.envs.kinds import kind_of
 from raygrpo.core.errors import ResolveError
 from raygrpo.core.imports import load_function
 from raygrpo.policy.factory import script_function
+from raygrpo.policy.model_folder import declared_context
+from raygrpo.policy.server_probe import probe_vllm_server
 from raygrpo.policy.tiny import resolve_model_path
 from raygrpo.core.types import TaskRef
 
@@ -91,7 +95,11 @@ def resolve_run(cfg: RunConfig, *, train: bool = False, skip_task_dirs: Collecti
         except (OSError, ValueError, ImportError, RuntimeError) as exc:  # ImportError: a missing extra (gguf);
             raise ResolveError(f"model: {exc}") from None                 # RuntimeError: a model pip cannot fetch
     if cfg.policy.kind == "vllm" and cfg.policy.engine_actors:
-        check_vllm_engines(cfg)
+        check_vllm_engines(cfg, model_path)
+    elif cfg.policy.kind == "vllm":
+        check_vllm_server(cfg, model_path)
+    elif cfg.policy.kind == "transformers":
+        _warn_past_declared_context(cfg, model_path)
     logger.info("resolved %d environment(s): %s", len(envs), ", ".join(envs))
     return ResolvedRun(cfg=cfg, tasks_by_env=tasks_by_env, model_path=model_path, skipped=skipped, refused=refused)
 
@@ -133,16 +141,19 @@ def _skip_refused(refused: dict[str, list[Refusal]], task_dirs: Collection[str])
             del refused[name]
 
 
-def check_vllm_engines(cfg: RunConfig) -> None:
-    """vLLM engine actors need vLLM here, and `policy.vllm` may only name its engine arguments.
+def check_vllm_engines(cfg: RunConfig, model_path: str) -> None:
+    """vLLM engine actors need vLLM here, `policy.vllm` may only name its engine arguments, and an episode must fit
+    the engines' context (see `check_context`).
 
     Raises:
-        ResolveError: The message starts with `policy.kind` (vLLM missing) or `policy.vllm.<field>`.
+        ResolveError: The message starts with `policy.kind` (vLLM missing), `policy.vllm.<field>` or
+            `rollout.max_total_tokens`.
     """
     try:
-        from raygrpo.policy.vllm_engine import check_engine_args
+        from raygrpo.policy.vllm_engine import check_engine_args, platform_defaults
 
         check_engine_args(cfg.policy.vllm)
+        default = platform_defaults().get("max_model_len")
     except ImportError as exc:
         raise ResolveError(
             f"policy.kind: 'vllm' without policy.url or policy.serve starts vLLM engine actors, and vLLM does not "
@@ -150,6 +161,75 @@ def check_vllm_engines(cfg: RunConfig) -> None:
         ) from None
     except ValueError as exc:
         raise ResolveError(str(exc)) from None
+    given = cfg.policy.vllm.get("max_model_len")
+    if given is not None:
+        check_context(cfg, given, "policy.vllm.max_model_len")
+    elif default:
+        check_context(cfg, default, "the vLLM engines' context (policy.vllm.max_model_len, unset: raygrpo's default "
+                      "on vLLM's CPU build)")
+    else:
+        _check_declared_context(cfg, model_path, "policy.vllm.max_model_len")
+
+
+def check_vllm_server(cfg: RunConfig, model_path: str) -> None:
+    """A server at `policy.url` must answer, serve the run's model name, and hold an episode in its context; a server
+    raygrpo starts (`policy.serve`) must be given a context that holds one.
+
+    Raises:
+        ResolveError: The message starts with `policy.url`, `policy.served_model_name` or `rollout.max_total_tokens`.
+    """
+    policy = cfg.policy
+    if policy.serve is not None:
+        if policy.serve.max_model_len is not None:
+            check_context(cfg, policy.serve.max_model_len, "policy.serve.max_model_len")
+        else:
+            _check_declared_context(cfg, model_path, "policy.serve.max_model_len")
+        return
+    assert policy.url is not None
+    name = policy.served_model_name or cfg.model  # what `build_policy_client` sends
+    field_name = ("policy.served_model_name" if policy.served_model_name
+                  else f"policy.served_model_name (unset: the run's model, {cfg.model!r})")
+    served = probe_vllm_server(policy.url, name, field_name, timeout_s=min(10.0, policy.request_timeout_s))
+    if served.max_model_len is not None:
+        check_context(cfg, served.max_model_len, f"the max_model_len of the vLLM server at policy.url ({policy.url})")
+
+
+def check_context(cfg: RunConfig, context: object, source: str) -> None:
+    """Refuse `rollout.max_total_tokens` over the context of the vLLM that generates: the agent loop ends an episode
+    `truncated` at `max_total_tokens`, but vLLM refuses a prompt past its `max_model_len`, and that turn would fail
+    as `policy_error` (retried, counted against `fail_fraction`) instead.
+
+    Raises:
+        ResolveError: The message starts with `rollout.max_total_tokens` and names `source`.
+    """
+    try:
+        limit = int(context)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        return  # not a number raygrpo can compare (vLLM's own check of its arguments speaks for it)
+    wanted = cfg.rollout.max_total_tokens
+    if wanted > limit:
+        raise ResolveError(f"rollout.max_total_tokens: {wanted} tokens per episode is more than {source} = {limit}: "
+                           f"a longer episode would fail in vLLM instead of ending truncated; set "
+                           f"rollout.max_total_tokens to {limit} or less, or give vLLM a longer context")
+
+
+def _check_declared_context(cfg: RunConfig, model_path: str, field_name: str) -> None:
+    """`check_context` against the context the model's `config.json` declares, which vLLM uses without
+    `max_model_len`."""
+    declared = declared_context(model_path)
+    if declared is not None:
+        check_context(cfg, declared[0], f"the model's context ({declared[1]} in {model_path}/config.json; "
+                                        f"{field_name} is unset)")
+
+
+def _warn_past_declared_context(cfg: RunConfig, model_path: str) -> None:
+    """The transformers engines run past a model's declared context (rotary positions extrapolate, quality drops)
+    without an error: a warning only."""
+    declared = declared_context(model_path)
+    if declared is not None and cfg.rollout.max_total_tokens > declared[0]:
+        logger.warning("rollout.max_total_tokens (%d) is more than the model's context (%s = %d in %s/config.json): "
+                       "the transformers engines will generate past what the model was trained on",
+                       cfg.rollout.max_total_tokens, declared[1], declared[0], model_path)
 
 
 def check_policy(cfg: RunConfig, *, train: bool = False) -> None:
