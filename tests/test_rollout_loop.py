@@ -387,3 +387,39 @@ def test_arguments_longer_than_the_limit_are_refused_to_the_model(renderer):
     traj = _run(renderer, env, scripted(long_call, format_tool_call("submit", {})), max_tool_input_chars=200)
     assert env.calls == [("submit", {})] and traj.tool_calls == 1
     assert "at most 200 are accepted" in traj.messages[2]["content"]
+
+
+def test_a_seeded_run_samples_alike_every_time_and_a_retry_anew(renderer):
+    """With `sampling.seed` set, two runs of the same groups send the same per-request seeds: they derive from the
+    group's task and place (`RolloutRequest.seed_key`), not from the random part of its group id; each sample and
+    each attempt gets its own."""
+    from raygrpo.agent.worker import RolloutWorker
+    from raygrpo.driver.attempts import make_groups, next_attempt
+
+    seeds: dict[tuple[int, int, int], int | None] = {}
+
+    class Recording(ScriptedPolicy):
+        async def generate(self, prompt_ids, sampling, context=None):
+            seeds[current] = sampling.seed
+            return await super().generate(prompt_ids, sampling, context)
+
+    class Provider:
+        def adapter(self):
+            return AddEnv()
+
+    worker = RolloutWorker("w", {"env": Provider()}, Recording(renderer.tokenizer, scripted("done")), renderer,
+                           SamplingParams(seed=5), RolloutConfig(), max_concurrent_per_actor=1)
+
+    def one_run() -> dict[tuple[int, int, int], int | None]:
+        nonlocal current
+        seeds.clear()
+        requests = make_groups([TaskRef("env", 0), TaskRef("env", 1)], group_size=2)
+        for r in [*requests, next_attempt(requests[0], "EnvError: lost")]:
+            current = (r.task.index, r.sample, r.attempt)
+            asyncio.run(worker.run(r.task, r.group_id, r.attempt, r.sample, seed_key=r.seed_key))
+        return dict(seeds)
+
+    current = (0, 0, 0)
+    first, second = one_run(), one_run()
+    assert first == second and None not in first.values()
+    assert len(set(first.values())) == len(first) == 5  # every sample and the retry sample with seeds of their own

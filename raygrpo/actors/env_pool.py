@@ -106,13 +106,13 @@ class EnvPool:
 
     async def run(
         self, task: TaskRef, group_id: str = "", attempt: int = 0, sample: int = 0, min_version: int = 0,
-        policy: str | None = None,
+        policy: str | None = None, seed_key: str = "",
     ) -> Trajectory:
         """One rollout of `task` (see `RolloutWorker.run`; `policy` names a built-in acting policy to use instead of
-        the run's)."""
+        the run's, `seed_key` what its sampling seeds derive from)."""
         worker = await self._ready()
         traj = await worker.run(relocate(task, self._driver_workdir), group_id=group_id, attempt=attempt,
-                                sample=sample, min_version=min_version, policy=policy)
+                                sample=sample, min_version=min_version, policy=policy, seed_key=seed_key)
         traj.task, traj.node = task, self.node  # the driver's paths, as it sent them
         return traj
 
@@ -122,7 +122,7 @@ class EnvPool:
         raised comes back as an `ENV_ERROR` trajectory naming the exception (a cancelled one as `CANCELLED`), so one
         failure does not take the others' results with it."""
         results = await asyncio.gather(
-            *(self.run(c.task, c.group_id, c.attempt, c.sample, c.min_version, c.policy) for c in calls),
+            *(self.run(c.task, c.group_id, c.attempt, c.sample, c.min_version, c.policy, c.seed_key) for c in calls),
             return_exceptions=True,
         )
         return [r if isinstance(r, Trajectory) else self._failed(c, r) for c, r in zip(calls, results)]

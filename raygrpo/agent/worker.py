@@ -150,13 +150,16 @@ class RolloutWorker:
 
     async def run(
         self, task: TaskRef, group_id: str = "", attempt: int = 0, sample: int = 0, min_version: int = 0,
-        policy: str | None = None,
+        policy: str | None = None, seed_key: str = "",
     ) -> Trajectory:
         """Roll out `task` once (waiting for a free slot first) and return its trajectory.
 
         `min_version`: generate with policy weights of at least this version (`SamplingParams.min_version`).
         `policy`: run this rollout with a built-in acting policy (`"oracle"`, `"noop"`) instead of the worker's own
         (how `raygrpo check` runs both on the same actors).
+        `seed_key`: names the rollout's group the same in every run of a config (`RolloutRequest.seed_key`); with
+        `sampling.seed` set, each turn's seed derives from it, the sample and the attempt (a retry samples anew).
+        Empty: the group id, random in a rollout run, so no two runs would sample alike.
         """
         if self.closed:
             raise RuntimeError(f"worker {self.name} is shut down")
@@ -188,7 +191,7 @@ class RolloutWorker:
                     self.rollout,
                     on_env_open=opened,
                     on_env_close=closed,
-                    sample_key=f"{group_id}/{sample}/{attempt}",
+                    sample_key=f"{seed_key or group_id}/{sample}/{attempt}",
                 )
         finally:
             if current is not None:

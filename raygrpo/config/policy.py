@@ -236,7 +236,10 @@ class SamplingConfig(BaseModel):
         top_p: Nucleus sampling mass.
         seed: Optional base seed; None leaves sampling unseeded. It must not be sent as is with every request: the G
             rollouts of a group share their prompt, and one seed would give them one sample (zero advantage). The
-            agent loop derives a seed per request with `request_seed(seed, ...)`.
+            agent loop derives a seed per request with `request_seed(seed, ...)` from the group's task and place
+            among the groups dispatched, the rollout's index, its attempt and the turn, all the same in a rerun of the
+            config (not the group id, which is random), so a rerun samples alike, up to the numerics of batching
+            (docs/configuration.md, "Seeds").
     """
 
     model_config = ConfigDict(extra="forbid")

@@ -130,7 +130,9 @@ class RunConfig(BaseModel):
         rollout: Limits of each rollout and the group size.
         workers: Env pool actors and retries.
         ray: Where Ray runs.
-        seed: Seed for task order, sampling and training.
+        seed: Seed for task order, the engines' own generators and training. Samples repeat from run to run only with
+            `sampling.seed` set (each request then has a seed of its own, see `SamplingConfig`); unseeded requests
+            share an engine's generator in the order they reach it. What a rerun repeats: docs/configuration.md.
         fail_fraction: A completed run fails (exit code 1) when more than this fraction of its rollouts ended failed
             (an environment or policy failure after retries, or a deadline), or when no rollout was scored and some
             failed. For `raygrpo train` the rollouts are those the learner consumed.

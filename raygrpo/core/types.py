@@ -251,6 +251,8 @@ class RolloutCall:
         sample: Its index in the group.
         min_version: The lowest policy version it may generate with (`SamplingParams.min_version`).
         policy: A built-in acting policy to run it with instead of the run's (`"oracle"`, `"noop"`); None: the run's.
+        seed_key: What its per-request sampling seeds derive from, stable from run to run (`RolloutRequest.seed_key`);
+            empty: the group id.
     """
 
     task: TaskRef
@@ -259,3 +261,4 @@ class RolloutCall:
     sample: int = 0
     min_version: int = 0
     policy: str | None = None
+    seed_key: str = ""

@@ -31,8 +31,15 @@ logger = logging.getLogger(__name__)
 class RolloutRequest:
     """One rollout to run: a task, the group it belongs to, its index in the group, which attempt this is, the
     lowest policy version it may generate with (`SamplingParams.min_version`), how its last attempt failed, a
-    built-in acting policy (`"oracle"`, `"noop"`) to run it with instead of the run's (None: the run's), and the
-    actor told it comes next (its warm pool starts the sandbox ahead; None: none was)."""
+    built-in acting policy (`"oracle"`, `"noop"`) to run it with instead of the run's (None: the run's), the actor
+    told it comes next (its warm pool starts the sandbox ahead; None: none was), and the key its sampling seeds
+    derive from (`seed_key`; empty: the group id).
+
+    `group_id` is unique in a run and beyond (it ends in a random part), so that trajectories of two runs or of a
+    group dispatched twice never merge; `seed_key` names the group by what the run makes the same every time (its
+    task and its place among the groups dispatched), so that with `sampling.seed` set two runs of one config sample
+    alike. The worker adds the sample and the attempt (a retry samples anew) and the turn.
+    """
 
     task: TaskRef
     group_id: str
@@ -42,6 +49,7 @@ class RolloutRequest:
     last_error: str | None = None
     policy: str | None = None
     hint: str | None = None
+    seed_key: str = ""
 
     @property
     def rid(self) -> RolloutId:
@@ -49,13 +57,22 @@ class RolloutRequest:
         return self.group_id, self.sample
 
 
-def make_groups(tasks: Iterable[TaskRef], group_size: int, min_version: int = 0) -> list[RolloutRequest]:
-    """Repeat each task `group_size` times as one group (adjacent, so the group finishes together)."""
+def make_groups(
+    tasks: Iterable[TaskRef], group_size: int, min_version: int = 0, first: int = 0
+) -> list[RolloutRequest]:
+    """Repeat each task `group_size` times as one group (adjacent, so the group finishes together).
+
+    The i-th group's `seed_key` is its task and its place `first + i` (a training run passes the group's place in
+    its schedule), never the random part of its `group_id`: the same run makes the same keys, hence the same
+    per-request seeds, every time.
+    """
     requests = []
-    for task in tasks:
-        group_id = f"{task.env}:{task.split}:{task.index}:{uuid.uuid4().hex[:8]}"
+    for place, task in enumerate(tasks, start=first):
+        key = f"{task.env}:{task.split}:{task.index}"
+        group_id = f"{key}:{uuid.uuid4().hex[:8]}"
         requests.extend(
-            RolloutRequest(task, group_id, sample, min_version=min_version) for sample in range(group_size)
+            RolloutRequest(task, group_id, sample, min_version=min_version, seed_key=f"{key}#{place}")
+            for sample in range(group_size)
         )
     return requests
 

@@ -105,7 +105,7 @@ class Orchestrator:
 
     def _submit(self, slot: PoolSlot, batch: list[RolloutRequest]) -> None:
         ref = slot.handle.run_many.remote([
-            RolloutCall(r.task, r.group_id, r.attempt, r.sample, r.min_version, r.policy) for r in batch
+            RolloutCall(r.task, r.group_id, r.attempt, r.sample, r.min_version, r.policy, r.seed_key) for r in batch
         ])
         slot.take(len(batch))
         self._pending[ref] = (slot, batch)

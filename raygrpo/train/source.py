@@ -140,7 +140,7 @@ class RolloutSource:
             else:
                 place = self.schedule.position
                 task = self.schedule.next()
-            requests = make_groups([task], self.group_size, min_version=min_version)
+            requests = make_groups([task], self.group_size, min_version=min_version, first=place)
             self._pending[requests[0].group_id] = place
         self._assembler.dispatched(requests[0].group_id, self._version)
         return requests
