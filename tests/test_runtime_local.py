@@ -74,3 +74,36 @@ def test_a_local_ray_starts_no_idle_workers_and_no_metrics_export_unless_the_use
                         {"RAY_prestart_worker_first_driver": "1"})
     assert theirs["idle"] > 0 and theirs["prestart"] is None and theirs["metrics"] is True
     assert _local_ray({"include_dashboard": True}, {})["metrics"] is None
+
+
+JOIN = r"""
+import sys
+from raygrpo.core.errors import ResolveError
+from raygrpo.driver.runtime import init_ray
+
+try:
+    init_ray(address=sys.argv[1] or None)
+except ResolveError as exc:
+    print("REFUSED", exc, flush=True)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_an_address_where_no_ray_runs_is_refused_at_once_naming_where_it_came_from():
+    """Ray waits for good for a GCS that is not there (printing only its C++ warnings): `init_ray` probes the
+    address first and refuses it, naming the field or variable it came from; a dashboard's http:// address (the
+    one `ray job submit` takes) is refused as such."""
+    port = closed_port()
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    cases = [(f"127.0.0.1:{port}", env, f"ray.address (--address): no Ray cluster (its GCS) answers at "
+                                        f"'127.0.0.1:{port}'"),
+             (f"ray://127.0.0.1:{port}", env, "ray.address (--address): no Ray client server answers"),
+             ("", {**env, "RAY_ADDRESS": "http://127.0.0.1:8265"},
+              "RAY_ADDRESS: 'http://127.0.0.1:8265' is a Ray dashboard's address, the one `ray job submit`")]
+    for address, environ, refusal in cases:
+        try:
+            done = subprocess.run([sys.executable, "-c", JOIN, address], capture_output=True, text=True, timeout=30,
+                                  env=environ)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"init_ray({address or environ['RAY_ADDRESS']!r}) still waited after 30 s")
+        assert f"REFUSED {refusal}" in done.stdout, (done.stdout, done.stderr[-2000:])

@@ -18,6 +18,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import sys
 import threading
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from typing import Any
 
 from raygrpo.core.compat import keep_ray_on_loopback, reload_ray_auth_config
 from raygrpo.core.environ import PROCESS_ENV, apply_process_env
+from raygrpo.core.errors import ResolveError
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +74,47 @@ def target_address(address: str | None) -> str | None:
     return address or os.environ.get("RAY_ADDRESS") or None
 
 
+#: Seconds a cluster's address has to take a TCP connection before a run refuses it (`check_address`).
+CONNECT_TIMEOUT_S = 5.0
+#: The port of a Ray client server (`ray://host`) when the address names none.
+RAY_CLIENT_PORT = 10001
+
+
+def check_address(address: str, field: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Refuse, naming `field`, an address a run cannot join: a dashboard's `http://` address (where `ray job submit`
+    sends jobs, not where a driver connects), or a `host:port` (a GCS; `ray://host:port`, a Ray client server) that
+    takes no TCP connection within `timeout_s`.
+
+    Ray itself waits for an unreachable GCS for good, printing only its C++ warnings ("Failed to connect to GCS"),
+    so the run would hang instead of failing; `"auto"` and an address without a port are left to Ray, which finds
+    or refuses them quickly.
+
+    Raises:
+        ResolveError: The address cannot be joined; the message starts with `field`.
+    """
+    if address.startswith(("http://", "https://")):
+        raise ResolveError(
+            f"{field}: {address!r} is a Ray dashboard's address, the one `ray job submit` sends jobs to; a run joins "
+            "the cluster's GCS address instead (host:6379, \"auto\" on a node of the cluster), or submit the run as a "
+            "job: `ray job submit --address " + address + " --working-dir . -- raygrpo ...`")
+    target = address[len("ray://"):] if address.startswith("ray://") else address
+    host, sep, port = target.rpartition(":")
+    if address.startswith("ray://") and not (sep and port.isdigit()):
+        host, port = target, str(RAY_CLIENT_PORT)
+    elif not (sep and port.isdigit()):
+        return  # "auto", or a form Ray resolves itself
+    host = host.strip("[]")  # [::1]:6379
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        what = "Ray client server" if address.startswith("ray://") else "Ray cluster (its GCS)"
+        why = f"no answer in {timeout_s:g} s" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc))
+        raise ResolveError(
+            f"{field}: no {what} answers at {address!r} ({why}): start the cluster (`ray start --head`), fix the "
+            "host or port, or leave the address out for a local Ray") from exc
+
+
 def init_ray(address: str | None = None, num_cpus: int | None = None, **kwargs: Any) -> RayInfo:
     """Start a local Ray runtime on 127.0.0.1, or join the cluster at `address` (see the module docstring).
 
@@ -81,6 +124,9 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, **kwargs: 
         num_cpus: CPUs a local runtime advertises. A cluster's nodes advertise their own: when joining, a value
             here is reported and not passed on (Ray refuses it).
         **kwargs: Passed on to `ray.init`.
+
+    Raises:
+        ResolveError: The address is one no run can join (`check_address`), before Ray is asked to.
     """
     global _INFO
     import ray
@@ -88,7 +134,10 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, **kwargs: 
     apply_process_env()
     if ray.is_initialized():
         return ray_info()
+    field = "ray.address (--address)" if address else "RAY_ADDRESS"
     address = target_address(address)
+    if address is not None and address not in ("auto", "local"):
+        check_address(address, field)
     runtime_env = dict(kwargs.pop("runtime_env", None) or {})
     env_vars = {key: os.environ[key] for key in PROCESS_ENV}
     workdir: str | None = None
