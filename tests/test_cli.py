@@ -299,3 +299,45 @@ def test_exported_secret_reaches_the_environment_and_nowhere_else(tmp_path, requ
                 searched += 1
                 assert FAKE_SECRET.encode() not in path.read_bytes(), path
     assert searched > 5  # the run dir and Ray's session logs were really there
+
+
+#: What Ray 2.60's `ActorDiedError` says when an actor's constructor raised (its message is all it keeps).
+CREATION_FAILED = (
+    "The actor died because of an error raised in its creation task, \x1b[36mray::VLLMEngineActor.__init__()\x1b[39m "
+    "(pid=5366, ip=192.0.2.2, actor_id=2dc6d8d15294fc16114ea9c101000000, repr=<VLLMEngineActor object at 0x7f65>)\n"
+    "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+    '  File "/x/raygrpo/policy/vllm_engine.py", line 169, in __init__\n'
+    "    self.engine = LLMEngine.from_engine_args(engine_args(model_path, max_num_seqs, seed, engine_kwargs or {}))\n"
+    "pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig\n"
+    "dtype\n  Input should be 'auto', 'half', 'float16', 'bfloat16', 'float' or 'float32' [type=literal_error]"
+)
+
+
+@pytest.mark.timeout(30)
+def test_the_one_line_error_keeps_the_fix_and_an_actors_creation_error(capsys):
+    """The CLI's line is not just a message's first line: the fix that Ray announces with "To fix this, either:",
+    and for an actor whose constructor raised, what it raised instead of Ray's line about the actor's pid."""
+    from ray.exceptions import ActorDiedError, RayActorError
+
+    from raygrpo.cli.app import _guarded
+
+    def fails(exc: BaseException):
+        def work():
+            raise exc
+        return work
+
+    ray_says = ("Invalid Ray address: 'http://127.0.0.1:8265'. It looks like you set RAY_ADDRESS to an HTTP address "
+                "(e.g. the API server address). To fix this, either:\n  1. Unset RAY_ADDRESS if you are running from "
+                "a Ray node, or\n  2. Set RAY_ADDRESS to the GCS address instead (e.g. <head_node_ip>:6379).")
+    assert _guarded(fails(ValueError(ray_says)), verbose=False, interrupted="") == (None, 1)
+    err = capsys.readouterr().err
+    assert "To fix this, either: 1. Unset RAY_ADDRESS" in err and "2. Set RAY_ADDRESS to the GCS address" in err
+    assert len(err.strip().splitlines()) == 1
+
+    died = ActorDiedError()
+    RayActorError.__init__(died, "2dc6d8", CREATION_FAILED, actor_init_failed=True)
+    assert _guarded(fails(died), verbose=False, interrupted="") == (None, 1)
+    err = capsys.readouterr().err
+    assert err.startswith("raygrpo: ActorDiedError: VLLMEngineActor.__init__() raised pydantic_core._pydantic_core"
+                          ".ValidationError: 1 validation error for ModelConfig dtype Input should be 'auto'"), err
+    assert "pid=" not in err and len(err.strip().splitlines()) == 1

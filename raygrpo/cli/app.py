@@ -103,6 +103,8 @@ def _parser() -> argparse.ArgumentParser:
 #: The signal that interrupted the run: SIGINT unless SIGTERM came (Ray may re-raise an interruption as a plain
 #: KeyboardInterrupt, so the exception alone does not tell which).
 _interrupted_by = signal.SIGINT
+#: Lines of a failure's message the one-line error keeps: a message's first line often only announces its fix.
+CLI_ERROR_LINES = 4
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -189,8 +191,8 @@ def _guarded(work: Callable[[], Any], verbose: bool, interrupted: str) -> tuple[
     except Exception as exc:  # noqa: BLE001 - one clear line for the user; the traceback with -v
         if verbose:
             traceback.print_exc()
-        print(f"raygrpo: {describe(exc, limit=2000)}" + ("" if verbose else " (run with -v for the traceback)"),
-              file=sys.stderr)
+        print(f"raygrpo: {describe(exc, limit=2000, lines=CLI_ERROR_LINES)}"
+              + ("" if verbose else " (run with -v for the traceback)"), file=sys.stderr)
         return None, 1
 
 

@@ -9,6 +9,8 @@ something a config names cannot be used; its message names the config field.
 
 from __future__ import annotations
 
+import re
+
 
 class EnvError(RuntimeError):
     """An infrastructure failure of the environment: the episode cannot go on, and its reward is None.
@@ -52,28 +54,75 @@ class ResolveError(ValueError):
 
 def first_line(text: object) -> str:
     """The first non-empty line of `str(text)`, stripped ('' when there is none)."""
+    return first_lines(text, 1)
+
+
+def first_lines(text: object, lines: int) -> str:
+    """The first `lines` non-empty lines of `str(text)`, each stripped, joined by spaces ('' when there is none).
+
+    A message's first line often only announces what follows ("To fix this, either:"): more than one keeps the fix
+    or the cause that the next lines give. Bounded, and ended at a traceback the message quotes.
+    """
+    kept: list[str] = []
     for line in str(text).strip().splitlines():
+        if kept and line.startswith("Traceback (most recent call last)"):
+            break  # a traceback quoted in a message is for -v, not for the line
         if line.strip():
-            return line.strip()
-    return ""
+            kept.append(line.strip())
+        if len(kept) >= lines:
+            break
+    return " ".join(kept)
 
 
-def describe(exc: BaseException, limit: int = 500) -> str:
+#: A frame of a Python traceback as Ray quotes one in a message, and the task named in its header (`ray::A.f()`).
+_FRAME = re.compile(r'^\s*File "')
+_TASK = re.compile(r"ray::(\S+?\(\))")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def creation_error(exc: BaseException) -> tuple[str, str] | None:
+    """`(task, error)` for an actor that died raising in its constructor (Ray's `ActorDiedError` with
+    `actor_init_failed`): the creation task (`VLLMEngineActor.__init__()`) and what it raised (`ValueError: ...`,
+    every line of it); None for any other exception.
+
+    Ray 2.60 keeps no cause object on the error, only the creation task's traceback in its message, whose first
+    line names the actor's pid and whose last lines are the exception: those are what says what went wrong.
+    """
+    if not getattr(exc, "actor_init_failed", False):
+        return None
+    lines = _ANSI.sub("", str(exc)).splitlines()
+    frames = [i for i, line in enumerate(lines) if _FRAME.match(line)]
+    if not frames:
+        return None
+    rest = lines[frames[-1] + 1:]
+    while rest and (not rest[0].strip() or rest[0][:1].isspace()):  # the frame's code line and its ^^^ marks
+        rest.pop(0)
+    task = _TASK.search(lines[0]) if lines else None
+    return (task.group(1) if task else "the actor's constructor"), "\n".join(rest)
+
+
+def describe(exc: BaseException, limit: int = 500, lines: int = 1) -> str:
     """`Type: first line of the message`, at most `limit` characters; a longer one is cut between words and marked
-    (` [...]`), never inside a word such as a path.
+    (` [...]`), never inside a word such as a path. `lines` > 1 keeps that many of the message's first lines, joined
+    (the CLI's one line: the fix a message gives after announcing it).
 
     An exception that carries the attempts behind it (the openreward SDK's `MaxRetriesError.errors`) is described by
     its last attempt, with the number of attempts; one that wraps its cause (Ray's `RayTaskError.cause`, whose own
-    message is a remote traceback) by that cause.
+    message is a remote traceback) by that cause; an actor that died raising in its constructor by what it raised
+    (`creation_error`), since the first line of Ray's message only names the actor's pid.
     """
     attempts = getattr(exc, "errors", None)
     cause = getattr(exc, "cause", None)
+    creation = creation_error(exc)
     if isinstance(cause, BaseException) and cause is not exc:
-        text = describe(cause, limit)
+        text = describe(cause, limit, lines)
     elif isinstance(attempts, list) and attempts and isinstance(attempts[-1], BaseException):
-        text = f"{describe(attempts[-1], limit)} (after {len(attempts)} attempts)"
+        text = f"{describe(attempts[-1], limit, lines)} (after {len(attempts)} attempts)"
+    elif creation is not None and creation[1].strip():
+        task, error = creation
+        text = f"{type(exc).__name__}: {task} raised {first_lines(error, lines)}"
     else:
-        line = first_line(exc)
+        line = first_lines(exc, lines)
         text = f"{type(exc).__name__}: {line}" if line else type(exc).__name__
     return shorten(text, limit)
 
