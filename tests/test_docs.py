@@ -1,8 +1,10 @@
-"""The README and `docs/`: every page reachable, every link sound, every module placed, and the library example run.
+"""The README and `docs/`: every page reachable, every link sound, every module placed, every YAML block a config that
+loads, and the library example run.
 
 The README stays short and points into `docs/`; these checks keep the pages from drifting away from the tree: a page
 nobody links is lost, a link to a moved file or heading is a dead end, and a module missing from
-`docs/architecture.md` is a room nobody can find. The Python example of `docs/library.md` is run as it stands.
+`docs/architecture.md` is a room nobody can find; a YAML block that no longer loads teaches a config that fails.
+The Python example of `docs/library.md` is run as it stands.
 """
 
 from __future__ import annotations
@@ -106,6 +108,39 @@ def test_the_link_checks_catch_a_dead_link_and_anchor(tmp_path):
                     "```\n[e](inside-code.md)\n```\n")
     assert _relative_links(page) == ["nope.md", "#raygrpo-check", "#gone"]
     assert _anchors(page) == {"top", "raygrpo-check"}
+
+
+#: A YAML block and the line before it; a block that is not a whole run config says so on that line with an HTML
+#: comment (`<!-- fragment: why -->`), which the page does not show.
+_YAML_BLOCK = re.compile(r"^([^\n]*)\n```yaml\n(.*?)^```", re.S | re.M)
+
+
+def _yaml_blocks(page: Path) -> list[tuple[int, str, bool]]:
+    """`(line, block, fragment)` for each ```yaml block of `page`."""
+    text = page.read_text()
+    return [(text.count("\n", 0, m.start(2)) + 1, m.group(2), "<!-- fragment" in m.group(1))
+            for m in _YAML_BLOCK.finditer(text)]
+
+
+def test_every_yaml_block_is_a_config_that_loads(tmp_path):
+    """Every ```yaml block of the README and docs/ loads as a run config (`load_config`: fields, not the files they
+    name), unless it is marked as a fragment; a page with a block that does not, or an unmarked fragment, fails."""
+    from raygrpo.config.loading import load_config
+
+    failures, loaded = [], 0
+    for page in _pages():
+        for line, block, fragment in _yaml_blocks(page):
+            if fragment:
+                continue
+            config = tmp_path / f"{page.stem}-{line}.yaml"
+            config.write_text(block)
+            try:
+                load_config(str(config))
+                loaded += 1
+            except Exception as exc:  # noqa: BLE001 - every failing block listed at once
+                failures.append(f"{page.relative_to(ROOT)}:{line}: {str(exc)[:400]}")
+    assert not failures, "\n".join(failures)
+    assert loaded >= 4  # the README's two and configuration.md's two, at least
 
 
 def test_every_module_is_named_in_the_architecture_page():
