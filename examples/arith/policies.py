@@ -2,7 +2,8 @@
 
 `right` plays the episode the intended way, one tool call per turn: read every operand with `get_operand`, compute
 with `calculator` using the values the tool returned, then `submit` the calculator's result. `wrong` does the same
-but submits one more than the result (reward 0.0). `silent` answers in plain text and never submits (unscored).
+but submits one more than the result (reward 0.0). `silent` answers in plain text and never submits
+(`no_answer`, scored `rollout.unanswered_reward`: 0.0 by default).
 The expression and operand names come from the task metadata or, failing that, from the prompt.
 """
 
@@ -77,6 +78,7 @@ def wrong(ctx: GenerationContext) -> str:
 
 
 def silent(ctx: GenerationContext) -> str:
-    """Answer in plain text without submitting: the episode stays unscored (reward None)."""
+    """Answer in plain text without submitting: the episode ends `no_answer`, scored `rollout.unanswered_reward`
+    (0.0 by default)."""
     expression, _ = _task(ctx)
     return f"I think {expression or 'it'} is 42."

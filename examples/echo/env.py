@@ -1,7 +1,8 @@
 """Echo: the smallest useful ORS environment (the one in TRL's OpenReward guide, with more tasks).
 
 Each task has a `target` string; the model wins by calling `echo(text=<target>)`. Any echo ends the episode:
-reward 1.0 when the text matches, 0.0 otherwise. Not calling `echo` at all leaves the episode unscored (None).
+reward 1.0 when the text matches, 0.0 otherwise. Not calling `echo` at all gives no reward from the environment:
+raygrpo ends such a rollout `no_answer`, scored `rollout.unanswered_reward` (0.0 by default).
 
 Serve it:  python examples/echo/env.py --port 8000        (binds 127.0.0.1)
 Use it:    envs: {echo: {kind: ors, environment: examples/echo/env.py:EchoEnvironment}}

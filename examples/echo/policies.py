@@ -54,5 +54,6 @@ def wrong(ctx: GenerationContext) -> str:
 
 
 def silent(ctx: GenerationContext) -> str:
-    """Never call the tool, answer in plain text: the episode stays unscored (reward None)."""
+    """Never call the tool, answer in plain text: the episode ends `no_answer`, scored `rollout.unanswered_reward`
+    (0.0 by default)."""
     return f"The target is {_target(ctx)}."
