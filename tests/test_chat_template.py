@@ -184,3 +184,34 @@ def test_the_model_types_read_from_transformers_source_are_its_own():
     from raygrpo.agent.chat_template import _types_with_other_tokenizer
 
     assert _types_with_other_tokenizer() == frozenset(MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS)
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"enable_thinking": False}])
+def test_rollout_chat_template_kwargs_reach_every_rendering_as_the_template_says(folders, kwargs):
+    """`rollout.chat_template_kwargs` reaches the env pool actor's renderer (prompts and the blocks after a model
+    turn) and the warm-up's: with Qwen3's `enable_thinking: false` the generation prompt opens with an empty think
+    block, exactly as the tokenizer's own `apply_chat_template(..., enable_thinking=False)` renders it."""
+    from transformers import AutoTokenizer
+
+    from raygrpo.agent.chat import ChatRenderer
+    from raygrpo.agent.worker import RolloutWorker, WorkerSettings
+    from raygrpo.config import load_config
+    from raygrpo.train.warmup import encode_example
+
+    cfg = load_config(data={"envs": {"echo": {"kind": "ors", "url": "http://127.0.0.1:9/"}}, "model": folders["qwen3"],
+                            "policy": {"kind": "scripted", "script": "examples/echo/policies.py:right"},
+                            "rollout": {"chat_template_kwargs": kwargs}})
+    worker = RolloutWorker.build(WorkerSettings("kwargs", dict(cfg.envs), cfg.policy, cfg.model, cfg.sampling,
+                                                cfg.rollout, max_concurrent_per_actor=1))
+    auto = AutoTokenizer.from_pretrained(folders["qwen3"])
+    messages = CONVERSATIONS["user"]
+    expected = auto.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs)
+    empty_think = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    assert expected.endswith(empty_think) == bool(kwargs)  # what the template says enable_thinking does
+    renderers = [worker.renderer, ChatRenderer(auto, cfg.rollout.chat_template_kwargs)]
+    for renderer in renderers:
+        assert renderer.tokenizer.decode(renderer.prompt_ids(messages, None)) == expected
+        suffix = renderer.tokenizer.decode(renderer.tool_suffix_ids([{"role": "tool", "name": "echo", "content": "r"}]))
+        assert suffix.endswith(empty_think) == bool(kwargs), suffix
+        prompt, _ = encode_example(renderer, {"messages": messages, "tools": None, "completion": "hi"})
+        assert renderer.tokenizer.decode(prompt) == expected

@@ -53,16 +53,19 @@ class ChatRenderer:
     Args:
         tokenizer: A tokenizer with a chat template (one without tools gets raygrpo's fallback): a `transformers`
             tokenizer, or the `ChatTokenizer` env pool actors load without transformers (`raygrpo.agent.chat_template`).
+        template_kwargs: Extra keyword arguments of every rendering, the checks of the template included
+            (`rollout.chat_template_kwargs`, e.g. `{"enable_thinking": False}`), as `apply_chat_template` takes them.
     """
 
-    def __init__(self, tokenizer: Any):
+    def __init__(self, tokenizer: Any, template_kwargs: dict[str, Any] | None = None):
         self.tokenizer = tokenizer
+        self.template_kwargs: dict[str, Any] = dict(template_kwargs or {})
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no eos token; the agent loop needs one to end a turn")
         self.eos_token_id: int = tokenizer.eos_token_id
         self.chat_template: str | None = None
         self._rendered: dict[str, tuple[int, ...]] = {}
-        if not template_renders_tools(tokenizer):
+        if not template_renders_tools(tokenizer, self.template_kwargs):
             self.chat_template = tools_fallback_template(tokenizer)  # raygrpo's own format (see raygrpo.agent.chat_tools)
         elif not self._prefix_preserving():
             self.chat_template = training_template(tokenizer)
@@ -71,8 +74,9 @@ class ChatRenderer:
         call = {"type": "function", "function": {"name": "f", "arguments": {}}}
         first = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
         longer = first + [{"role": "tool", "name": "f", "content": "r"}]
-        short = self.tokenizer.apply_chat_template(first, tokenize=False)
-        full = self.tokenizer.apply_chat_template(longer, tokenize=False, add_generation_prompt=True)
+        short = self.tokenizer.apply_chat_template(first, tokenize=False, **self.template_kwargs)
+        full = self.tokenizer.apply_chat_template(longer, tokenize=False, add_generation_prompt=True,
+                                                  **self.template_kwargs)
         eos = self.tokenizer.eos_token
         return full.startswith(short[: short.rfind(eos) + len(eos)] if eos in short else short)
 
@@ -80,6 +84,7 @@ class ChatRenderer:
         """The template's ids for `messages`; the same rendering asked again (a GRPO group's G copies of a task's
         prompt, the fixed prefix of every tool block) is answered from a bounded cache: rendering the template and
         tokenizing it is the costliest CPU of an agent turn."""
+        kwargs = {**self.template_kwargs, **kwargs}
         key = json.dumps([messages, kwargs], sort_keys=True, default=str)
         ids = self._rendered.get(key)
         if ids is None:

@@ -70,10 +70,11 @@ _ARG = "tool_arg_2b9e"
 _RESULT = "tool_result_5d1a"
 
 
-def template_renders_tools(tokenizer: Any) -> bool:
+def template_renders_tools(tokenizer: Any, template_kwargs: dict[str, Any] | None = None) -> bool:
     """Whether the tokenizer's own chat template shows tools: their schemas in the prompt, an assistant turn's tool
     calls and the tool results (the same sentinel test as TRL's `supports_tool_calling`, plus the schemas, without
-    importing TRL)."""
+    importing TRL), rendered with the run's `template_kwargs` (`rollout.chat_template_kwargs`)."""
+    kwargs = dict(template_kwargs or {})
     if tokenizer.chat_template is None:
         return False
     schema = {"type": "function", "function": {"name": _NAME, "description": "d",
@@ -82,8 +83,8 @@ def template_renders_tools(tokenizer: Any) -> bool:
     messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [call]},
                 {"role": "tool", "name": _NAME, "content": _RESULT}]
     try:
-        prompt = tokenizer.apply_chat_template(messages[:1], tools=[schema], tokenize=False)
-        convo = tokenizer.apply_chat_template(messages, tokenize=False)
+        prompt = tokenizer.apply_chat_template(messages[:1], tools=[schema], tokenize=False, **kwargs)
+        convo = tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
     except Exception:  # noqa: BLE001 - a template that rejects the tool roles does not render tools
         return False
     return _NAME in prompt and all(s in convo for s in (_NAME, _ARG, _RESULT))

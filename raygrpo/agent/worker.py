@@ -127,7 +127,8 @@ class RolloutWorker:
             name=settings.name,
             providers=providers,
             policy=policy,
-            renderer=ChatRenderer(tokenizer) if tokenizer is not None else None,
+            renderer=(ChatRenderer(tokenizer, settings.rollout.chat_template_kwargs)
+                      if tokenizer is not None else None),
             sampling=settings.sampling.to_params(),
             rollout=settings.rollout,
             max_concurrent_per_actor=settings.max_concurrent_per_actor,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from raygrpo.specs.moved_fields import refuse_moved_fields
 
@@ -15,6 +15,11 @@ MOVED_FIELDS: dict[str, str] = {
     "tool_timeout_s": "moved to envs.<name>.tool_timeout_s (ORS) or envs.<name>.exec_timeout_s (Harbor)",
     "score_timeout_s": "moved to envs.<name>.verifier_timeout_s (Harbor; unset uses the task's own timeout)",
 }
+
+
+#: `apply_chat_template` arguments the agent loop sets itself for each rendering: not `chat_template_kwargs`.
+RENDERING_ARGUMENTS = ("conversation", "tools", "documents", "chat_template", "add_generation_prompt", "tokenize",
+                       "return_dict", "messages")
 
 
 class RolloutConfig(BaseModel):
@@ -43,6 +48,13 @@ class RolloutConfig(BaseModel):
             whatever rewards its steps gave on the way. 0.0 by default; None leaves it unscored, as DAPO's overlong
             filtering does.
         system_prompt: Optional system message put before the environment's prompt.
+        chat_template_kwargs: Extra keyword arguments of the tokenizer's chat template, passed to every rendering
+            the agent loop makes (a rollout's prompt, each block of tool results or user turns that follows a model
+            turn) and to the warm-up's prompts, which are laid out the same way: e.g. `{enable_thinking: false}` for
+            Qwen3, whose template then opens the generation prompt with an empty think block, so the model answers
+            without thinking. raygrpo renders every prompt itself, so TRL's `trainer.chat_template_kwargs` would
+            reach no template and is refused pointing here. The arguments the loop sets per rendering (`tools`,
+            `add_generation_prompt`, `chat_template`, ...) are refused.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -57,6 +69,15 @@ class RolloutConfig(BaseModel):
     unanswered_reward: float | None = 0.0
     truncated_reward: float | None = 0.0
     system_prompt: str | None = None
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_kwargs(cls, kwargs: dict[str, Any]) -> dict[str, Any]:
+        taken = sorted(set(kwargs) & set(RENDERING_ARGUMENTS))
+        if taken:
+            raise ValueError(f"{taken} are set by the agent loop for each rendering, not by chat_template_kwargs")
+        return kwargs
 
     @model_validator(mode="before")
     @classmethod

@@ -58,7 +58,7 @@ class InProcessRollouts:
         self.sampling = sampling
         self.rollout = rollout
         self.group_size = group_size
-        self.renderer = ChatRenderer(engine.tokenizer)
+        self.renderer = ChatRenderer(engine.tokenizer, rollout.chat_template_kwargs)
         self.schedule = TaskSchedule({t.env: [x for x in train_tasks if x.env == t.env] for t in train_tasks},
                                      None, seed)
         self.version = 0

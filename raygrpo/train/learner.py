@@ -188,7 +188,8 @@ class Learner:
 
         device = "cuda" if self.cfg.train.learner.num_gpus and torch.cuda.is_available() else "cpu"
         return warm_up_on(device, model, self.tokenizer, self.cfg.train.warmup,
-                          system_prompt=self.cfg.rollout.system_prompt)
+                          system_prompt=self.cfg.rollout.system_prompt,
+                          chat_template_kwargs=self.cfg.rollout.chat_template_kwargs)
 
     def _push_weights(self, trainer, version: int, *, force: bool = False) -> None:
         """Give the engines the learner's weights as `version`: every `weight_sync_every` versions, or now when

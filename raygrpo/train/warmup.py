@@ -67,7 +67,8 @@ def encode_example(renderer: Any, ex: dict[str, Any], system_prompt: str | None 
     return prompt, completion
 
 
-def run_warmup(model: Any, tokenizer: Any, cfg: WarmupConfig, *, system_prompt: str | None = None) -> dict[str, Any]:
+def run_warmup(model: Any, tokenizer: Any, cfg: WarmupConfig, *, system_prompt: str | None = None,
+               chat_template_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
     """Fine-tune `model` in place on the warm-up conversations; returns `{steps, examples, final_loss, seconds}`.
 
     Plain torch loop on the model's current device: AdamW, right-padded batches, cross-entropy on the completion
@@ -78,11 +79,13 @@ def run_warmup(model: Any, tokenizer: Any, cfg: WarmupConfig, *, system_prompt: 
         tokenizer: Its tokenizer (with the chat template the agent loop renders with).
         cfg: The warm-up settings.
         system_prompt: The run's `rollout.system_prompt`, put first in every prompt as the agent loop does.
+        chat_template_kwargs: The run's `rollout.chat_template_kwargs`, given to the template as the agent loop
+            gives them (a warm-up on prompts rendered otherwise would teach a layout the rollouts never show).
     """
     import torch
 
     started = time.perf_counter()
-    renderer = ChatRenderer(tokenizer)
+    renderer = ChatRenderer(tokenizer, chat_template_kwargs)
     encoded = [encode_example(renderer, ex, system_prompt) for ex in load_examples(cfg)]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else renderer.eos_token_id
     device = next(model.parameters()).device
@@ -149,13 +152,14 @@ def run_warmup(model: Any, tokenizer: Any, cfg: WarmupConfig, *, system_prompt: 
             "seconds": time.perf_counter() - started}
 
 
-def warm_up_on(device: str, model: Any, tokenizer: Any, cfg: WarmupConfig, *,
-               system_prompt: str | None = None) -> dict[str, Any]:
+def warm_up_on(device: str, model: Any, tokenizer: Any, cfg: WarmupConfig, *, system_prompt: str | None = None,
+               chat_template_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
     """`run_warmup` with the model on `device` (the learner's GPU where it has one: the warm-up is most of a short
     run's compute), moved back to the CPU afterwards for saving and for TRL to place; the stats say `device`."""
     model.to(device)
     try:
-        stats = run_warmup(model, tokenizer, cfg, system_prompt=system_prompt)
+        stats = run_warmup(model, tokenizer, cfg, system_prompt=system_prompt,
+                           chat_template_kwargs=chat_template_kwargs)
     finally:
         model.to("cpu")
     return {**stats, "device": device}
