@@ -77,7 +77,6 @@ def run_config(args: argparse.Namespace, mode: str, latency_s: float, steps: int
             "per_device_train_batch_size": args.batch,
             "learning_rate": 1.0e-4,
             "beta": 0.0,
-            "max_completion_length": args.max_tokens,
             "save_strategy": "no",
         },
         "ray": {"num_cpus": 4},

@@ -145,7 +145,6 @@ def run_config(args: argparse.Namespace, arm: str, seed: int, model: Path):
             "learning_rate": args.lr,
             "lr_scheduler_type": "constant",
             "beta": 0.0,
-            "max_completion_length": 64,
             "save_strategy": "no",
             "mask_truncated_completions": args.mask_truncated,
         },

@@ -219,12 +219,94 @@ def test_eval_envs_without_eval_every_are_refused_and_an_explicit_0_warns(caplog
     ({"vllm_enable_sleep_mode": True}, "policy.vllm.enable_sleep_mode"),
     ({"vllm_model_impl": "transformers"}, "trainer.vllm_model_impl"),
     ({"vllm_structured_outputs_regex": "[0-9]+"}, "trainer.vllm_structured_outputs_regex: TRL does not generate"),
+    ({"max_completion_length": 64}, "trainer.max_completion_length caps nothing in a raygrpo run (raygrpo generates: "
+                                    "cap a turn with sampling.max_tokens, a whole rollout with rollout.max_total_tokens"),
+    ({"max_completion_length": 64, "loss_type": "dapo"}, "constant divisor of trainer.loss_type dr_grpo's loss, and "
+                                                         "loss_type here is 'dapo'"),
+    ({"save_only_model": True}, "trainer.save_only_model: a checkpoint without the optimizer, scheduler and RNG states "
+                                "would make --resume restart the optimizer"),
+    ({"chat_template_kwargs": {"enable_thinking": False}}, "trainer.chat_template_kwargs is set by raygrpo from "
+                                                           "rollout.chat_template_kwargs"),
+    ({"use_transformers_continuous_batching": True}, "trainer.use_transformers_continuous_batching: TRL does not "
+                                                     "generate"),
+    ({"cache_implementation": "static"}, "trainer.cache_implementation: TRL does not generate"),
+    ({"max_tool_calling_iterations": 3}, "trainer.max_tool_calling_iterations: TRL runs no tool calls in a raygrpo "
+                                         "run (raygrpo's agent loop does): set rollout.max_turns"),
+    ({"shuffle_dataset": False}, "trainer.shuffle_dataset: TRL's dataset here is placeholder prompts"),
 ])
 def test_the_trainer_mapping_is_checked_at_load(trainer, says):
     """Names, types and batch sizes fail when the config loads (exit 2), not in the learner after Ray started."""
     with pytest.raises(ConfigError) as err:
         _load(trainer=trainer)
     assert says in str(err.value)
+
+
+def test_max_completion_length_is_the_divisor_of_dr_grpo_only():
+    """Only `loss_type: dr_grpo` reads it (the loss's constant divisor); elsewhere it would cap nothing."""
+    trainer = {"max_completion_length": 64, "loss_type": "dr_grpo"}
+    assert _load(trainer=trainer).trainer == trainer
+
+
+@pytest.mark.parametrize("trainer, every", [
+    ({"save_steps": 0.5, "num_iterations": 2, "max_steps": 6}, 3),  # ceil(6 * 0.5) = 3: inside the second batch
+    ({"save_steps": 0.3, "num_iterations": 2}, 6),  # raygrpo's max_steps 20: ceil(6.0) = 6 is a batch's end
+    ({"save_steps": 0.25, "num_iterations": 2, "max_steps": 10}, 3),  # ceil(2.5)
+])
+def test_a_fractional_save_steps_is_resolved_as_transformers_does_and_checked(trainer, every):
+    """A fraction of the run becomes `ceil(max_steps * fraction)` steps (transformers' `compute_steps`), which must
+    end a generation batch (2 optimizer steps here) like a whole number must."""
+    if every % 2 == 0:
+        assert _load(trainer=trainer).trainer["save_steps"] == trainer["save_steps"]
+        return
+    with pytest.raises(ConfigError) as err:
+        _load(trainer=trainer)
+    assert f"trainer.save_steps ({trainer['save_steps']} of trainer.max_steps" in str(err.value)
+    assert f"every {every} steps) must be a multiple of the optimizer steps of one generation batch (2)" \
+        in str(err.value)
+
+
+def test_fp16_is_refused_on_a_cpu_learner_naming_both_fields():
+    """accelerate skips fp16 on a CPU: the run would train in fp32 while its config says fp16."""
+    with pytest.raises(ConfigError) as err:
+        _load(trainer={"fp16": True})
+    assert "trainer.fp16 needs a GPU learner, but train.learner.num_gpus is 0" in str(err.value)
+    assert _load(trainer={"fp16": True}, train={"learner": {"num_gpus": 1}}).trainer["fp16"] is True
+    assert _load(trainer={"fp16": False}).trainer["fp16"] is False
+
+
+def test_a_report_to_integration_without_its_package_fails_before_ray_starts(monkeypatch):
+    """`raygrpo train` refuses it in its resolve step (exit 2) instead of the learner failing after the start-up;
+    `raygrpo rollout`, which trains nothing, still loads the config."""
+    import importlib.util
+
+    from raygrpo.core.errors import ResolveError
+    from raygrpo.driver.resolve import resolve_run
+
+    installed = {"mlflow"}
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: real("json") if name in installed else None)
+    for report_to, says in (("tensorboard", "'tensorboard' needs tensorboard or tensorboardX"),
+                            (["mlflow", "wandb"], "'wandb' needs wandb"),
+                            (["dagshub"], "'dagshub' needs dagshub, mlflow")):
+        cfg = _load(trainer={"report_to": report_to})
+        with pytest.raises(ResolveError) as err:
+            resolve_run(cfg, train=True)
+        assert f"trainer.report_to: {says}, not installed" in str(err.value)
+        assert "mlflow'" not in str(err.value).split("needs")[0]
+    installed.add("tensorboardX")
+    from raygrpo.config.trainer import check_report_to
+    for fine in ("tensorboard", ["mlflow"], "none", "all", ["none"]):
+        check_report_to({"report_to": fine})
+
+
+def test_rollout_chat_template_kwargs_leave_the_loops_own_arguments_alone():
+    assert _load(rollout={"chat_template_kwargs": {"enable_thinking": False}}).rollout.chat_template_kwargs == {
+        "enable_thinking": False}
+    with pytest.raises(ConfigError) as err:
+        _load(rollout={"chat_template_kwargs": {"add_generation_prompt": False, "tools": []}})
+    assert "rollout.chat_template_kwargs" in str(err.value)
+    assert "['add_generation_prompt', 'tools'] are set by the agent loop" in str(err.value)
 
 
 @pytest.mark.parametrize("policy, refused", [

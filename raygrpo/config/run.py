@@ -16,8 +16,9 @@ from raygrpo.config.fields import given
 from raygrpo.config.policy import PolicyConfig, SamplingConfig
 from raygrpo.config.rollout import RolloutConfig
 from raygrpo.config.train import OFF_POLICY_BOUNDS, TrainConfig
-from raygrpo.config.trainer import (SERVER_TRAINER_FIELDS, TRAINER_DEFAULTS, check_trainer_mapping,
-                                    generation_batch_size, generation_steps)
+from raygrpo.config.trainer import (SERVER_TRAINER_FIELDS, TRAINER_DEFAULTS, check_precision, check_report_to,
+                                    check_save_steps, check_trainer_mapping, generation_batch_size,
+                                    generation_steps)
 from raygrpo.specs import EnvSpec, ProviderSpec
 from raygrpo.specs.pool import PoolSpec
 
@@ -200,7 +201,8 @@ class RunConfig(BaseModel):
         self._check_engine_fields()
         self._check_batches()
         self._check_off_policy()
-        self._check_save_steps()
+        check_save_steps(self.trainer, self.steps_per_version)
+        check_precision(self.trainer, self.train.learner.num_gpus)
         self._check_peft()
         self._check_idle_timeouts()
         return self
@@ -248,8 +250,10 @@ class RunConfig(BaseModel):
 
     def check_training(self) -> None:
         """What `raygrpo train` needs beyond a valid config, checked before Ray starts (a rollout run trains nothing,
-        so its group size need not fit a training batch): GRPO's group of at least 2 rollouts, and a generation
-        batch of whole groups. Raises `ValueError` naming the fields (TRL would refuse both in the learner)."""
+        so its group size need not fit a training batch): GRPO's group of at least 2 rollouts, a generation batch
+        of whole groups, and the packages of the `trainer.report_to` integrations. Raises `ValueError` naming the
+        fields (TRL and transformers would refuse them in the learner, after Ray and the engines started)."""
+        check_report_to(self.trainer)
         batch, group = generation_batch_size(self.trainer), self.rollout.group_size
         if group < 2:
             raise ValueError(f"rollout.group_size ({group}): GRPO needs at least 2 rollouts per group to compute "
@@ -342,20 +346,6 @@ class RunConfig(BaseModel):
             raise ValueError("train.off_policy.proximal_decay sets the proximal policy the learner computes for "
                              "engine actors' rollouts; with a vLLM server (policy.url/serve) TRL computes it from the "
                              "current weights: leave it out")
-
-    def _check_save_steps(self) -> None:
-        """A checkpoint inside a generation batch cannot be resumed faithfully: TRL regenerates on resume, which
-        shifts every later version label. Refuse a `save_steps` that does not fall on a generation batch's end (a
-        fraction of the run, which TRL also accepts, is left to TRL)."""
-        spv = self.steps_per_version
-        strategy = self.trainer.get("save_strategy", TRAINER_DEFAULTS["save_strategy"])
-        save_steps = self.trainer.get("save_steps")  # unset: raygrpo's default, rounded up by the learner
-        if spv > 1 and str(strategy) == "steps" and isinstance(save_steps, (int, float)):
-            steps = float(save_steps)
-            if steps >= 1 and int(steps) % spv:
-                raise ValueError(f"trainer.save_steps ({save_steps}) must be a multiple of the optimizer steps of "
-                                 f"one generation batch ({spv}): a checkpoint inside a generation batch would make a "
-                                 "resumed run generate again and shift every later policy version")
 
     @property
     def correction_mode(self) -> str:

@@ -10,6 +10,8 @@ the real `GRPOConfig` (`raygrpo.train.grpo_args.build_grpo_config`), which check
 
 from __future__ import annotations
 
+import importlib.util
+import math
 import re
 from typing import Any
 
@@ -37,6 +39,8 @@ OWNED_TRAINER_FIELDS: dict[str, str] = {
     "vllm_importance_sampling_clip_min": "train.off_policy.low",
     "vllm_importance_sampling_clip_max": "train.off_policy.high",
     "vllm_importance_sampling_cap": "train.off_policy.high (TRL's deprecated name of vllm_importance_sampling_clip_max)",
+    "chat_template_kwargs": "rollout.chat_template_kwargs (raygrpo renders every prompt itself, so TRL's never reach "
+                            "the template)",
 }
 
 #: `GRPOConfig` options TRL never reads in a raygrpo run, and why. Generation goes through raygrpo's `rollout_func`,
@@ -49,8 +53,16 @@ UNREAD_TRAINER_FIELDS: dict[str, str] = {
     "num_train_epochs": "raygrpo trains trainer.max_steps optimizer steps (default 20), which TRL lets override "
                         "num_train_epochs; TRL's dataset here is placeholder prompts, so an epoch is no pass over your "
                         "tasks: set trainer.max_steps instead",
-    "vllm_structured_outputs_regex": "TRL does not generate in a raygrpo run (raygrpo's rollout_func does), so it "
-                                     "never reads it",
+    **{name: "TRL does not generate in a raygrpo run (raygrpo's rollout_func does), so it never reads it"
+       for name in ("vllm_structured_outputs_regex", "use_transformers_continuous_batching",
+                    "transformers_continuous_batching_config", "cache_implementation")},
+    "max_tool_calling_iterations": "TRL runs no tool calls in a raygrpo run (raygrpo's agent loop does): set "
+                                   "rollout.max_turns",
+    "shuffle_dataset": "TRL's dataset here is placeholder prompts, one per group slot; raygrpo's task schedule "
+                       "picks each group's task (shuffled by seed, weighted by train.mixture)",
+    "save_only_model": "a checkpoint without the optimizer, scheduler and RNG states would make --resume restart "
+                       "the optimizer and the learning-rate schedule; raygrpo resumes with the same optimizer state "
+                       "(the final model/ folder holds the weights alone)",
     # TRL reads these only in its colocate mode (an engine inside the trainer), which raygrpo never runs.
     **{name: f"applies to TRL's colocate vLLM mode, which raygrpo does not run: set {where}"
        for name, where in (("vllm_gpu_memory_utilization", "policy.vllm.gpu_memory_utilization (engine actors) or "
@@ -81,6 +93,25 @@ TRAINER_DEFAULTS: dict[str, Any] = {
     "disable_dropout": True,
 }
 
+#: The packages each `report_to` integration of transformers needs (its `is_<name>_available` in
+#: `transformers.integrations.integration_utils`): any one of a tuple's for tensorboard, every one for the rest.
+#: Integrations that need no package of their own (`kubeflow`), and `all` / `none`, are left to transformers.
+REPORT_TO_PACKAGES: dict[str, tuple[str, ...]] = {
+    "tensorboard": ("tensorboard", "tensorboardX"),
+    "wandb": ("wandb",),
+    "trackio": ("trackio",),
+    "clearml": ("clearml",),
+    "comet_ml": ("comet_ml",),
+    "mlflow": ("mlflow",),
+    "dagshub": ("dagshub", "mlflow"),
+    "neptune": ("neptune",),
+    "codecarbon": ("codecarbon",),
+    "flyte": ("flytekit",),
+    "dvclive": ("dvclive",),
+    "swanlab": ("swanlab",),
+    "azure_ml": ("azureml",),
+}
+
 #: Batch and step counts that must be whole numbers of at least 1 where they are given.
 POSITIVE_TRAINER_FIELDS: tuple[str, ...] = ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps",
                                             "num_iterations", "steps_per_generation", "generation_batch_size")
@@ -107,7 +138,61 @@ def check_trainer_mapping(trainer: dict[str, Any]) -> dict[str, Any]:
     if trainer.get("generation_batch_size") is not None and trainer.get("steps_per_generation") is not None:
         raise ValueError("trainer.generation_batch_size and trainer.steps_per_generation both set the generation "
                          "batch (TRL refuses both): give one")
+    if trainer.get("max_completion_length") is not None and trainer.get("loss_type") != "dr_grpo":
+        raise ValueError("trainer.max_completion_length caps nothing in a raygrpo run (raygrpo generates: cap a "
+                         "turn with sampling.max_tokens, a whole rollout with rollout.max_total_tokens); TRL reads it "
+                         "only as the constant divisor of trainer.loss_type dr_grpo's loss, and loss_type here is "
+                         + (repr(trainer["loss_type"]) if trainer.get("loss_type") else "TRL's default, dapo")
+                         + ": leave it out")
     return trainer
+
+
+def check_save_steps(trainer: dict[str, Any], steps_per_version: int) -> None:
+    """Raises `ValueError` when `trainer.save_steps` would put a checkpoint inside a generation batch (which a
+    resumed run would generate again, shifting every later policy version label): every `save_steps` optimizer
+    steps must end a batch of `steps_per_version`. A fraction of the run is resolved as transformers resolves it
+    (`ceil(max_steps * fraction)`, `TrainerState.compute_steps`) and checked the same way."""
+    strategy = trainer.get("save_strategy", TRAINER_DEFAULTS["save_strategy"])
+    save_steps = trainer.get("save_steps")  # unset: raygrpo's default, rounded up by the learner
+    if steps_per_version <= 1 or str(strategy) != "steps" or not isinstance(save_steps, (int, float)) \
+            or save_steps <= 0:
+        return
+    steps, what = save_steps, f"trainer.save_steps ({save_steps})"
+    if save_steps < 1:
+        max_steps = _setting(trainer, "max_steps")
+        steps = math.ceil(max_steps * save_steps)
+        what = f"trainer.save_steps ({save_steps} of trainer.max_steps {max_steps}: every {steps} steps)"
+    if int(steps) % steps_per_version:
+        raise ValueError(f"{what} must be a multiple of the optimizer steps of one generation batch "
+                         f"({steps_per_version}): a checkpoint inside a generation batch would make a resumed run "
+                         "generate again and shift every later policy version")
+
+
+def check_precision(trainer: dict[str, Any], learner_gpus: float) -> None:
+    """Raises `ValueError` for `trainer.fp16` on a learner without a GPU: accelerate skips fp16 mixed precision on
+    a CPU, so the run would train in fp32 while its config says fp16."""
+    if trainer.get("fp16") and not learner_gpus:
+        raise ValueError("trainer.fp16 needs a GPU learner, but train.learner.num_gpus is 0 (accelerate ignores fp16 "
+                         "on a CPU and trains in fp32): set train.learner.num_gpus, or leave trainer.fp16 out")
+
+
+def check_report_to(trainer: dict[str, Any]) -> None:
+    """Raises `ValueError` naming `trainer.report_to` when an integration it names lacks its package here
+    (`REPORT_TO_PACKAGES`): transformers would fail only in the learner, after Ray and the engines started."""
+    named = trainer.get("report_to")
+    names = [named] if isinstance(named, str) else list(named or [])
+    missing = []
+    for name in names:
+        packages = REPORT_TO_PACKAGES.get(str(name))
+        if packages is None:
+            continue
+        found = [p for p in packages if importlib.util.find_spec(p) is not None]
+        if not found if name == "tensorboard" else len(found) < len(packages):
+            need = " or ".join(packages) if name == "tensorboard" else ", ".join(packages)
+            missing.append(f"{name!r} needs {need}")
+    if missing:
+        raise ValueError(f"trainer.report_to: {'; '.join(missing)}, not installed in this Python "
+                         f"environment: install it, or take the integration out of trainer.report_to")
 
 
 def _typed(name: str, value: Any, annotation: str) -> Any:

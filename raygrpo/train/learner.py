@@ -56,6 +56,16 @@ def env_reward(prompts: list, completions: list, env_reward: list[float | None],
     return list(env_reward)
 
 
+def warn_half_precision(args: Any, engines: bool) -> None:
+    """Warn when the learner trains in half precision (`bf16` or `fp16`) while engine actors sample in fp32: the
+    log-probs differ by up to ~1e-2 nats per token, so a fresh group's ratio is not exactly 1."""
+    half = [name for name in ("bf16", "fp16") if getattr(args, name, False)]
+    if half and engines:
+        logger.warning("trainer.%s is on while the transformers engines sample in fp32: their log-probs and the "
+                       "learner's differ by up to ~1e-2 nats per token, so fresh groups' ratios are not exactly 1",
+                       half[0])
+
+
 class Learner:
     """Trains `cfg.model` with GRPO on rollouts from the env pool actors.
 
@@ -121,9 +131,7 @@ class Learner:
                 f"rollout.group_size ({self.group_size})"
             )
         groups_per_step = args.generation_batch_size // self.group_size
-        if args.bf16 and self.engines:
-            logger.warning("trainer.bf16 is on while the transformers engines sample in fp32: their log-probs and the "
-                           "learner's differ by up to ~1e-2 nats per token, so fresh groups' ratios are not exactly 1")
+        warn_half_precision(args, bool(self.engines))
         self.warmup_stats: dict[str, Any] | None = None
         saved = read_state(checkpoint)
         reference = self.out / REFERENCE_DIR
