@@ -7,6 +7,7 @@ session registry is the leak check.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
 import shutil
@@ -238,17 +239,44 @@ def test_a_learner_that_fails_reports_its_cause_in_one_line(tmp_path):
     ("trainer.top_p=0.9", "trainer.top_p: TRL does not generate in a raygrpo run"),
     ("trainer.per_device_train_batch_size=0", "trainer.per_device_train_batch_size: must be a whole number"),
     ("trainer.per_device_train_batch_size=12", "the generation batch (12 rollouts"),  # groups of 8
+    ("trainer.save_only_model=true", "trainer.save_only_model: a checkpoint without the optimizer"),
+    ("trainer.max_completion_length=64", "trainer.max_completion_length caps nothing in a raygrpo run"),
+    ("trainer.chat_template_kwargs={enable_thinking: false}", "from rollout.chat_template_kwargs"),
+    ("trainer.fp16=true", "trainer.fp16 needs a GPU learner, but train.learner.num_gpus is 0"),
+    ("trainer.save_steps=0.5", "trainer.save_steps (0.5 of trainer.max_steps 6: every 3 steps) must be a multiple"),
+    ("trainer.report_to=[tensorboard]", "trainer.report_to: 'tensorboard' needs tensorboard or tensorboardX"),
 ])
 @pytest.mark.timeout(90)
 def test_a_bad_trainer_mapping_exits_2_before_ray_starts(tmp_path, override, says):
     """docs/statuses.md: a bad config exits 2 before Ray starts; the `trainer:` mapping used to fail in the learner
     actor, after Ray, the servers and the pools had started (exit 1)."""
     ray_tmp = Path(tempfile.mkdtemp(prefix="rg-", dir="/tmp"))  # where a Ray started by this run would write
+    more = ["--set", "trainer.max_steps=6", "--set", "trainer.num_iterations=2"] if "save_steps" in override else []
+    if "report_to" in override:
+        assert importlib.util.find_spec("tensorboard") is None and importlib.util.find_spec("tensorboardX") is None
     proc = _cli(["train", "examples/echo/train.yaml", "--out", str(tmp_path / "run"), "--no-progress",
-                 "--set", override], env={"RAY_TMPDIR": str(ray_tmp)})
+                 "--set", override, *more], env={"RAY_TMPDIR": str(ray_tmp)})
     out, err = proc.communicate(timeout=80)
     assert proc.returncode == 2, err
     assert err.startswith("raygrpo: ") and says in err and "Traceback" not in err, err
+    assert list(ray_tmp.iterdir()) == []  # no Ray session was started
+    ray_tmp.rmdir()
+
+
+@pytest.mark.timeout(90)
+def test_resume_without_a_complete_checkpoint_exits_2_naming_the_folder(tmp_path):
+    """A run killed inside its only save left a checkpoint without trainer_state.json and raygrpo_state.json:
+    `--resume` stops before Ray starts, naming the folder, instead of crashing in the learner on every try."""
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rg-", dir="/tmp"))
+    cut = tmp_path / "run" / "checkpoints" / "checkpoint-10"
+    cut.mkdir(parents=True)
+    (cut / "model.safetensors").write_bytes(b"")  # the model and optimizer came first; the kill came then
+    proc = _cli(["train", "examples/echo/train.yaml", "--out", str(tmp_path / "run"), "--no-progress", "--resume"],
+                env={"RAY_TMPDIR": str(ray_tmp)})
+    out, err = proc.communicate(timeout=80)
+    assert proc.returncode == 2, err
+    assert err.startswith("raygrpo: --resume: no complete checkpoint under ") and str(cut.parent) in err, err
+    assert "checkpoint-10 lacks trainer_state.json, raygrpo_state.json" in err and "Traceback" not in err, err
     assert list(ray_tmp.iterdir()) == []  # no Ray session was started
     ray_tmp.rmdir()
 

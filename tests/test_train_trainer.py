@@ -533,3 +533,28 @@ def test_a_checkpoint_keeps_the_moving_average_and_a_resume_continues_from_it(ti
                         save_steps=1, save_strategy="steps")
     plain.train()
     assert plain.proximal is None and not (tmp_path / "plain" / "checkpoint-1" / PROXIMAL_FILE).exists()
+
+
+def test_raygrpo_state_is_saved_before_old_checkpoints_are_rotated_out(tiny_model_dir, tmp_path):
+    """With `save_total_limit`, transformers deletes older checkpoints at the end of its own save, before any
+    `on_save` callback: raygrpo's state written there would leave, during that gap, no complete checkpoint for
+    --resume. The trainer writes it first (`checkpoint_state`), then rotates as transformers does."""
+    from raygrpo.train.checkpoint import missing_parts
+
+    run = tmp_path / "run"
+    trainer, _ = _trainer(_rollout_trainer("none"), tiny_model_dir, run, shift=0.0, max_steps=3, save_steps=1,
+                          save_strategy="steps", save_total_limit=1, bf16=False)
+    seen = []
+
+    def checkpoint_state(folder, step):
+        assert folder == run / f"checkpoint-{step}" and (folder / "trainer_state.json").is_file()
+        # the previous complete checkpoint is still there while this one is not yet complete
+        seen.append((step, sorted(p.name for p in run.iterdir() if p.name.startswith("checkpoint-"))))
+        (folder / "raygrpo_state.json").write_text("{}")
+
+    trainer.checkpoint_state = checkpoint_state
+    trainer.train()
+    assert seen == [(1, ["checkpoint-1"]), (2, ["checkpoint-1", "checkpoint-2"]),
+                    (3, ["checkpoint-2", "checkpoint-3"])]
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith("checkpoint-")) == ["checkpoint-3"]
+    assert missing_parts(run / "checkpoint-3") == [] and trainer.args.save_total_limit == 1

@@ -473,3 +473,59 @@ def test_an_eval_does_not_send_the_weights_trl_already_sent_this_step():
     trainer.state.global_step = 5  # the final eval, after the last step: not sent yet
     sync_vllm_weights(trainer)
     assert sent == [1] and trainer._last_loaded_step == 5
+
+
+def _checkpoint(root, step, *files):
+    folder = root / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    for name in ("model.safetensors", "optimizer.pt", *files):
+        (folder / name).write_text("{}")
+    return folder
+
+
+def test_resume_takes_the_newest_complete_checkpoint_and_names_each_cut_short(tmp_path, caplog):
+    """A kill inside a save leaves model and optimizer without trainer_state.json / raygrpo_state.json: --resume
+    skips that folder (with a warning) for the newest complete one, and refuses when none is complete."""
+    from raygrpo.core.errors import ResolveError
+    from raygrpo.train.checkpoint import find_checkpoint
+
+    root = tmp_path / "checkpoints"
+    assert find_checkpoint(root, resume=False) is None
+    assert find_checkpoint(root, resume=True) is None and "no checkpoint under" in caplog.text
+    _checkpoint(root, 9, "trainer_state.json")  # killed before raygrpo's state
+    with pytest.raises(ResolveError) as err:
+        find_checkpoint(root, resume=True)
+    assert f"--resume: no complete checkpoint under {root}: checkpoint-9 lacks raygrpo_state.json" in str(err.value)
+    complete = _checkpoint(root, 4, "trainer_state.json", "raygrpo_state.json")
+    _checkpoint(root, 10)  # killed before either
+    (root / "checkpoint-12.tmp").mkdir()  # no checkpoint folder of transformers'
+    caplog.clear()
+    assert find_checkpoint(root, resume=True) == str(complete)
+    assert f"skipping {root / 'checkpoint-10'}, a save cut short (no trainer_state.json or raygrpo_state.json)" \
+        in caplog.text
+    assert f"skipping {root / 'checkpoint-9'}, a save cut short (no raygrpo_state.json)" in caplog.text
+    caplog.clear()
+    assert find_checkpoint(root, resume=True, warn=False) == str(complete) and caplog.text == ""
+
+
+def test_raygrpo_state_appears_only_whole(tmp_path):
+    """Its presence marks a checkpoint complete: it is written through a temporary file."""
+    from raygrpo.train.checkpoint import STATE_FILE, read_state, write_state
+
+    write_state(tmp_path, step=4, policy_version=2, schedule={"position": 3}, dropped_groups_total=1, reference=False)
+    assert [p.name for p in tmp_path.iterdir()] == [STATE_FILE]
+    assert read_state(str(tmp_path))["schedule"] == {"position": 3}
+
+
+@pytest.mark.parametrize("half", ["bf16", "fp16"])
+def test_a_half_precision_learner_beside_fp32_engines_warns(half, caplog):
+    from types import SimpleNamespace
+
+    from raygrpo.train.learner import warn_half_precision
+
+    args = SimpleNamespace(bf16=half == "bf16", fp16=half == "fp16")
+    caplog.clear()  # importing the learner logs warnings of its own
+    warn_half_precision(args, engines=False)
+    assert not [r for r in caplog.records if r.name == "raygrpo.train.learner"]
+    warn_half_precision(args, engines=True)
+    assert f"trainer.{half} is on while the transformers engines sample in fp32" in caplog.text

@@ -31,8 +31,8 @@ from raygrpo.driver.orchestrator import Orchestrator
 from raygrpo.core.outcome import Outcomes
 from raygrpo.policy.tiny import resolve_model_path
 from raygrpo.driver.pools import ActorSpawner, PoolSet
-from raygrpo.train.checkpoint import (REFERENCE_DIR, checkpoint_folder, checkpoint_step, find_checkpoint,
-                                      optimizer_fingerprint, read_state, uses_reference, write_state)
+from raygrpo.train.checkpoint import (REFERENCE_DIR, checkpoint_step, find_checkpoint, optimizer_fingerprint,
+                                      read_state, uses_reference, write_state)
 from raygrpo.train.evaluate import evaluate
 from raygrpo.train.groups import to_rollout_output
 from raygrpo.train.grpo_args import learner_grpo_config
@@ -184,6 +184,7 @@ class Learner:
             rollout_func=self._rollout_func,
             callbacks=[_StepCallback(self)],
         )
+        trainer.checkpoint_state = self._save_state
         self.progress["max_steps"] = args.max_steps
         return trainer
 
@@ -219,6 +220,13 @@ class Learner:
         self._step["weight_push_s"] = self._step.get("weight_push_s", 0.0) + time.perf_counter() - started
         self._pushed_version = version
         logger.info("engines now at policy version %s", versions)
+
+    def _save_state(self, folder: Path, step: int) -> None:
+        """raygrpo's state at optimizer `step`, written into the checkpoint `folder` TRL has just saved."""
+        source = self.source
+        write_state(folder, step=step, policy_version=self.version_of(step), schedule=source.state_dict(),
+                    dropped_groups_total=source.dropped_total, zero_variance_groups_total=source.zero_variance_total,
+                    reference=self.warmed)
 
     def version_of(self, step: int) -> int:
         """The policy version of the weights after `step` optimizer steps: one per generation batch."""
@@ -339,7 +347,8 @@ class _NoUnscoredWarning(logging.Filter):
 
 
 class _StepCallback(TrainerCallback):
-    """Times each step, writes its metrics line when TRL logs it, saves raygrpo's state with each checkpoint."""
+    """Times each step and writes its metrics line when TRL logs it (raygrpo's state is saved with each checkpoint
+    by the trainer itself, `Learner._save_state`, before old checkpoints are rotated out)."""
 
     def __init__(self, learner: Learner) -> None:
         self.learner = learner
@@ -359,9 +368,3 @@ class _StepCallback(TrainerCallback):
         if logs and "loss" in logs:
             self.learner._step_done(state, logs)
 
-    def on_save(self, args, state, control, **kwargs):
-        source = self.learner.source
-        write_state(checkpoint_folder(args.output_dir, state.global_step), step=state.global_step,
-                    policy_version=self.learner.version_of(state.global_step), schedule=source.state_dict(),
-                    dropped_groups_total=source.dropped_total, zero_variance_groups_total=source.zero_variance_total,
-                    reference=self.learner.warmed)

@@ -23,6 +23,7 @@ from raygrpo.driver.progress import Progress, progress_mode
 from raygrpo.driver.resolve import ResolvedRun, resolve_run
 from raygrpo.driver.runtime import ray_info
 from raygrpo.driver.session import RunSession
+from raygrpo.train.checkpoint import find_checkpoint
 from raygrpo.train.metrics import read_metrics
 
 logger = logging.getLogger(__name__)
@@ -54,8 +55,9 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
           skip_broken: str | Path | None = None) -> dict[str, Any]:
     """Train `cfg` and return the summary (also written to `OUT/summary.json`).
 
-    Resolves what the config names first (a failure raises `ResolveError` before Ray starts), then starts a local
-    Ray unless one is initialised (or joins `cfg.ray.address`), and shuts down only what it started.
+    Resolves what the config names first, and with `resume` that a complete checkpoint is there if any is (a failure
+    raises `ResolveError` before Ray starts), then starts a local Ray unless one is initialised (or joins
+    `cfg.ray.address`), and shuts down only what it started.
 
     Args:
         cfg: The validated run config.
@@ -70,6 +72,8 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
 
     resolved = resolve_train(cfg, skip_broken)
     out = Path(out_dir).resolve()
+    if resume:  # checkpoints there but none complete: ResolveError (exit 2) naming the folder, before Ray starts
+        find_checkpoint(out / "checkpoints", True, warn=False)
     result: dict[str, Any] = {}
 
     def summarize() -> dict[str, Any]:

@@ -28,10 +28,11 @@ With a vLLM server (`policy.url`, `policy.serve`) TRL computes the proximal log-
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from transformers import TrainerCallback
+from transformers.trainer_utils import rotate_checkpoints
 from trl import GRPOTrainer
 
 from raygrpo.core.compat import GenerationOutputHook, completion_logps, log_trainer_metrics
@@ -59,6 +60,9 @@ class RolloutGRPOTrainer(GenerationOutputHook, GRPOTrainer):
     #: The policy version of the weights being trained, set by the `rollout_func` before it returns a batch: the
     #: samples whose `policy_version` equals it are fresh. None: no sample is (no mismatch figures).
     policy_version: int | None = None
+    #: Writes raygrpo's own state into a checkpoint's folder (the learner's `raygrpo_state.json`), given the folder
+    #: and the optimizer step; called in `_save_checkpoint`, before older checkpoints are rotated out.
+    checkpoint_state: Callable[[Path, int], None] | None = None
 
     def __init__(self, *args: Any, correction: Correction = Correction(), sampling_logprobs: bool = True,
                  **kwargs: Any) -> None:
@@ -108,10 +112,25 @@ class RolloutGRPOTrainer(GenerationOutputHook, GRPOTrainer):
         return completion_logps(self, output, rows).to(dtype)
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        """transformers' checkpoint, plus the proximal average (a resumed run continues it, not restarts it)."""
-        super()._save_checkpoint(model, trial)
+        """transformers' checkpoint, plus the proximal average (a resumed run continues it, not restarts it) and
+        raygrpo's state (`checkpoint_state`, written last: it marks the checkpoint complete), and only then the
+        deletion of old checkpoints beyond `save_total_limit`. transformers rotates at the end of its own save,
+        before any `on_save` callback runs; rotating there would let a kill between the two leave no checkpoint
+        that `--resume` can use. So its rotation is held off and run here, as transformers runs it."""
+        limit = self.args.save_total_limit
+        self.args.save_total_limit = None
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = limit
+        folder = checkpoint_folder(self.args.output_dir, self.state.global_step)
         if self.proximal is not None:
-            self.proximal.save(checkpoint_folder(self.args.output_dir, self.state.global_step))
+            self.proximal.save(folder)
+        if self.checkpoint_state is not None and self.args.should_save:
+            self.checkpoint_state(folder, self.state.global_step)
+        if self.args.should_save:
+            rotate_checkpoints(output_dir=self._get_output_dir(trial=trial), save_total_limit=limit,
+                               best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
         """transformers' resume, plus the proximal average its checkpoint kept."""
