@@ -226,3 +226,23 @@ def test_the_temp_dir_comes_back_when_the_scratch_folder_goes(tmp_path, monkeypa
                          env={**os.environ, "TMPDIR": str(tmp_path)})
     assert out.stdout.strip() == "ok", out.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_node_wide_locks_stay_in_the_shared_temp_dir_when_the_process_moves_its_own(tmp_path):
+    """An env pool actor's temp dir is its private scratch folder (`use_as_tempdir`); the docker build locks must stay
+    where every process of the node looks, or two actors build one image at once (and leave one of the two images
+    dangling)."""
+    code = textwrap.dedent("""
+        import tempfile
+        from raygrpo.core.scratch import shared_tempdir, use_as_tempdir
+        before = tempfile.gettempdir()
+        tmp = use_as_tempdir()
+        from raygrpo.envs.harbor.docker import build_lock_path  # imported after the move, as in an actor
+        assert tempfile.gettempdir() == str(tmp) and str(shared_tempdir()) == before, (shared_tempdir(), before)
+        path = build_lock_path("hb__x")
+        assert path.parent.parent == shared_tempdir() and str(tmp) not in str(path), path
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert out.stdout.strip().endswith("ok"), out.stderr[-2000:]

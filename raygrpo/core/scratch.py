@@ -82,6 +82,18 @@ def process_scratch() -> Path:
         return folder
 
 
+def shared_tempdir() -> Path:
+    """The temp dir this node's processes share (where scratch folders are made): the temp dir of the moment, or the
+    one `use_as_tempdir` moved this process's away from. Node-wide locks and marks go here, never in the process's
+    own temp dir, which no other process sees."""
+    with _lock:
+        if _parent is not None:
+            return _parent
+        if _saved_tempdir is not None and _saved_tempdir[0] is not None:
+            return Path(_saved_tempdir[0])
+    return Path(tempfile.gettempdir())
+
+
 def use_as_tempdir() -> Path:
     """Make this process's temp dir (`tempfile.tempdir`, and `$TMPDIR` for its children) a `tmp/` folder inside its
     scratch folder; that folder.

@@ -28,9 +28,9 @@ import hashlib
 import os
 import shutil
 import subprocess
-import tempfile
 import threading
-from pathlib import Path
+
+from raygrpo.core.scratch import shared_tempdir
 
 CHAIN = "RAYGRPO-SANDBOX"
 BRIDGE_PREFIX = "rg-"
@@ -47,7 +47,8 @@ RULES = (
     ["-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset"],
     ["-j", "REJECT", "--reject-with", "icmp-port-unreachable"],
 )
-_LOCK = Path(tempfile.gettempdir()) / "raygrpo-docker-guard.lock"
+#: The node-wide lock's file name, in the temp dir the node's processes share (`shared_tempdir`).
+_LOCK_NAME = "raygrpo-docker-guard.lock"
 #: `auto` (the default): the first sandbox installs the chain; `external`: the node's set-up did.
 MODE_ENV = "RAYGRPO_DOCKER_GUARD"
 MODES = ("auto", "external")
@@ -110,7 +111,7 @@ def ensure() -> None:
         raise GuardError("docker sandboxes need the node's firewall rules (raygrpo.docker.guard), which "
                          "only root can install: run `python -m raygrpo.docker.guard install` as root once "
                          f"per node and set {MODE_ENV}=external")
-    with open(_LOCK, "a") as lock:
+    with open(shared_tempdir() / _LOCK_NAME, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not installed():
             if _iptables("-S", CHAIN, check=False).returncode != 0:

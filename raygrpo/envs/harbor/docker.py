@@ -33,7 +33,6 @@ import fcntl
 import logging
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,6 +41,7 @@ from raygrpo.envs.harbor.compose_failures import explain as explain_compose
 from raygrpo.envs.harbor.compose_failures import compose_failure, pull_failure
 from raygrpo.envs.harbor.network import static_mode
 from raygrpo.core.errors import TaskError
+from raygrpo.core.scratch import shared_tempdir
 from raygrpo.docker import guard as docker_guard
 from raygrpo.docker.engine import DockerObject, DockerUnavailable, find, image_exists, remove
 from raygrpo.docker.owners import owner_labels, write_overlay
@@ -55,8 +55,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 OVERLAY_NAME = "raygrpo-docker-compose.json"
-#: Where the per-node build locks are (one file per image; the Docker engine is the node's own).
-BUILD_LOCK_DIR = Path(tempfile.gettempdir()) / "raygrpo-docker-builds"
+#: The folder of the per-node build locks (one file per image; the Docker engine is the node's own), in the temp dir
+#: the node's processes share (`raygrpo.core.scratch.shared_tempdir`: an env pool actor's own temp dir is private).
+BUILD_LOCK_DIR_NAME = "raygrpo-docker-builds"
 #: How often a start waiting for another process's build of its image looks again.
 _LOCK_POLL_S = 0.1
 #: A step as the classic builder (`Step 2/4 : RUN ...`) and BuildKit (` > [2/4] RUN ...:`) print the failed one.
@@ -178,7 +179,7 @@ class DockerSupport:
         if actor_lock.locked():
             logger.debug("%s: waiting for another sandbox's build of the image %s", self.label, name)
         await actor_lock.acquire()
-        node_lock = NodeLock(BUILD_LOCK_DIR / f"{name}.lock")
+        node_lock = NodeLock(build_lock_path(name))
         try:
             if name not in self._built:
                 await node_lock.acquire()
@@ -263,6 +264,12 @@ class DockerSupport:
             if await asyncio.to_thread(image_exists, name):
                 self._built.add(name)
         return name in self._built
+
+
+def build_lock_path(image: str) -> Path:
+    """The file every process of this node locks while it builds `image` (in `shared_tempdir`, never in a process's
+    own temp dir: two actors that each locked a private file would build the image at once)."""
+    return shared_tempdir() / BUILD_LOCK_DIR_NAME / f"{image}.lock"
 
 
 class NodeLock:
