@@ -107,6 +107,9 @@ async def test_a_warm_sandbox_failing_its_check_is_stopped_and_replaced(renderer
         await until(lambda: provider.warm.stats()["ready"] == 2)
         broken = provider.warm._ready[provider.task_dir_of(ref)][0]
         os.kill(broken.env.init_pid, signal.SIGKILL)  # dies while it waits
+        # A SIGKILL lands when the kernel next schedules the init: under load, a check made before that still passes
+        # (as a sandbox dying between its check and its first exec would), which is not what this test is about.
+        await until(lambda: not broken.env.is_running())
         traj = await rollout(provider, renderer, ref)
         assert traj.status is Status.OK and traj.reward == 1.0 and traj.sandbox == "warm", traj.error
         assert provider.warm.stats()["unhealthy"] == 1 and provider.warm.stats()["hits"] == 1
