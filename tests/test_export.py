@@ -500,6 +500,10 @@ def test_a_second_run_with_the_same_out_starts_the_trajectories_anew(rollout_run
     text = (rollout_run / "trajectories.jsonl").read_text(encoding="utf-8")
     path = tmp_path / "trajectories.jsonl"
     path.write_text(text + text.splitlines()[0][:123], encoding="utf-8")  # the killed first run: 6 + 1 cut off
+    old_logs = tmp_path / "verifier_logs"
+    for rollout in ("g0-0-0", "g0-1-0"):  # and its kept verifier logs
+        (old_logs / rollout / "verifier").mkdir(parents=True)
+        (old_logs / rollout / "verifier" / "test-stdout.txt").write_text("old run\n")
     trajectory = asyncio.run(run_rollout(_harbor_task(7), ShellEnv(), OraclePolicy(), None, SamplingParams(),
                                          RolloutConfig()))
     with caplog.at_level("WARNING"):
@@ -507,6 +511,8 @@ def test_a_second_run_with_the_same_out_starts_the_trajectories_anew(rollout_run
         writer.write(trajectory)
         writer.close()
     assert f"{path} holds 7 line(s) of a previous run" in caplog.text
+    assert f"{old_logs} holds the verifier logs of 2 rollout(s) of a previous run" in caplog.text
+    assert not (old_logs / "g0-0-0").exists() and not (old_logs / "g0-1-0").exists()  # this run's own may be there
     assert [line["task"]["index"] for line in _lines(path)] == [7]
     assert export_run(ExportOptions(path=tmp_path, format=ExportFormat.PARQUET)).written == 1
 

@@ -253,6 +253,20 @@ def test_metrics_log_drops_lines_after_the_resumed_checkpoint_and_plots(tmp_path
     assert line["step"] == 3 and line["reward"] is None and line["status"] == "ok"
 
 
+def test_a_fresh_run_removes_a_previous_runs_verifier_logs_and_a_resume_keeps_them(tmp_path, caplog):
+    """`verifier_logs/` goes with the `rollouts.jsonl` lines that name it: a fresh run with the same --out starts it
+    anew (saying so), a resumed run keeps it."""
+    logs = tmp_path / "verifier_logs" / "step1-g-0-0" / "verifier"
+    logs.mkdir(parents=True)
+    (logs / "test-stdout.txt").write_text("previous run\n")
+    RolloutLog(tmp_path / "rollouts.jsonl", keep_until_step=3).close()
+    assert (logs / "test-stdout.txt").exists()
+    with caplog.at_level("WARNING"):
+        RolloutLog(tmp_path / "rollouts.jsonl", keep_until_step=-1).close()
+    assert not (tmp_path / "verifier_logs").exists()
+    assert "holds the verifier logs of 1 rollout(s) of a previous run" in caplog.text
+
+
 def test_a_resume_drops_a_cut_off_last_line_and_names_a_bad_line_elsewhere(tmp_path, monkeypatch, caplog):
     """A run killed while writing leaves its last line cut off: `--resume` drops it (and says so) instead of failing
     on it; a bad line elsewhere is an error naming the file and line; the kept lines replace the file through a

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import statistics
 from collections import Counter
 from pathlib import Path
@@ -62,6 +63,7 @@ class TrajectoryWriter:
             drop_cut_off_line(self.path)
         else:
             warn_replaced(self.path)
+            start_verifier_logs_anew(self.path.parent)
         self._file = self.path.open("a" if append else "w", encoding="utf-8")
 
     def write(self, traj: Trajectory) -> None:
@@ -78,6 +80,21 @@ def warn_replaced(path: Path) -> int:
     if previous:
         logger.warning("%s holds %d line(s) of a previous run with this --out: this run starts it anew (move it "
                        "away first to keep them)", path, previous)
+    return previous
+
+
+def start_verifier_logs_anew(run_dir: Path) -> int:
+    """Remove the `verifier_logs/` a previous run with this `--out` left in `run_dir`, as a fresh run replaces its
+    trajectories: kept, they would sit beside lines that no longer name them, and a rollout of this run whose name
+    matches one of them would mix both runs' files in one folder. Warns with how many rollouts' logs go; the count."""
+    folder = run_dir / VERIFIER_LOGS
+    if folder.is_symlink() or not folder.is_dir():
+        return 0
+    previous = sum(1 for _ in folder.iterdir())
+    if previous:
+        logger.warning("%s holds the verifier logs of %d rollout(s) of a previous run with this --out: this run "
+                       "starts it anew (move it away first to keep them)", folder, previous)
+    shutil.rmtree(folder)
     return previous
 
 

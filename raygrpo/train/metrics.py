@@ -12,7 +12,7 @@ from typing import Any
 
 from raygrpo.core.jsonl import JsonLines, JsonLinesError, rewrite_lines
 from raygrpo.core.types import Trajectory
-from raygrpo.driver.summary import trajectory_line
+from raygrpo.driver.summary import start_verifier_logs_anew, trajectory_line
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +118,12 @@ def _step_of(value: Any, path: Path, number: int) -> int:
 
 class RolloutLog(MetricsLog):
     """`rollouts.jsonl`: every trajectory a step consumed (tokens, masks, messages, reward), tagged with the step;
-    kept verifier logs go to `verifier_logs/` next to it."""
+    kept verifier logs go to `verifier_logs/` next to it (a fresh run removes a previous run's)."""
+
+    def __init__(self, path: str | os.PathLike[str], keep_until_step: int | None = None) -> None:
+        super().__init__(path, keep_until_step)
+        if keep_until_step is not None and keep_until_step < 0:
+            start_verifier_logs_anew(self.path.parent)
 
     def write(self, traj: Trajectory, step: int) -> None:  # type: ignore[override]
         super().write({"step": step, **trajectory_line(traj, self.path.parent)})
