@@ -1,8 +1,9 @@
 """A Harbor task's network modes, as raygrpo hands them to the sandbox backends.
 
 Harbor's `[environment] network_mode` (default `public`; the older `allow_internet = false` means `no-network`) is
-the sandbox's baseline; `[agent]` and `[verifier]` may each name a mode of their own for their phase. raygrpo runs
-the agent's and the verifier's commands in one sandbox without switching its network between them, so:
+the sandbox's baseline; `[agent]` and `[verifier]` (and each step's `[steps.agent]` and `[steps.verifier]`, over the
+task's) may each name a mode of their own for their phase. raygrpo runs the agent's and the verifier's commands in
+one sandbox without switching its network between them, so:
 
 - backends built through Harbor's factory get the baseline and both phases (`network_policy=`,
   `phase_network_policies=`), and Harbor's own check refuses, by name, what the backend cannot enforce (the local
@@ -26,12 +27,21 @@ if TYPE_CHECKING:
 
 
 def task_network_policies(task: Task) -> tuple[NetworkPolicy, list[NetworkPolicy]]:
-    """The task's baseline policy and its agent and verifier phases' (each the baseline unless the phase names one)."""
+    """The task's baseline policy and its agent and verifier phases' (each the baseline unless the phase names one);
+    for a multi-step task, every step's two phases, a step's `[steps.agent]` / `[steps.verifier] network_mode` over
+    the task's, as Harbor's `_init_agent_environment` hands them to the backend (`_explicit_phase_policy`), so that
+    a step's restricted phase is enforced or refused, never run with the baseline's wider network."""
     config = task.config
     baseline = config.environment.resolve_baseline()
-    agent = config.agent.explicit_phase_policy() or baseline
-    verifier = config.verifier.explicit_phase_policy() or baseline
-    return baseline, [agent, verifier]
+    phases: list[NetworkPolicy] = []
+    for step in config.steps or [None]:
+        agent = step.agent.explicit_phase_policy() if step is not None else None
+        verifier = step.verifier.explicit_phase_policy() if step is not None else None
+        for policy in (agent or config.agent.explicit_phase_policy() or baseline,
+                       verifier or config.verifier.explicit_phase_policy() or baseline):
+            if policy not in phases:
+                phases.append(policy)
+    return baseline, phases
 
 
 def static_mode(label: str, task: Task, backend: str) -> NetworkMode:
