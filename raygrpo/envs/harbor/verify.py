@@ -131,7 +131,9 @@ async def run_verifier(env: BaseEnvironment, task: Task, trial_paths: TrialPaths
         task=task,
         trial_paths=trial_paths,
         environment=recording,  # type: ignore[arg-type] - the sandbox, observed
-        override_env=task.config.verifier.env or None,
+        # Harbor's `Verifier` merges the task's `[verifier.env]`, then the step's, then `override_env` (a job's CLI
+        # env, which raygrpo has none of): passing the task's env there would let it override the step's.
+        override_env=None,
         logger=logger,
         verifier_env=(step.verifier.env or None) if step is not None else None,
         step_name=step.name if step is not None else None,
