@@ -130,7 +130,8 @@ class HarborAdapter(EpisodeGrading, LiveAdapter):
         self.timings: dict[str, float] = {}
         self._tool_names: set[str] = set()
         self._dead: str | None = None
-        self._tooling_missing: list[str] = []
+        #: What the verifier's tooling lacks at start, by step name (`""` without steps): `_tooling_missing`.
+        self._tooling: dict[str, list[str]] = {}
         #: Where a multi-step task's episode stands (None for a task without `[[steps]]`).
         self._steps: StepProgress | None = None
 
@@ -161,6 +162,11 @@ class HarborAdapter(EpisodeGrading, LiveAdapter):
             return float(step.agent.timeout_sec)
         timeout = self.harbor_task.config.agent.timeout_sec
         return float(timeout) if timeout is not None else None
+
+    @property
+    def _tooling_missing(self) -> list[str]:
+        """What the current step's (or the task's) verifier tooling lacked before the model acted."""
+        return self._tooling.get(self._steps.step.name if self._steps is not None else "", [])
 
     @property
     def env(self) -> BaseEnvironment | None:
@@ -246,7 +252,7 @@ class HarborAdapter(EpisodeGrading, LiveAdapter):
                 await setup(env)
             # A separate verifier brings its own tooling: the task's sandbox is not probed for it.
             if self.spec.probe_verifier and not uses_separate_verifier(harbor_task.config):
-                self._tooling_missing = await tasks.tooling_missing(task_dir, harbor_task, env)
+                self._tooling = await tasks.tooling_missing(task_dir, harbor_task, env)
             if self.spec.stop_agent_processes:
                 self._baseline_sessions = await baseline_sessions(env, self.label)
             instruction = harbor_task.instruction

@@ -47,7 +47,7 @@ class SuiteTasks:
         self.spec = spec
         self.label = label
         self._tasks: dict[str, Task] = {}
-        self._tooling: dict[str, list[str]] = {}
+        self._tooling: dict[str, dict[str, list[str]]] = {}
         self._task_dirs: list[str] | None = None
 
     def task(self, task_dir: str) -> Task:
@@ -69,17 +69,23 @@ class SuiteTasks:
             raise EnvError(f"{self.label}: task index {ref.index} is out of range (the suite has {len(dirs)} tasks)")
         return dirs[ref.index]
 
-    async def tooling_missing(self, task_dir: str, task: Task, env: BaseEnvironment) -> list[str]:
-        """What the task's `test.sh` needs and its sandboxes lack, probed in `env` (a sandbox no model has acted in
-        yet) the first time a task starts here; its later sandboxes start from the same image and reuse it."""
+    async def tooling_missing(self, task_dir: str, task: Task, env: BaseEnvironment) -> dict[str, list[str]]:
+        """What the task's `test.sh` needs and its sandboxes lack, by step name (`""` for a task without steps; each
+        step's own `test.sh`, else the shared one), probed in `env` (a sandbox no model has acted in yet) the first
+        time a task starts here; its later sandboxes start from the same image and reuse it."""
         found = self._tooling.get(task_dir)
         if found is None:
-            found = self._tooling[task_dir] = await probe_tooling(env, task, offline_tooling=self.spec.offline_tooling)
-            if found:
-                logger.warning("%s task %s: its verifier needs what its sandbox lacks: %s; a rollout it does not "
-                               "award full reward is verifier_error when the verifier also lacked it while it ran (a "
-                               "command its shell did not find, a package still missing after it), else its verdict "
-                               "stands", self.label, task.name, ", ".join(found))
+            found = {}
+            for step in task.config.steps or [None]:
+                name = step.name if step is not None else ""
+                found[name] = await probe_tooling(env, task, offline_tooling=self.spec.offline_tooling, step=step)
+                if found[name]:
+                    where = f" step {name!r}" if name else ""
+                    logger.warning("%s task %s%s: its verifier needs what its sandbox lacks: %s; a rollout it does "
+                                   "not award full reward is verifier_error when the verifier also lacked it while "
+                                   "it ran (a command its shell did not find, a package still missing after it), "
+                                   "else its verdict stands", self.label, task.name, where, ", ".join(found[name]))
+            self._tooling[task_dir] = found
         return found
 
 

@@ -29,7 +29,8 @@ from raygrpo.envs.harbor.rewards import reduce_rewards
 from raygrpo.envs.harbor.sandbox import HarborSandbox
 from raygrpo.envs.harbor.separate import collect_artifacts, place_artifacts, verifier_definition, verifier_task
 from raygrpo.envs.harbor.tooling import package_check_command, probe_commands, probe_packages, read_probe
-from raygrpo.envs.harbor.verify import GATHER_TIMEOUT_S, VerifierEvidence, gather, missing_at_verify, run_verifier
+from raygrpo.envs.harbor.verify import (GATHER_TIMEOUT_S, VerifierEvidence, gather, missing_at_verify, run_verifier,
+                                        verifier_user)
 
 if TYPE_CHECKING:
     from harbor.environments.base import BaseEnvironment
@@ -166,7 +167,8 @@ class EpisodeGrading:
         if self.env is None or self.harbor_task is None:
             return everything
         try:
-            with self.env.with_default_user(self.harbor_task.config.verifier.user):
+            with self.env.with_default_user(verifier_user(self.harbor_task,
+                                                          self._steps.step if self._steps is not None else None)):
                 result = await self.env.exec(package_check_command(specs), timeout_sec=int(GATHER_TIMEOUT_S))
         except asyncio.CancelledError:
             raise

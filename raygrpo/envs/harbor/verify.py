@@ -139,11 +139,8 @@ async def run_verifier(env: BaseEnvironment, task: Task, trial_paths: TrialPaths
         step_name=step.name if step is not None else None,
         skip_tests_upload=skip_tests_upload,
     )
-    user = task.config.verifier.user
-    if step is not None and step.verifier.user is not None:
-        user = step.verifier.user
     # test.sh runs as the task's (or the step's) verifier user, as in a Harbor trial.
-    with env.with_default_user(user):
+    with env.with_default_user(verifier_user(task, step)):
         result = await verifier.verify()
     evidence.rewards = dict(result.rewards or {})
     return result
@@ -185,13 +182,16 @@ def _test_command(env: BaseEnvironment, task: Task, trial_paths: TrialPaths, ste
     return command
 
 
-async def probe_tooling(env: BaseEnvironment, task: Task, *, offline_tooling: bool = False) -> list[str]:
-    """What the task's `tests/test.sh` needs and the sandbox `env` lacks, checked as the task's verifier user
+async def probe_tooling(env: BaseEnvironment, task: Task, *, offline_tooling: bool = False,
+                        step: StepConfig | None = None) -> list[str]:
+    """What the task's `tests/test.sh` (for a multi-step task's `step`: the step's own, else the shared one, as
+    Harbor's verifier picks it) needs and the sandbox `env` lacks, checked as the task's (the step's) verifier user
     (`raygrpo.envs.harbor.tooling`); with `offline_tooling`, what the shims serve is not looked for, but what they
     need (the packages `uvx` is asked for) is; the commands the task's instructions name are the model's to provide,
     not looked for (`raygrpo.envs.harbor.tooling.set_aside_named`). Call it before the model acts. Empty when nothing
     is missing."""
-    host_test = task.paths.discovered_test_path_for(env.os)
+    host_test = task.paths.discovered_step_test_path_for(step.name, env.os) if step is not None else None
+    host_test = host_test or task.paths.discovered_test_path_for(env.os)
     if host_test is None:
         return []
     needs = scan_test_script(host_test.read_text(errors="replace"))
@@ -205,9 +205,17 @@ async def probe_tooling(env: BaseEnvironment, task: Task, *, offline_tooling: bo
     command = probe_command(needs, served=SERVED if offline_tooling else ())
     if command is None:
         return []
-    with env.with_default_user(task.config.verifier.user):
+    with env.with_default_user(verifier_user(task, step)):
         result = await env.exec(command, timeout_sec=int(GATHER_TIMEOUT_S))
     return read_probe(result.stdout or "")
+
+
+def verifier_user(task: Task, step: StepConfig | None = None) -> str | int | None:
+    """The user a verification runs as (Harbor's `_step_verifier_user`): the step's `[steps.verifier] user`, else the
+    task's `[verifier] user`."""
+    if step is not None and step.verifier.user is not None:
+        return step.verifier.user
+    return task.config.verifier.user
 
 
 async def missing_at_verify(env: BaseEnvironment, trial_paths: TrialPaths) -> list[str]:
