@@ -258,8 +258,7 @@ class HarborAdapter(EpisodeGrading, LiveAdapter):
             instruction = harbor_task.instruction
             if harbor_task.has_steps:
                 self._steps = StepProgress(harbor_task)
-                await prepare_step(env, harbor_task, self._steps.step, self._trial_paths, after_verifier=False,
-                                   label=self.label)
+                await self._prepare_step(after_verifier=False)
                 instruction = self._steps.instruction()
         self.timings["exec"] = 0.0
         tools = copy.deepcopy(list(self.harness.tools))
@@ -283,11 +282,20 @@ class HarborAdapter(EpisodeGrading, LiveAdapter):
             raise EnvError(f"{self.label}: the sandbox is dead ({self._dead})")
         began = time.perf_counter()
         try:
-            await prepare_step(self.env, self.harbor_task, self._steps.step, self._trial_paths, after_verifier=True,
-                               label=self.label)
+            await self._prepare_step(after_verifier=True)
         finally:
             self.timings["step_setup"] = self.timings.get("step_setup", 0.0) + time.perf_counter() - began
         return Observation(messages=[{"role": "user", "content": self._steps.instruction()}], tools=[])
+
+    async def _prepare_step(self, *, after_verifier: bool) -> None:
+        """Prepare the sandbox for the current step (`prepare_step`); with `stop_agent_processes`, the sessions the
+        step's `setup.sh` started join the baseline: the task's infrastructure (a service its tests query) is spared."""
+        keep, env, label = self._baseline_sessions, self.env, self.label
+        started = await prepare_step(env, self.harbor_task, self._steps.step, self._trial_paths,
+                                     after_verifier=after_verifier, label=label,
+                                     setup_sessions=(lambda: baseline_sessions(env, label)) if keep is not None else None)
+        if keep is not None:
+            keep |= started
 
     def episode_reward(self) -> float | None:
         """The episode's reward: for a multi-step task, its steps' rewards aggregated as Harbor aggregates them

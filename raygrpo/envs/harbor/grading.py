@@ -28,6 +28,7 @@ from raygrpo.envs.harbor.agent_processes import stop_agent_processes
 from raygrpo.envs.harbor.rewards import reduce_rewards
 from raygrpo.envs.harbor.sandbox import HarborSandbox
 from raygrpo.envs.harbor.separate import collect_artifacts, place_artifacts, verifier_definition, verifier_task
+from raygrpo.envs.harbor.steps import reset_verifier_dirs
 from raygrpo.envs.harbor.tooling import package_check_command, probe_commands, probe_packages, read_probe
 from raygrpo.envs.harbor.verify import (GATHER_TIMEOUT_S, VerifierEvidence, gather, missing_at_verify, run_verifier,
                                         verifier_user)
@@ -192,6 +193,10 @@ class EpisodeGrading:
         try:
             if definition is None and self._baseline_sessions is not None:
                 await stop_agent_processes(env, self._baseline_sessions, self.label)
+            if definition is None and step is not None:
+                # Right before a shared step verification, as Harbor's `_run_step_verifier` does (the first step's
+                # too; a single-step trial does not): a `/tests/conftest.py` the model planted is gone.
+                await reset_verifier_dirs(env, trial_paths)
             if definition is not None:
                 env, trial_paths = await self._start_verifier_sandbox(definition, step)
             result = await asyncio.wait_for(

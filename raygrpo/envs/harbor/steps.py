@@ -4,8 +4,11 @@ sandbox and follow each other in order.
 Before each step, the sandbox is prepared as Harbor prepares it: after a step whose verifier ran in the sandbox,
 `/logs/verifier` and `/tests` are emptied (the next step must not see the previous step's tests or rewards); the
 step's `workdir/` is uploaded into the working directory; its `workdir/setup.sh` runs there; its `healthcheck` (on
-top of the task's own) must pass. After each step, the step's verifier runs with the step's tests merged over the
-task's shared `tests/` (Harbor's `Verifier` with `step_name`), the step's `[steps.verifier] env`, user and timeout.
+top of the task's own) must pass; the step's agent user (`step_agent_user`) is then the sandbox's default for the
+step's agent phase. Right before each shared step verification, `/logs/verifier` and `/tests` are emptied again
+(`reset_verifier_dirs`: what the model planted there is gone); the step's verifier then runs with the step's tests
+merged over the task's shared `tests/` (Harbor's `Verifier` with `step_name`), the step's `[steps.verifier] env`
+(over the task's), user and timeout.
 A step whose rewards miss its `min_reward` ends the episode (Harbor's own `_min_reward_failure` decides), and the
 episode's reward is what Harbor's aggregation gives (`multi_step_reward_strategy`: the per-key mean over the
 verified steps, or the final step's rewards), computed by Harbor's own `Trial._select_multi_step_reward`.
@@ -20,6 +23,7 @@ from __future__ import annotations
 import logging
 import shlex
 import shutil
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -124,9 +128,30 @@ class StepProgress:
         return aggregate_rewards(self.task, self.rewards)
 
 
+def step_agent_user(task: Task, step: StepConfig) -> str | int | None:
+    """The user `step`'s agent phase runs as (Harbor's `MultiStepTrial._step_agent_user`): the step's `[steps.agent]
+    user`, else the task's `[agent] user`."""
+    return step.agent.user if step.agent.user is not None else task.config.agent.user
+
+
+async def reset_verifier_dirs(env: BaseEnvironment, trial_paths: TrialPaths) -> None:
+    """Empty the sandbox's `/logs/verifier` and `/tests` (and the host copy of the former), as Harbor's
+    `Trial._reset_shared_step_verifier_dirs` does before each shared step verification and before the step after
+    one: what a model (or a previous step's verifier) left there, say a `/tests/conftest.py`, is gone."""
+    from harbor.models.trial.paths import EnvironmentPaths
+
+    paths = EnvironmentPaths.for_os(env.os)
+    await env.empty_dirs([paths.verifier_dir], chmod=True)
+    await env.empty_dirs([paths.tests_dir], chmod=False)
+    _empty_host_dir(trial_paths.verifier_dir)
+
+
 async def prepare_step(env: BaseEnvironment, task: Task, step: StepConfig, trial_paths: TrialPaths, *,
-                       after_verifier: bool, label: str) -> None:
-    """Make the sandbox ready for `step` (see the module docstring), as the step's agent user.
+                       after_verifier: bool, label: str,
+                       setup_sessions: Callable[[], Awaitable[set[int]]] | None = None) -> set[int]:
+    """Make the sandbox ready for `step` (see the module docstring), as the step's agent user, and leave that user
+    the sandbox's default for the step's agent phase (the model's commands, the oracle's `solve.sh`), as Harbor's
+    `_run_agent_phase` runs it under `with_default_user(step user)`.
 
     Args:
         env: The episode's started sandbox.
@@ -135,6 +160,12 @@ async def prepare_step(env: BaseEnvironment, task: Task, step: StepConfig, trial
         trial_paths: The sandbox's trial dir (its host copy of `/logs/verifier` is emptied with the sandbox's).
         after_verifier: A previous step's verifier ran in this sandbox (its tests and outputs are removed first).
         label: How errors name the task.
+        setup_sessions: Lists the sandbox's process sessions (`stop_agent_processes`' baseline); given, it is called
+            before and after the step's `setup.sh`, and the sessions that appeared between are returned.
+
+    Returns:
+        The sessions the step's `setup.sh` started (empty without `setup_sessions` or a `setup.sh`): the task's
+        infrastructure, which `stop_agent_processes` spares.
 
     Raises:
         StepSetupError: The step's `setup.sh` exited non-zero.
@@ -142,16 +173,13 @@ async def prepare_step(env: BaseEnvironment, task: Task, step: StepConfig, trial
         EnvError: Resetting the verifier's folders or uploading the step's workdir failed.
     """
     from harbor.environments.base import HealthcheckError
-    from harbor.models.trial.paths import EnvironmentPaths
 
     name = f"{label} step {step.name!r}"
-    paths = EnvironmentPaths.for_os(env.os)
+    started: set[int] = set()
     try:
         if after_verifier:
-            await env.empty_dirs([paths.verifier_dir], chmod=True)
-            await env.empty_dirs([paths.tests_dir], chmod=False)
-            _empty_host_dir(trial_paths.verifier_dir)
-        user = step.agent.user if step.agent.user is not None else task.config.agent.user
+            await reset_verifier_dirs(env, trial_paths)
+        user = step_agent_user(task, step)
         with env.with_default_user(user):
             done = await env.exec("pwd")
             workdir = (done.stdout or "/").strip() or "/"
@@ -160,13 +188,18 @@ async def prepare_step(env: BaseEnvironment, task: Task, step: StepConfig, trial
                 task.paths.validate_input_tree(workdir_dir)
                 await env.upload_dir(source_dir=workdir_dir, target_dir=workdir)
             if task.paths.step_setup_path(step.name).exists():
+                before = await setup_sessions() if setup_sessions is not None else set()
                 script = f"{workdir.rstrip('/')}/setup.sh"
                 result = await env.exec(f"bash {shlex.quote(script)}", timeout_sec=SETUP_TIMEOUT_S)
                 if result.return_code != 0:
                     output = ((result.stdout or "") + (result.stderr or "")).strip()[-500:]
                     raise StepSetupError(f"{name}: setup.sh exited {result.return_code}: {output}")
+                if setup_sessions is not None:
+                    started = await setup_sessions() - before
             if step.healthcheck is not None:
                 await env.run_healthcheck(step.healthcheck)
+        env.default_user = user
+        return started
     except (TaskError, EnvError):
         raise
     except HealthcheckError as exc:
