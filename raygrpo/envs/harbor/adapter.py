@@ -14,8 +14,8 @@ Outcomes, as the agent loop (`raygrpo.agent.rollout`) reports them:
   `raygrpo.envs.harbor.tasks.check_task_dir`);
 - the verifier crashes (cannot upload the tests, cannot read the results back, ...): `EnvError` -> `env_error`;
 - the verifier runs past its deadline: `TimeoutError` (`HarborVerifierTimeout`) -> `timeout`, not retried;
-- the verifier writes no usable reward (no file, an empty or unparsable one, a missing `reward_key`):
-  `RewardMissingError` -> `task_error`, not retried;
+- the verifier writes no usable reward (no file, an empty or unparsable one, a missing `reward_key`; for a multi-step
+  task, missing from its steps' aggregate): `RewardMissingError` -> `task_error`, not retried;
 - a separate verifier environment's image does not build: `TaskError` -> `task_error`; its sandbox does not start,
   or the declared artifacts cannot be moved into it: `HarborVerifierError` -> `env_error` (retried);
 - a multi-step task's step `setup.sh` fails: `TaskError` -> `task_error`; its healthcheck fails: `EnvError`.
@@ -306,7 +306,8 @@ class HarborAdapter(EpisodeGrading, LiveAdapter):
         rewards = self._steps.episode_rewards()
         if rewards is None:
             return None
-        return reduce_rewards(rewards, self.spec.reward_reduce, self.spec.reward_key, self.label)
+        return reduce_rewards(rewards, self.spec.reward_reduce, self.spec.reward_key,
+                              f"{self.label} (its steps' aggregated rewards)")
 
     @property
     def steps_stopped(self) -> str | None:

@@ -215,7 +215,15 @@ class EpisodeGrading:
             raise
         except Exception as exc:  # noqa: BLE001 - uploading tests, running test.sh or reading results failed
             raise HarborVerifierError(f"{self.label}: the verifier crashed: {describe(exc)}") from exc
-        return reduce_rewards(dict(result.rewards or {}), self.spec.reward_reduce, self.spec.reward_key, self.label)
+        rewards = dict(result.rewards or {})
+        key = self.spec.reward_key
+        if step is not None and self.spec.reward_reduce == "key" and key is not None and rewards and key not in rewards:
+            # Harbor aggregates the steps' rewards first, a key a step lacks counting 0, and the aggregate is reduced
+            # by `reward_key` (`episode_reward`): the step's reward under the key is that 0, and the episode goes on.
+            logger.info("%s step %r: its rewards have no %r (%s): its step reward is 0.0, as Harbor's aggregation "
+                        "counts it", self.label, step.name, key, ", ".join(sorted(rewards)))
+            return 0.0
+        return reduce_rewards(rewards, self.spec.reward_reduce, key, self.label)
 
     async def _start_verifier_sandbox(self, definition: Any, step: Any) -> tuple[BaseEnvironment, TrialPaths]:
         """Collect the declared artifacts from the task's sandbox, start the separate verifier's own sandbox
