@@ -22,8 +22,37 @@ from raygrpo.core.imports import ImportSpecError, load_object
 OWNER_REAPED = frozenset({"local", "docker", "raygrpo.sandbox.local:LocalSandboxEnvironment"})
 #: Built-in Harbor backend -> `module:Class` whose classmethods are its lease hook (none yet).
 BUILTIN_HOOKS: dict[str, str] = {}
-#: Built-in Harbor backends without a hook that take a sandbox lifetime argument: backend -> argument (seconds).
-BUILTIN_LIFETIME_KWARGS: dict[str, str] = {"e2b": "sandbox_timeout_secs"}
+
+
+@dataclass(frozen=True)
+class Lifetime:
+    """A backend's constructor argument that bounds how long a sandbox lives at the provider.
+
+    Args:
+        kwarg: The argument's name.
+        unit_s: Seconds per unit of the argument (60 for one in minutes).
+        idle: The bound counts from the sandbox's last activity, not its create (Daytona's auto-stop): a sandbox
+            left behind may then live up to twice the lifetime after its create (its rollout, then the idle time).
+    """
+
+    kwarg: str
+    unit_s: float = 1.0
+    idle: bool = False
+
+
+#: Built-in Harbor backends without a hook that take a sandbox lifetime argument (names and units as in Harbor's
+#: `harbor/environments/` sources). Daytona's auto-stop deletes too: its `auto_delete_interval_mins` defaults to 0,
+#: "delete immediately on stop".
+BUILTIN_LIFETIME_KWARGS: dict[str, Lifetime] = {
+    "e2b": Lifetime("sandbox_timeout_secs"),
+    "modal": Lifetime("sandbox_timeout_secs"),
+    "daytona": Lifetime("auto_stop_interval_mins", 60.0, idle=True),
+    "opensandbox": Lifetime("sandbox_timeout_sec"),
+    "prime": Lifetime("timeout_minutes", 60.0),
+    "vercel": Lifetime("sandbox_lifetime_seconds"),
+    "sail": Lifetime("max_lifetime_seconds"),
+    "tensorlake": Lifetime("timeout_secs"),
+}
 
 
 @runtime_checkable
@@ -64,12 +93,16 @@ class LeasePolicy:
         tracked: Whether its sandboxes get leases at all.
         hook: The class whose classmethods are its lease hook; None when it has none.
         lifetime_kwarg: The constructor argument that sets a sandbox's lifetime; None when it takes none.
+        lifetime_unit_s: Seconds per unit of that argument.
+        lifetime_idle: The lifetime counts from the sandbox's last activity (`Lifetime.idle`).
     """
 
     backend: str
     tracked: bool
     hook: type | None = None
     lifetime_kwarg: str | None = None
+    lifetime_unit_s: float = 1.0
+    lifetime_idle: bool = False
 
 
 def hook_for(backend: str) -> type | None:
@@ -101,4 +134,9 @@ def lease_policy(backend: str, environment_class: type | None = None) -> LeasePo
         return LeasePolicy(backend, True, environment_class, getattr(environment_class, "lease_lifetime_kwarg", None))
     hook = hook_for(backend) if backend in BUILTIN_HOOKS else None
     lifetime = getattr(hook, "lease_lifetime_kwarg", None) if hook is not None else None
-    return LeasePolicy(backend, True, hook, lifetime or BUILTIN_LIFETIME_KWARGS.get(backend))
+    if lifetime is not None:
+        return LeasePolicy(backend, True, hook, lifetime)
+    builtin = BUILTIN_LIFETIME_KWARGS.get(backend)
+    if builtin is None:
+        return LeasePolicy(backend, True, hook)
+    return LeasePolicy(backend, True, hook, builtin.kwarg, builtin.unit_s, builtin.idle)

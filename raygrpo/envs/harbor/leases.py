@@ -5,9 +5,10 @@ Only for backends other than raygrpo's local bubblewrap backend and docker, whic
 (`raygrpo.sandbox.orphans`), and other than import-path classes without a lease hook (`raygrpo.leases.hooks`).
 Per rollout it costs three small file operations (an fsync'd intent, a bind, a removal) and no thread.
 
-The lifetime: where the backend takes one (the fake provider's `lifetime_s`, e2b's `sandbox_timeout_secs`), a
-sandbox lives no longer than its rollout can: `start_timeout_s + rollout.rollout_timeout_s + the verifier's timeout +
-stop_timeout_s + LIFETIME_MARGIN_S`, so it dies on its own even if every raygrpo process is gone. A lifetime set in
+The lifetime: where the backend takes one (the fake provider's `lifetime_s`, e2b's and Modal's
+`sandbox_timeout_secs`, the others in `raygrpo.leases.hooks.BUILTIN_LIFETIME_KWARGS`), a sandbox lives no longer than
+its rollout can: `start_timeout_s + rollout.rollout_timeout_s + the verifier's timeout + stop_timeout_s (+ the warm
+pool's ttl_s) + LIFETIME_MARGIN_S`, so it dies on its own even if every raygrpo process is gone. A lifetime set in
 `environment_kwargs` wins (logged once).
 """
 
@@ -77,19 +78,31 @@ class HarborLeases:
         return safe_id(session_id)
 
     def derived_lifetime_s(self, task: Task) -> float:
-        """The longest a sandbox of `task` can be needed: start, episode, verifier, stop, and a margin."""
+        """The longest a sandbox of `task` can be needed: start, episode, verifier, stop, and a margin; with a warm
+        pool also its `ttl_s`, the longest a warm sandbox waits ready before a rollout adopts it (without it, one
+        adopted late would be ended by the provider under its rollout). Every sandbox of such a suite gets it: which
+        start ends up warm is not known when its create is sent (a hedge or a cold start may be handed on)."""
         verifier = self.spec.verifier_timeout_s or float(task.config.verifier.timeout_sec)
-        return (self.spec.start_timeout_s + self.rollout_timeout_s + verifier + self.spec.stop_timeout_s
+        warm = self.spec.warm_pool.ttl_s if self.spec.warm_pool is not None else 0.0
+        return (self.spec.start_timeout_s + self.rollout_timeout_s + verifier + self.spec.stop_timeout_s + warm
                 + LIFETIME_MARGIN_S)
 
     def lifetime_s(self, task: Task) -> float | None:
-        """The lifetime a sandbox of `task` gets at the provider: the user's (`environment_kwargs`) when set, else the
-        derived one; None when the backend takes none."""
+        """The lifetime a sandbox of `task` gets at the provider, in seconds: the user's (`environment_kwargs`, in
+        the argument's unit) when set, else the derived one; None when the backend takes none."""
         name = self.policy.lifetime_kwarg
         if name is None:
             return None
         user = self.spec.environment_kwargs.get(name)
-        return float(user) if user is not None else self.derived_lifetime_s(task)
+        return float(user) * self.policy.lifetime_unit_s if user is not None else self.derived_lifetime_s(task)
+
+    def _expires_after_s(self, task: Task) -> float | None:
+        """How long after its create a sandbox of `task` is gone at the latest: its lifetime, twice it where the
+        lifetime counts from the last activity (`Lifetime.idle`: up to a rollout's worth, then the idle time)."""
+        lifetime = self.lifetime_s(task)
+        if lifetime is None:
+            return None
+        return 2 * lifetime if self.policy.lifetime_idle else lifetime
 
     def backend_kwargs(self, kwargs: dict[str, Any], task: Task, session_id: str) -> dict[str, Any]:
         """The backend's constructor arguments with the lease's label (when the backend has a hook) and the
@@ -107,7 +120,8 @@ class HarborLeases:
                                 "deadline (%g s)", self.label, name, self.spec.environment_kwargs[name],
                                 self.derived_lifetime_s(task))
             else:
-                kwargs = {**kwargs, name: math.ceil(self.derived_lifetime_s(task))}  # whole seconds (e2b: an int)
+                # Whole units (e2b: an int of seconds; daytona: minutes), rounded up.
+                kwargs = {**kwargs, name: math.ceil(self.derived_lifetime_s(task) / self.policy.lifetime_unit_s)}
         return kwargs
 
     async def intent(self, session_id: str, task: Task, live_holder: str | None = None) -> Lease | None:
@@ -121,7 +135,7 @@ class HarborLeases:
         if self.ledger is None:
             return None
         now = time.time()
-        lifetime = self.lifetime_s(task)
+        lifetime = self._expires_after_s(task)
         reach = self.policy.hook.lease_reach(dict(self.spec.environment_kwargs)) if self.policy.hook else {}
         return await asyncio.to_thread(
             self.ledger.intent, self.lease_id(session_id), provider_key=self.spec.provider_key,
@@ -136,7 +150,7 @@ class HarborLeases:
             return
         sandbox_id = getattr(env, "sandbox_id", None)
         if isinstance(sandbox_id, str) and sandbox_id:
-            lifetime = self.lifetime_s(task)
+            lifetime = self._expires_after_s(task)
             # A write in a thread goes on when its start is cancelled; `release` waits for it, so that it cannot
             # put the record back after the release removed it.
             write = self._binding[lease.id] = asyncio.ensure_future(asyncio.to_thread(
