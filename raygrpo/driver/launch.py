@@ -28,7 +28,7 @@ from raygrpo.driver.pools import ActorSpawner, PoolGroup, PoolSet
 from raygrpo.driver.node_tasks import on_every_node
 from raygrpo.driver.runtime import in_ray_job, ray_info
 from raygrpo.leases.reaper import LeaseWatch, reap_stale_leases
-from raygrpo.leases.ledger import LEASE_DIR_ENV, lease_dir
+from raygrpo.leases.ledger import LEASE_DIR_ENV, LeaseLedger, lease_dir
 from raygrpo.sandbox.node_reap import RunLeftovers, run_leftovers_here
 from raygrpo.sandbox.orphans import OrphanReaper
 from raygrpo.sandbox.owners import ROOT_ENV, RUN_ENV, sandbox_root
@@ -89,6 +89,8 @@ class RolloutRuntime:
         #: The lease ledger of remote sandboxes (`raygrpo.leases.ledger`); shared storage on a multi-node cluster.
         self.lease_dir = str(lease_dir())
         self.leaked_sandboxes: int = 0
+        #: This run's leases still in the ledger after its end-of-run reap (`_reap_own_leases`).
+        self.leaked_leases: int = 0
         #: What of the run each node still had alive after it, by node address (`raygrpo.sandbox.node_reap`).
         self.leftovers_by_node: dict[str, RunLeftovers] = {}
         self._reaper: OrphanReaper | None = None
@@ -259,8 +261,19 @@ class RolloutRuntime:
             self._reaper = None
             self.leftovers_by_node = self._leftovers()
             self.leaked_sandboxes = sum(found.count for found in self.leftovers_by_node.values())
-            # This run's leases whose owner is gone (an actor lost with its node, a stop that failed).
-            reap_stale_leases(self.lease_dir, run=self.run_id)
+            self._reap_own_leases()
+
+    def _reap_own_leases(self) -> None:
+        """Reap this run's leases whose owner is gone (an actor lost with its node, a stop that failed), and count
+        what is left of them (`leaked_leases`): each may be a sandbox still alive at its provider (the reap could not
+        reach it, nor is its lifetime there known to be over), a leak like any other."""
+        reap_stale_leases(self.lease_dir, run=self.run_id)
+        left = LeaseLedger(self.lease_dir).leases(self.run_id)
+        self.leaked_leases = len(left)
+        if left:
+            logger.warning("%d sandbox(es) of this run may still be alive at their provider (leases kept in %s: %s); "
+                           "`raygrpo reap --run %s` tries again", len(left), self.lease_dir,
+                           ", ".join(f"{lease.id} ({lease.provider_key})" for lease in left[:10]), self.run_id)
 
     def _leftovers(self) -> dict[str, RunLeftovers]:
         """What of this run each node still has alive, its orphans reaped first: here on a local Ray (one machine),
@@ -284,11 +297,11 @@ class RolloutRuntime:
         """Environments still alive after shutdown: the largest of the actors' own count (warm sandboxes included),
         the ORS servers' count of live sessions, and the sandboxes of this run still found on the nodes where they
         ran (`leaked_envs_by_node`): local ones through the OS, docker ones (compose projects labelled with the run)
-        through docker."""
+        through docker; plus the remote sandboxes whose leases the end-of-run reap kept (`leaked_leases`)."""
         # An actor's open sandboxes include its rollouts' (live_envs) and those its warm pool still holds.
         actor_live = sum(max(int(s.get("live_envs") or 0), int(s.get("open_sandboxes") or 0))
                          for s in self.final_stats)
-        return max(actor_live, sum(self.server_live_sessions.values()), self.leaked_sandboxes)
+        return max(actor_live, sum(self.server_live_sessions.values()), self.leaked_sandboxes + self.leaked_leases)
 
 
 def run_sandbox_base(joined: bool) -> str | None:

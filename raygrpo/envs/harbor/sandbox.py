@@ -5,7 +5,9 @@ Harbor's factory, a live ticket is taken from the provisioning gate (the cluster
 written, a start slot is waited for (per-actor concurrency, the create rate), the backend's `start` runs and the lease
 gets the sandbox's id, a provider's refusal (429) is backed off and queued again, and the sandbox is prepared (copied
 files re-uploaded where a backend drops them, the task's healthcheck, `/logs/verifier`, the agent user). Its stop
-undoes all of it once: the backend's `stop`, the lease, the live ticket, the host files.
+undoes all of it once: the backend's `stop` (retried), the lease, the live ticket, the host files. A sandbox whose stop
+failed keeps its live ticket, and its stop is tried again in the background, until it is known gone (stopped, or its
+lease's lifetime at the provider is over): the live cap counts what may be alive, not what was asked to stop.
 
 A sandbox belongs to no episode: an adapter starts one for itself, or adopts one that the suite's warm pool
 (`raygrpo.envs.harbor.warm`) or a hedged start (`raygrpo.envs.harbor.starts`) started before it asked. Whoever holds it
@@ -21,6 +23,8 @@ import time
 import uuid
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Protocol
+
+from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
 
 from raygrpo.envs.base import EnvError
 from raygrpo.envs.harbor.environment import create_environment
@@ -39,6 +43,17 @@ if TYPE_CHECKING:
     from raygrpo.leases.ledger import Lease
 
 logger = logging.getLogger(__name__)
+
+#: Tries of a sandbox's stop within its `stop_timeout_s`, and the first pause between two (doubling, at most 2 s).
+STOP_ATTEMPTS = 3
+STOP_RETRY_WAIT_S = 0.5
+#: After a failed stop: the first pause before it is tried again in the background, the longest, and how long that
+#: goes on for a sandbox whose lifetime at the provider is not known.
+RESTOP_INITIAL_S = 5.0
+RESTOP_MAX_S = 60.0
+RESTOP_GIVE_UP_S = 600.0
+#: Background stops of sandboxes whose stop failed (strong references until they are done).
+_STOPPING: set[asyncio.Task] = set()
 
 
 class TicketYielder(Protocol):
@@ -251,13 +266,79 @@ class HarborSandbox(LiveAdapter):
     def _holds_resources(self) -> bool:
         return self.env is not None or self.trial is not None or self._live_ticket is not None
 
+    async def _stop(self) -> None:
+        """The backend's `stop`, tried up to `STOP_ATTEMPTS` times (a provider's delete API has bad seconds too), all
+        of them within `stop_timeout_s`.
+
+        Raises:
+            TimeoutError: `stop_timeout_s` passed.
+            Exception: What the last try raised.
+        """
+        async with asyncio.timeout(self.spec.stop_timeout_s):
+            async for attempt in AsyncRetrying(stop=stop_after_attempt(STOP_ATTEMPTS), reraise=True,
+                                               wait=wait_exponential(multiplier=STOP_RETRY_WAIT_S, max=2.0)):
+                with attempt:
+                    await self.env.stop(delete=self.spec.stop_delete)
+
+    def _keep_ticket(self) -> None:
+        """The stop failed: the sandbox may still be alive at the provider, so its live ticket stays taken (else
+        `max_live` stops holding) while the stop is tried again in the background (`_stop_later`)."""
+        logger.warning("%s: sandbox %s keeps its live ticket until it is known gone; its stop is tried again in the "
+                       "background", self.label, self.session_id)
+        task = asyncio.get_running_loop().create_task(self._stop_later(), name=f"stop-later-{self.session_id}")
+        _STOPPING.add(task)
+        task.add_done_callback(_STOPPING.discard)
+
+    async def _stop_later(self) -> None:
+        """Try the stop again every so often (`RESTOP_INITIAL_S`, doubling to `RESTOP_MAX_S`) until it is stopped
+        (its lease goes too), its lease's lifetime at the provider is over (the provider ended it: the lease is left
+        for the end-of-run reap, which drops it), or, where no lifetime is known, `RESTOP_GIVE_UP_S` passed (then the
+        provider's own limit refuses what is too much, and the run's reap counts the lease as leaked). The live
+        ticket is given back then, and not before: a run whose provider cannot delete waits for its live tickets
+        rather than go past the cap. Cancelled (the process ends), it keeps the ticket: the governor drops the
+        tickets of a holder that stopped renewing them."""
+        lease = self._lease
+        ends = lease.expires if lease is not None and lease.expires is not None else time.time() + RESTOP_GIVE_UP_S
+        delay, tries = RESTOP_INITIAL_S, 0
+        while (left := ends - time.time()) > 0:
+            await asyncio.sleep(min(delay, left))
+            delay = min(2 * delay, RESTOP_MAX_S)
+            if time.time() >= ends:
+                break
+            tries += 1
+            try:
+                await self._stop()
+            except Exception as exc:  # noqa: BLE001 - any failure: try again later
+                logger.debug("%s: stopping sandbox %s again failed: %s", self.label, self.session_id, describe(exc))
+                continue
+            logger.warning("%s: sandbox %s stopped at try %d in the background; its live ticket is given back",
+                           self.label, self.session_id, tries)
+            if self._lease is not None:
+                await asyncio.wait_for(self._lease_release(), self.spec.stop_timeout_s)
+            break
+        else:
+            what = "its lifetime at the provider is over" if lease is not None and lease.expires is not None \
+                else f"no lifetime known, given up after {RESTOP_GIVE_UP_S:g} s"
+            logger.warning("%s: sandbox %s could not be stopped (%d tries in the background); %s: its live ticket "
+                           "is given back, its lease left for the reap", self.label, self.session_id, tries, what)
+        self._give_ticket_back()
+
+    def _give_ticket_back(self) -> None:
+        if self._gate is not None:
+            self._gate.release_live(self._live_ticket)
+            self._live_ticket = None
+
     async def _release(self) -> None:
-        """Stop the sandbox (bounded by `stop_timeout_s`; the reaper gets what is left), drop its lease once it is
-        stopped (a failed stop keeps it, for `raygrpo reap`), give its live ticket back and remove its host files."""
+        """Stop the sandbox (retried, bounded by `stop_timeout_s`), drop its lease once it is stopped (a failed stop
+        keeps it, for the reap), give its live ticket back once it is known gone (`_stop_later` after a failed stop)
+        and remove its host files."""
         began = time.perf_counter()
+        gone = True  # nothing of it is alive at the provider (its create was never sent, or it stopped)
         try:
             if self.env is not None and self._start_called:
-                await asyncio.wait_for(self.env.stop(delete=self.spec.stop_delete), self.spec.stop_timeout_s)
+                gone = False
+                await self._stop()
+                gone = True
                 logger.debug("%s: sandbox %s stopped", self.label, self.session_id)
                 if self.context.docker is not None:
                     await asyncio.wait_for(self.context.docker.stopped(self.session_id), self.spec.stop_timeout_s)
@@ -273,9 +354,9 @@ class HarborSandbox(LiveAdapter):
             logger.warning("%s: stopping sandbox %s failed: %s", self.label, self.session_id, describe(exc))
         finally:
             self.timings["stop"] = time.perf_counter() - began
-            if self._gate is not None:
-                # Given back even when the stop failed: the provider's own limit then refuses what is too much.
-                self._gate.release_live(self._live_ticket)
-                self._live_ticket = None
+            if gone or self._gate is None or self._live_ticket is None:
+                self._give_ticket_back()
+            else:
+                self._keep_ticket()
             if self.trial is not None:
                 await self.trial.remove()
