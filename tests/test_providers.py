@@ -58,7 +58,7 @@ def test_two_suites_on_one_provider_share_its_one_entry_and_the_governor_gets_it
 
 def test_an_explicit_provider_joins_suites_of_different_backends(monkeypatch):
     data = two_suites_on_e2b()
-    data["envs"]["local"] = {"kind": "harbor", "path": str(EXAMPLE_TASKS), "provider": "e2b"}
+    data["envs"]["local"] = {"kind": "harbor", "path": str(EXAMPLE_TASKS), "provider": "e2b", "max_concurrent_starts": 4}
     cfg = load_config(data=data)
     configured: list[str] = []
     monkeypatch.setattr(launch, "ensure_governor", lambda key, rate, **kw: configured.append(key) or {})
@@ -161,3 +161,18 @@ def test_the_env_kind_gives_the_warm_depth_the_pool_hints_by():
     (group,) = template._pool_groups()
     pool = ElasticPool.from_spawner(ActorSpawner(PoolGroup(group.field, "p", group.envs, 2, 0.0), settings=None))
     assert pool.warm_envs == {"auto", "fixed"} and pool.warm_depth == 6
+
+
+def test_suites_on_one_provider_with_different_start_bounds_are_refused_at_load():
+    """One actor's gate of a provider holds one `max_concurrent_starts`: different values, one of them silently
+    ignored before, are refused, naming both suites and the field."""
+    data = two_suites_on_e2b()
+    data["envs"]["sql"]["max_concurrent_starts"] = 16
+    with pytest.raises(ValueError, match=r"envs\.sql\.max_concurrent_starts=16 differs from "
+                                         r"envs\.swe\.max_concurrent_starts=4, on the same provider 'e2b'"):
+        load_config(data=data)
+    data["envs"]["sql"].pop("max_concurrent_starts")  # unset is "no bound": a different value too
+    with pytest.raises(ValueError, match=r"envs\.sql\.max_concurrent_starts=None differs"):
+        load_config(data=data)
+    data["envs"]["sql"]["provider"] = "e2b-other"  # another provider: its own gate, its own bound
+    assert load_config(data=data).envs["sql"].max_concurrent_starts is None

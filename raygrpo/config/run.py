@@ -192,11 +192,7 @@ class RunConfig(BaseModel):
         unknown = sorted(set(self.train.mixture or {}) - set(self.envs))
         if unknown:
             raise ValueError(f"train.mixture: {unknown} are not environments in envs ({sorted(self.envs)})")
-        named = {spec.provider_key for spec in [*self.envs.values(), *self.eval_envs.values()]} - {None}
-        unused = sorted(set(self.providers) - named)
-        if unused:
-            raise ValueError(f"providers: {unused} are named by no environment (theirs: {sorted(named)}); set "
-                             "envs.<name>.provider to the entry, or name the entry after the suite's backend")
+        self._check_providers()
         self._check_eval()
         self._check_engine_fields()
         self._check_batches()
@@ -206,6 +202,27 @@ class RunConfig(BaseModel):
         self._check_peft()
         self._check_idle_timeouts()
         return self
+
+    def _check_providers(self) -> None:
+        """Every `providers:` entry is named by a suite, and suites on one provider agree on `max_concurrent_starts`:
+        they share an actor's gate of it, where only one bound can hold (the other would be silently ignored)."""
+        suites = {f"{section}.{name}": spec for section, specs in (("envs", self.envs), ("eval_envs", self.eval_envs))
+                  for name, spec in specs.items()}
+        named = {spec.provider_key for spec in suites.values()} - {None}
+        unused = sorted(set(self.providers) - named)
+        if unused:
+            raise ValueError(f"providers: {unused} are named by no environment (theirs: {sorted(named)}); set "
+                             "envs.<name>.provider to the entry, or name the entry after the suite's backend")
+        first: dict[str, tuple[str, Any]] = {}
+        for where, spec in suites.items():
+            if "max_concurrent_starts" not in type(spec).model_fields:
+                continue
+            seen = first.setdefault(spec.provider_key, (where, spec.max_concurrent_starts))
+            if seen[1] != spec.max_concurrent_starts:
+                raise ValueError(f"{where}.max_concurrent_starts={spec.max_concurrent_starts} differs from "
+                                 f"{seen[0]}.max_concurrent_starts={seen[1]}, on the same provider "
+                                 f"{spec.provider_key!r}: its suites share one start bound per actor; set the same "
+                                 "value on each")
 
     def _check_eval(self) -> None:
         """`eval_every` and `eval_envs` go together: one without the other evaluates nothing."""

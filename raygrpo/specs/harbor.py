@@ -139,8 +139,9 @@ class HarborSpec(EnvSpecBase):
             Fault and latency injection around the backend (start latency, start failures, exec hangs, sandbox
             death), for benchmarks and reliability tests.
         max_concurrent_starts (`int`, *optional*):
-            Most sandbox starts in flight at once per env pool actor. None: no per-actor limit. (Suites on one
-            provider share an actor's gate of that provider: the first suite's bound holds there.)
+            Most sandbox starts in flight at once per env pool actor. None: no per-actor limit. Suites on one
+            provider share an actor's gate of that provider, so they must all give the same value (None included);
+            different values are refused at load.
         provider (`str`, *optional*):
             The provider its sandboxes count against: the entry of the run config's `providers:` section whose limits
             (`create_rate_per_s`, `max_live`, `rate_limit_backoff`) apply, shared with every suite that names the same
