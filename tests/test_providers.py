@@ -58,7 +58,8 @@ def test_two_suites_on_one_provider_share_its_one_entry_and_the_governor_gets_it
 
 def test_an_explicit_provider_joins_suites_of_different_backends(monkeypatch):
     data = two_suites_on_e2b()
-    data["envs"]["local"] = {"kind": "harbor", "path": str(EXAMPLE_TASKS), "provider": "e2b", "max_concurrent_starts": 4}
+    data["envs"]["local"] = {"kind": "harbor", "path": str(EXAMPLE_TASKS), "provider": "e2b",
+                             "max_concurrent_starts": 4}
     cfg = load_config(data=data)
     configured: list[str] = []
     monkeypatch.setattr(launch, "ensure_governor", lambda key, rate, **kw: configured.append(key) or {})

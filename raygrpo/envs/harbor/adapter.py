@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 from raygrpo.envs.base import EnvError, refuse_call
 from raygrpo.envs.harbor.grading import EpisodeGrading
+from raygrpo.envs.harbor.sandbox import StartDeadline
 from raygrpo.envs.harbor.agent_processes import baseline_sessions
 from raygrpo.envs.harbor.separate import uses_separate_verifier
 from raygrpo.envs.harbor.solution import run_solution
@@ -132,6 +133,8 @@ class HarborAdapter(EpisodeGrading, LiveAdapter):
         self._dead: str | None = None
         #: What the verifier's tooling lacks at start, by step name (`""` without steps): `_tooling_missing`.
         self._tooling: dict[str, list[str]] = {}
+        #: Loop time by which the set-up after the sandbox's start must be done (None until it began).
+        self._start_deadline: float | None = None
         #: Where a multi-step task's episode stands (None for a task without `[[steps]]`).
         self._steps: StepProgress | None = None
 
@@ -213,9 +216,15 @@ class HarborAdapter(EpisodeGrading, LiveAdapter):
             return await self._start(task)
         except (EnvError, TaskError):
             raise
-        except TimeoutError:
-            self._dead = f"did not start within start_timeout_s={self.spec.start_timeout_s:g}"
-            raise HarborStartError(f"{self.label}: the sandbox {self._dead}") from None
+        except TimeoutError as exc:
+            deadline = self._start_deadline  # the set-up's, after the sandbox's own start
+            if isinstance(exc, StartDeadline) or (deadline is not None
+                                                  and asyncio.get_running_loop().time() >= deadline):
+                self._dead = f"did not start within start_timeout_s={self.spec.start_timeout_s:g}"
+                raise HarborStartError(f"{self.label}: the sandbox {self._dead}") from None
+            # The backend's client gave up on a request of its own (not raygrpo's deadline): say so.
+            self._dead = f"the backend's own request timed out ({describe(exc)})"
+            raise HarborStartError(f"{self.label}: the sandbox failed to start: {self._dead}") from exc
         except SandboxDefinitionError as exc:  # the local backend cannot lay the task out: the same every time
             self._dead = describe(exc)
             raise TaskError(f"{self.label}: the sandbox cannot be set up for the task: {self._dead}") from None
@@ -246,6 +255,7 @@ class HarborAdapter(EpisodeGrading, LiveAdapter):
             self.timings.update(sandbox.timings)
             deadline = sandbox.deadline
         env = sandbox.env
+        self._start_deadline = deadline
         async with asyncio.timeout_at(deadline):
             setup = getattr(self.harness, "setup", None)
             if setup is not None:

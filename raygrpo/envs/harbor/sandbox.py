@@ -64,6 +64,11 @@ class TicketYielder(Protocol):
     async def ticket_for_warm(self, acquire: Awaitable[str | None]) -> str | None: ...
 
 
+class StartDeadline(TimeoutError):
+    """The sandbox's start ran past raygrpo's own deadline (`start_timeout_s`), not a timeout of the backend's
+    client (which stays the backend's `TimeoutError`, and is reported as what it is)."""
+
+
 class SandboxUnhealthy(EnvError):
     """A started sandbox failed the check made before a rollout adopts it (it is stopped and replaced)."""
 
@@ -136,8 +141,9 @@ class HarborSandbox(LiveAdapter):
         from when the gate lets the create in, so waiting for a slot never fails a start.
 
         Raises:
-            TimeoutError: The start or the preparation ran past `start_timeout_s`.
-            Exception: Whatever the backend, the healthcheck or the lease ledger raised.
+            StartDeadline: The start or the preparation ran past `start_timeout_s`.
+            Exception: Whatever the backend, the healthcheck or the lease ledger raised (a backend's own
+                `TimeoutError` included).
         """
         if self._started or self._closed:
             raise EnvError(f"{self.label}: a sandbox starts once")
@@ -145,6 +151,11 @@ class HarborSandbox(LiveAdapter):
         self._live.add(self)
         try:
             await self._start()
+        except TimeoutError as exc:
+            # Only raygrpo's deadline has passed when it fires; a backend's own timeout comes before it.
+            if self.deadline is not None and asyncio.get_running_loop().time() >= self.deadline:
+                raise StartDeadline(f"start_timeout_s={self.spec.start_timeout_s:g} passed") from exc
+            raise
         finally:
             if self.context.docker is not None and self.session_id is not None:
                 self.context.docker.release(self.session_id)
