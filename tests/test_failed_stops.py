@@ -71,8 +71,8 @@ async def test_a_stop_that_failed_twice_is_retried_and_leaves_nothing(tmp_path, 
 
 async def test_a_sandbox_whose_stop_failed_keeps_its_live_ticket_until_it_is_gone(tmp_path, provider, failing_deletes,
                                                                                    monkeypatch):
-    monkeypatch.setattr(sandbox_module, "RESTOP_INITIAL_S", 0.2)
-    monkeypatch.setattr(sandbox_module, "RESTOP_MAX_S", 0.2)
+    monkeypatch.setattr(sandbox_module, "RESTOP_INITIAL_S", 0.2, raising=False)
+    monkeypatch.setattr(sandbox_module, "RESTOP_MAX_S", 0.2, raising=False)
     spec = _spec(tmp_path, provider.url)
     suite = HarborProvider(spec, name="suite", limits=ProviderSpec(max_live=1))
     task = list_harbor_tasks(spec, "suite")[0]
@@ -100,7 +100,7 @@ async def test_a_sandbox_whose_stop_failed_keeps_its_live_ticket_until_it_is_gon
 
 async def test_the_ticket_of_a_sandbox_that_cannot_be_stopped_goes_back_when_its_lifetime_is_over(
         tmp_path, provider, failing_deletes, monkeypatch):
-    monkeypatch.setattr(sandbox_module, "RESTOP_INITIAL_S", 0.2)
+    monkeypatch.setattr(sandbox_module, "RESTOP_INITIAL_S", 0.2, raising=False)
     spec = _spec(tmp_path, provider.url)
     suite = HarborProvider(spec, name="suite", limits=ProviderSpec(max_live=1))
     task = list_harbor_tasks(spec, "suite")[0]

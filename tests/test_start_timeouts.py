@@ -1,6 +1,7 @@
 """Which timeout ended a sandbox's start: raygrpo's own deadline (`start_timeout_s`) is reported as that; a backend
 client's own request timeout (a `TimeoutError` it raised long before the deadline) is reported as the backend's, not
-as a start deadline the user would then raise for nothing. Against the fake provider."""
+as a start deadline the user would then raise for nothing (raygrpo's own deadline keeps its message:
+`tests/test_lease_ledger.py`, a create whose answer never came). Against the fake provider."""
 
 from __future__ import annotations
 
@@ -52,22 +53,3 @@ async def test_a_backends_own_request_timeout_is_not_reported_as_the_start_deadl
     assert "start_timeout_s" not in message
     assert "the backend's own request timed out" in message and "10 s read timeout" in message
 
-
-async def test_raygrpos_own_start_deadline_is_reported_as_start_timeout_s(tmp_path, provider, monkeypatch):
-    import asyncio
-
-    async def start(self, force_build: bool) -> None:
-        await asyncio.sleep(3600)
-
-    monkeypatch.setattr(FakeProviderEnvironment, "start", start)
-    make_task(tmp_path / "suite", "t")
-    spec = HarborSpec(path=str(tmp_path / "suite"), import_path=FAKE, probe_verifier=False,
-                      environment_kwargs={"url": provider.url, "reward": 1.0}, start_timeout_s=0.5)
-    suite = HarborProvider(spec, name="suite")
-    adapter = suite.adapter()
-    try:
-        with pytest.raises(HarborStartError, match=r"did not start within start_timeout_s=0\.5"):
-            await adapter.start(list_harbor_tasks(spec, "suite")[0])
-    finally:
-        await adapter.close()
-        await suite.aclose()
