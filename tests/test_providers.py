@@ -177,3 +177,17 @@ def test_suites_on_one_provider_with_different_start_bounds_are_refused_at_load(
         load_config(data=data)
     data["envs"]["sql"]["provider"] = "e2b-other"  # another provider: its own gate, its own bound
     assert load_config(data=data).envs["sql"].max_concurrent_starts is None
+
+
+def test_an_elastic_pool_grows_no_further_than_its_providers_live_cap_keeps_busy():
+    """max_live=5 with K=2: 3 actors keep every live ticket busy; more would only wait for tickets (and hold CPUs)."""
+    workers = {"min_env_actors": 0, "max_env_actors": 8, "max_concurrent_per_actor": 2}
+    data = two_suites_on_e2b(workers=workers)
+    data["providers"]["e2b"]["max_live"] = 5
+    (group,) = RolloutRuntime(load_config(data=data), {"swe": None, "sql": None})._pool_groups()
+    assert group.max_live == 5
+    pool = ElasticPool.from_spawner(ActorSpawner(group, settings=None))
+    assert pool.size_for(100) == 3 and pool.size_for(4) == 2 and pool.size_for(0) == 0
+    data["providers"]["e2b"].pop("max_live")  # no cap: demand alone sizes it, up to max_env_actors
+    (group,) = RolloutRuntime(load_config(data=data), {"swe": None, "sql": None})._pool_groups()
+    assert group.max_live is None and ElasticPool.from_spawner(ActorSpawner(group, settings=None)).size_for(100) == 8

@@ -218,7 +218,8 @@ class RolloutRuntime:
                                     idle_timeout_s=workers.idle_timeout_s,
                                     actor_start_timeout_s=workers.actor_start_timeout_s,
                                     node_cooldown_s=workers.node_cooldown_s, heartbeat_s=workers.heartbeat_s,
-                                    unreachable_after_s=workers.unreachable_after_s))
+                                    unreachable_after_s=workers.unreachable_after_s,
+                                    max_live=self._live_cap(shared)))
         for name, spec in self.envs.items():
             pool = spec.pool
             if pool is not None:
@@ -230,8 +231,20 @@ class RolloutRuntime:
                     int(pool.memory) if pool.memory else None, pool.resources, min_actors=low, max_actors=high,
                     idle_timeout_s=pool.idle_timeout_s or workers.idle_timeout_s,
                     actor_start_timeout_s=workers.actor_start_timeout_s, node_cooldown_s=workers.node_cooldown_s,
-                    heartbeat_s=workers.heartbeat_s, unreachable_after_s=workers.unreachable_after_s))
+                    heartbeat_s=workers.heartbeat_s, unreachable_after_s=workers.unreachable_after_s,
+                    max_live=self._live_cap({name: spec})))
         return groups
+
+    def _live_cap(self, envs: dict[str, Any]) -> int | None:
+        """Most sandboxes the providers of `envs` let live at once (each provider's `max_live` once, summed); None
+        when one of them has no cap."""
+        caps: dict[str, int] = {}
+        for spec in envs.values():
+            found = kind_of(spec).limits(spec, self.cfg.providers)
+            if found is None or found[1].max_live is None:
+                return None
+            caps[found[0]] = found[1].max_live
+        return sum(caps.values()) or None
 
     def stop(self) -> None:
         """Shut down actors (closing every environment), then engines and embedded servers. Safe to call twice."""

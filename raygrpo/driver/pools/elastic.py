@@ -68,6 +68,8 @@ class ElasticPool:
         node_cooldown_s: Seconds new actors keep off the node of an actor that was lost or failed to start.
         heartbeat_s: Seconds between probes of each live actor.
         unreachable_after_s: An actor whose probe has gone unanswered this long is unreachable.
+        max_live: Most sandboxes its providers let live at once (None: no cap): it grows to no more actors than
+            those keep busy, `ceil(max_live / K)` (the others would only wait for live tickets).
         spawner: Starts new actors; None for a pool of given actors that never starts or drains any.
         bundle: One actor's resources (for the autoscaler hint).
         slots: Actors that already exist.
@@ -76,7 +78,8 @@ class ElasticPool:
     def __init__(self, name: str, envs: Iterable[str] | None, max_concurrent_per_actor: int, min_actors: int,
                  max_actors: int, *, idle_timeout_s: float = 60.0, actor_start_timeout_s: float = 600.0,
                  node_cooldown_s: float = NODE_COOLDOWN_S, heartbeat_s: float = HEARTBEAT_S,
-                 unreachable_after_s: float = UNREACHABLE_AFTER_S, spawner: ActorSpawner | None = None,
+                 unreachable_after_s: float = UNREACHABLE_AFTER_S, max_live: int | None = None,
+                 spawner: ActorSpawner | None = None,
                  bundle: dict[str, float] | None = None, slots: list[PoolSlot] | None = None) -> None:
         self.name = name
         self.envs = frozenset(envs) if envs is not None else None
@@ -87,6 +90,7 @@ class ElasticPool:
         self.max_concurrent_per_actor = max_concurrent_per_actor
         self.min_actors = min_actors
         self.max_actors = max_actors
+        self.max_live = max_live
         self.idle_timeout_s = idle_timeout_s
         self.actor_start_timeout_s = actor_start_timeout_s
         self.node_cooldown_s = node_cooldown_s
@@ -115,7 +119,7 @@ class ElasticPool:
         pool = cls(g.field, g.envs, g.max_concurrent_per_actor, g.min_actors, g.max_actors,
                    idle_timeout_s=g.idle_timeout_s, actor_start_timeout_s=g.actor_start_timeout_s,
                    node_cooldown_s=g.node_cooldown_s, heartbeat_s=g.heartbeat_s,
-                   unreachable_after_s=g.unreachable_after_s, spawner=spawner, bundle=g.bundle)
+                   unreachable_after_s=g.unreachable_after_s, max_live=g.max_live, spawner=spawner, bundle=g.bundle)
         depths = {n: kind_of(spec).warm_depth(spec) for n, spec in g.envs.items()}
         pool.warm_envs = frozenset(n for n, depth in depths.items() if depth > 0)
         pool.warm_depth = max(depths.values(), default=0)
@@ -170,7 +174,10 @@ class ElasticPool:
         }
 
     def size_for(self, demand: int) -> int:
-        """Actors for `demand` rollouts queued or in flight: K per actor, within [min, max]."""
+        """Actors for `demand` rollouts queued or in flight: K per actor, within [min, max], and no more than its
+        providers' live cap keeps busy."""
+        if self.max_live is not None:
+            demand = min(demand, self.max_live)
         return max(self.min_actors, min(self.max_actors, math.ceil(demand / self.max_concurrent_per_actor)))
 
     # ------------------------------------------------------------------ bookkeeping

@@ -37,6 +37,9 @@ class PoolGroup:
         heartbeat_s: Seconds between the driver's probes of each of its live actors.
         unreachable_after_s: One of its actors whose probe has gone unanswered this long is unreachable (its
             rollouts run again elsewhere).
+        max_live: Most sandboxes the providers of its environments let live at once (the sum of their
+            `providers.<p>.max_live`); None when one of them has no cap. An elastic pool grows no further than that
+            can keep busy.
     """
 
     field: str
@@ -53,6 +56,7 @@ class PoolGroup:
     node_cooldown_s: float = 60.0
     heartbeat_s: float = HEARTBEAT_S
     unreachable_after_s: float = UNREACHABLE_AFTER_S
+    max_live: int | None = None
 
     @property
     def elastic(self) -> bool:
