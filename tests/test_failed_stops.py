@@ -99,7 +99,7 @@ async def test_a_sandbox_whose_stop_failed_keeps_its_live_ticket_until_it_is_gon
 
 
 async def test_the_ticket_of_a_sandbox_that_cannot_be_stopped_goes_back_when_its_lifetime_is_over(
-        tmp_path, provider, failing_deletes, monkeypatch):
+        tmp_path, provider, failing_deletes, monkeypatch, caplog):
     monkeypatch.setattr(sandbox_module, "RESTOP_INITIAL_S", 0.2, raising=False)
     spec = _spec(tmp_path, provider.url)
     suite = HarborProvider(spec, name="suite", limits=ProviderSpec(max_live=1))
@@ -113,7 +113,7 @@ async def test_the_ticket_of_a_sandbox_that_cannot_be_stopped_goes_back_when_its
         failing_deletes[0] = -1
         await first.close()
         await asyncio.wait_for(second.start(task), 20)  # not a deadlock: the ticket came back at the expiry
-        assert time.time() >= soon
+        assert time.time() >= soon and "its lifetime at the provider is over" in caplog.text
     finally:
         failing_deletes[0] = 0
         await second.close()

@@ -310,23 +310,30 @@ class HarborSandbox(LiveAdapter):
         tickets of a holder that stopped renewing them."""
         lease = self._lease
         ends = lease.expires if lease is not None and lease.expires is not None else time.time() + RESTOP_GIVE_UP_S
-        delay, tries = RESTOP_INITIAL_S, 0
-        while (left := ends - time.time()) > 0:
+        delay, tries, stopped = RESTOP_INITIAL_S, 0, False
+        while not stopped and (left := ends - time.time()) > 0:
             await asyncio.sleep(min(delay, left))
             delay = min(2 * delay, RESTOP_MAX_S)
             if time.time() >= ends:
-                break
+                continue
             tries += 1
             try:
                 await self._stop()
             except Exception as exc:  # noqa: BLE001 - any failure: try again later
                 logger.debug("%s: stopping sandbox %s again failed: %s", self.label, self.session_id, describe(exc))
-                continue
+            else:
+                stopped = True
+        if stopped:
             logger.warning("%s: sandbox %s stopped at try %d in the background; its live ticket is given back",
                            self.label, self.session_id, tries)
-            if self._lease is not None:
-                await asyncio.wait_for(self._lease_release(), self.spec.stop_timeout_s)
-            break
+            try:
+                if self.context.docker is not None:
+                    await asyncio.wait_for(self.context.docker.stopped(self.session_id), self.spec.stop_timeout_s)
+                if self._lease is not None:
+                    await asyncio.wait_for(self._lease_release(), self.spec.stop_timeout_s)
+            except Exception as exc:  # noqa: BLE001 - it is stopped: the ticket goes back whatever the bookkeeping did
+                logger.warning("%s: sandbox %s stopped, but its records were not updated: %s", self.label,
+                               self.session_id, describe(exc))
         else:
             what = "its lifetime at the provider is over" if lease is not None and lease.expires is not None \
                 else f"no lifetime known, given up after {RESTOP_GIVE_UP_S:g} s"
