@@ -191,10 +191,52 @@ def test_the_loop_leaves_tool_deadlines_to_the_adapter(renderer):
 
 
 def test_the_rollout_deadline_during_the_turns_truncates(renderer):
-    env = AddEnv(call_delay_s=5.0)
+    """The model's turns used the time (many quick calls): the deadline is the model's, as a turn limit is."""
+    env = AddEnv(call_delay_s=0.1)
+    traj = _run(renderer, env, lambda ctx: format_tool_call("add", {"a": 1, "b": 1}), rollout_timeout_s=1.0,
+                max_turns=1000)
+    assert traj.status is Status.TRUNCATED and traj.reward == 0.0 and env.closed == 1 and traj.tool_calls >= 3
+    assert "rollout_timeout_s=1" in traj.error
+
+
+def test_a_tool_call_that_never_returns_is_env_error_whichever_deadline_fires(renderer):
+    """One call that hung through most of the rollout's budget is the environment's failure (retried, unscored), as
+    it is when the tool's own deadline fires first: never a 0.0 the model is trained on."""
+    env = AddEnv(call_delay_s=30.0)
     traj = _run(renderer, env, scripted(format_tool_call("add", {"a": 1, "b": 1})), rollout_timeout_s=0.5)
-    assert traj.status is Status.TRUNCATED and traj.reward == 0.0 and env.closed == 1
-    assert "rollout_timeout_s=0.5" in traj.error
+    assert traj.status is Status.ENV_ERROR and traj.reward is None and env.closed == 1
+    assert "rollout_timeout_s=0.5" in traj.error and "call to the environment had not returned" in traj.error
+
+
+def test_a_generation_that_never_returns_is_policy_error(renderer):
+    class HungPolicy(ScriptedPolicy):
+        async def generate(self, prompt_ids, sampling, context=None):
+            await asyncio.sleep(30)
+
+    config = RolloutConfig(rollout_timeout_s=0.5)
+    env = AddEnv()
+    traj = asyncio.run(run_rollout(TaskRef(env="add", index=0), env, HungPolicy(renderer.tokenizer, scripted()),
+                                   renderer, SamplingParams(max_tokens=512), config))
+    assert traj.status is Status.POLICY_ERROR and traj.reward is None and "generation had not returned" in traj.error
+
+
+class CommandEnv(AddEnv):
+    """Tool calls that run the model's own commands under the adapter's deadline (`ModelTimedCalls`)."""
+
+    model_call_s = 35.0
+
+
+def test_a_models_own_command_within_its_deadline_is_the_models_time(renderer):
+    env = CommandEnv(call_delay_s=30.0)
+    traj = _run(renderer, env, scripted(format_tool_call("add", {"a": 1, "b": 1})), rollout_timeout_s=0.5)
+    assert traj.status is Status.TRUNCATED and traj.reward == 0.0
+
+
+def test_a_command_past_the_adapters_own_deadline_is_env_error(renderer):
+    env = CommandEnv(call_delay_s=30.0)
+    env.model_call_s = 0.2
+    traj = _run(renderer, env, scripted(format_tool_call("add", {"a": 1, "b": 1})), rollout_timeout_s=0.5)
+    assert traj.status is Status.ENV_ERROR and traj.reward is None
 
 
 class AgentDeadlineEnv(AddEnv):
@@ -224,9 +266,10 @@ def test_the_environments_agent_deadline_stops_the_turns_and_then_scores(rendere
 
 
 def test_the_rollout_deadline_still_bounds_a_longer_agent_deadline(renderer, caplog):
-    env = AgentDeadlineEnv(30.0, call_delay_s=5.0)
+    env = AgentDeadlineEnv(30.0, call_delay_s=0.1)
     with caplog.at_level(logging.WARNING, logger="raygrpo.agent.rollout"):
-        traj = _run(renderer, env, scripted(format_tool_call("add", {"a": 1, "b": 1})), rollout_timeout_s=0.5)
+        traj = _run(renderer, env, lambda ctx: format_tool_call("add", {"a": 1, "b": 1}), rollout_timeout_s=0.5,
+                    max_turns=1000)
     assert traj.status is Status.TRUNCATED and env.scored == 0 and "rollout_timeout_s=0.5" in traj.error
     assert "agent timeout (30 s) is longer than rollout.rollout_timeout_s=0.5" in caplog.text
 

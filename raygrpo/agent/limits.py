@@ -3,21 +3,77 @@
 A prompt that leaves the model no token under `rollout.max_total_tokens` is the task's or the config's problem
 (`check_prompt_fits`: `task_error`, not retried); an environment's own agent deadline (`agent_timeout_s` on the
 adapter: Harbor's task `[agent] timeout_sec`) stops the model's turns and the episode is scored, as Harbor's trial
-does (`agent_phase`).
+does (`agent_phase`); and when `rollout.rollout_timeout_s` ends an episode, `past_deadline` says whose the time was
+(`Phases` follows which call is in flight, and since when).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from raygrpo.config.rollout import RolloutConfig
 from raygrpo.core.errors import TaskError
-from raygrpo.core.types import TaskRef, Trajectory
-from raygrpo.envs.base import AgentDeadline, EnvAdapter
+from raygrpo.core.types import Status, TaskRef, Trajectory
+from raygrpo.envs.base import AgentDeadline, EnvAdapter, ModelTimedCalls
 
 logger = logging.getLogger(__name__)
+
+
+#: The share of `rollout.rollout_timeout_s` one call in flight must have taken, when that deadline ends the episode,
+#: for the time to be its side's rather than the model's turns' (docs/statuses.md).
+STUCK_SHARE = 0.5
+
+
+class Phases:
+    """Accumulates seconds per phase of a rollout, remembers the phase it entered last, and how long the call of a
+    phase that was cut off (a deadline cancelling it) had been running (`cut_s`)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {"provision": 0.0, "generate": 0.0, "tools": 0.0, "verify": 0.0}
+        self.current: str | None = None
+        self.cut_s = 0.0
+
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        start, self.current = time.perf_counter(), phase
+        try:
+            yield
+        except BaseException:  # cancelled by a deadline (or failed): how long it had run
+            self.cut_s = time.perf_counter() - start
+            raise
+        finally:
+            self.seconds[phase] += time.perf_counter() - start
+
+
+def past_deadline(phases: Phases, adapter: EnvAdapter, config: RolloutConfig,
+                  acting: bool) -> tuple[Status, float | None, str]:
+    """The status, reward and error of an episode that `rollout.rollout_timeout_s` ended.
+
+    `timeout` when the scorer was running or no model acted; `env_error` (`policy_error`) when one tool call
+    (generation) still in flight had taken `STUCK_SHARE` of the deadline or more: a call that never returned ate the
+    budget, not the model's turns, and the same hang past the call's own deadline (an ORS `tool_timeout_s`, the
+    policy's `request_timeout_s`) is infrastructure too. A tool call that runs the model's own command under a
+    deadline of the adapter's (`ModelTimedCalls`: Harbor's `exec_timeout_s`) is the model's time up to that
+    deadline. Otherwise the model's turns used the time: `truncated`, as a turn limit is.
+    """
+    limit = config.rollout_timeout_s
+    error = f"rollout exceeded rollout_timeout_s={limit:g}"
+    if phases.current == "verify" or acting:  # the scorer hung, or no model acted: not the model's doing
+        return Status.TIMEOUT, None, error
+    stuck = phases.cut_s
+    if phases.current == "tools":
+        own = adapter.model_call_s if isinstance(adapter, ModelTimedCalls) else None
+        if stuck >= STUCK_SHARE * limit and (own is None or stuck > own):
+            return Status.ENV_ERROR, None, (f"{error}: a call to the environment had not returned after {stuck:.1f} s "
+                                            "(an environment that hangs, not the model's turns)")
+    if phases.current == "generate" and stuck >= STUCK_SHARE * limit:
+        return Status.POLICY_ERROR, None, (f"{error}: a generation had not returned after {stuck:.1f} s (a policy "
+                                           "engine that hangs, not the model's turns)")
+    return Status.TRUNCATED, config.truncated_reward, error
 
 
 def check_prompt_fits(prompt_tokens: int, config: RolloutConfig) -> None:

@@ -25,12 +25,11 @@ import asyncio
 import json
 import logging
 import time
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any
 
 from raygrpo.core.aio import run_to_end
 from raygrpo.agent.chat import ChatRenderer, assistant_message
-from raygrpo.agent.limits import agent_phase, check_prompt_fits
+from raygrpo.agent.limits import Phases as _Phases, agent_phase, check_prompt_fits, past_deadline
 from raygrpo.config.rollout import RolloutConfig
 from raygrpo.envs.base import EnvAdapter, refuse_call
 from raygrpo.core.errors import EnvError, PolicyError, TaskError, VerifierError, describe
@@ -44,22 +43,6 @@ logger = logging.getLogger(__name__)
 #: Characters of a task error's cause kept (more than other errors': a broken task's cause, such as the line in which
 #: the Docker daemon says why an image cannot be had, is what its author must read whole).
 TASK_ERROR_CHARS = 2000
-
-
-class _Phases:
-    """Accumulates seconds per phase of a rollout, and remembers the phase it entered last."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {"provision": 0.0, "generate": 0.0, "tools": 0.0, "verify": 0.0}
-        self.current: str | None = None
-
-    @contextmanager
-    def timed(self, phase: str) -> Iterator[None]:
-        start, self.current = time.perf_counter(), phase
-        try:
-            yield
-        finally:
-            self.seconds[phase] += time.perf_counter() - start
 
 
 def truncate_text(text: str, limit: int) -> str:
@@ -116,12 +99,8 @@ async def run_rollout(
                 raise ValueError("run_rollout needs a renderer for a policy that writes text")
             episode = _episode(traj, obs, phases, adapter, policy, renderer, sampling, config, sample_key)
         await asyncio.wait_for(episode, timeout=config.rollout_timeout_s)
-    except TimeoutError:
-        traj.error = f"rollout exceeded rollout_timeout_s={config.rollout_timeout_s:g}"
-        if phases.current == "verify" or acting:  # the scorer hung, or no model acted: not the model's doing
-            traj.status, traj.reward = Status.TIMEOUT, None
-        else:  # the episode's limit, reached by the model's turns as much as a turn limit is
-            traj.status, traj.reward = Status.TRUNCATED, config.truncated_reward
+    except TimeoutError:  # who the deadline is on: the model's turns, a hung call, a hung scorer (`past_deadline`)
+        traj.status, traj.reward, traj.error = past_deadline(phases, adapter, config, acting)
     except EnvError as exc:
         traj.status, traj.reward, traj.error = Status.ENV_ERROR, None, describe(exc)
     except PolicyError as exc:

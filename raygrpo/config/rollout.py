@@ -39,7 +39,8 @@ class RolloutConfig(BaseModel):
             environment; the model is told instead.
         rollout_timeout_s: Deadline of the episode once its environment is up: the model's turns, the tool calls
             and scoring. The environment's start (and the wait for a start slot) is not counted. Past it the rollout
-            ends `truncated`, like one that ran out of turns.
+            ends `truncated`, like one that ran out of turns, unless one call still in flight had taken half of it
+            (`env_error`, `policy_error`) or the scorer was running (`timeout`): docs/statuses.md, whose deadline.
         unanswered_reward: Reward of a rollout that ended without one, by the model's doing (status `no_answer`):
             the model stopped without calling the scoring tool, or the environment ended the episode without a
             reward. 0.0 (the default) counts it as a failed attempt; None leaves it unscored (advantage 0 in GRPO:

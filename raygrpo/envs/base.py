@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 from raygrpo.core.errors import EnvError, RewardMissingError, TaskError
 from raygrpo.core.types import Observation, TaskRef, ToolResult
 
-__all__ = ["EnvAdapter", "EnvError", "EnvProvider", "RewardMissingError", "SolutionRunner", "SteppedAdapter", "TaskError",
+__all__ = ["EnvAdapter", "EnvError", "EnvProvider", "ModelTimedCalls", "RewardMissingError", "SolutionRunner", "SteppedAdapter", "TaskError",
            "refuse_call"]
 
 
@@ -84,6 +84,20 @@ class AgentDeadline(Protocol):
 
     @property
     def agent_timeout_s(self) -> float | None: ...
+
+
+@runtime_checkable
+class ModelTimedCalls(Protocol):
+    """An adapter whose tool calls run the model's own commands under a deadline of the adapter's, past which the
+    model is told and the episode goes on (Harbor's `exec_timeout_s`).
+
+    `model_call_s`: seconds a call may take by the model's doing (that deadline, with the adapter's grace). When
+    `rollout.rollout_timeout_s` ends the episode during a call, the time is the model's up to there, the
+    environment's past it (`raygrpo.agent.limits.past_deadline`).
+    """
+
+    @property
+    def model_call_s(self) -> float: ...
 
 
 @runtime_checkable

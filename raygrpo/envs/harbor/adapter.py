@@ -154,6 +154,14 @@ class HarborAdapter(EpisodeGrading, LiveAdapter):
         return self._steps is not None
 
     @property
+    def model_call_s(self) -> float:
+        """How long a tool call may run by the model's doing: the harness's command deadline with its grace
+        (`raygrpo.envs.base.ModelTimedCalls`)."""
+        from raygrpo.envs.harbor.harness import EXEC_GRACE_S
+
+        return float(getattr(self.harness, "exec_timeout_s", self.spec.exec_timeout_s)) + EXEC_GRACE_S
+
+    @property
     def agent_timeout_s(self) -> float | None:
         """The current step's agent deadline, as Harbor's trial sets it: the step's `[agent] timeout_sec`, else the
         task's (None when neither is set, or before `start`). The agent loop stops the model's turns there and has
