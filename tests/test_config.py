@@ -147,8 +147,8 @@ def _load(**sections):
     ({"kind": "transformers", "serve": {"port": 1}}, "policy.serve names a vLLM server"),
     ({**SCRIPTED, "url": "http://127.0.0.1:8000"}, "policy.url names a vLLM server"),
     ({"kind": "transformers", "served_model_name": "m"}, "policy.served_model_name: read only for a vLLM server"),
-    ({"kind": "transformers", "request_timeout_s": 5}, "policy.request_timeout_s: read only for a vLLM server"),
-    ({"kind": "vllm", "request_timeout_s": 5}, "this policy is vLLM engine actors"),
+    ({"kind": "vllm", "served_model_name": "m"}, "this policy is vLLM engine actors"),
+    ({**SCRIPTED, "request_timeout_s": 5}, "policy.request_timeout_s: deadline of a generation"),
     ({**SCRIPTED, "num_engines": 4}, "policy.num_engines: settings of raygrpo's engine actors"),
     ({**SCRIPTED, "device": "cpu"}, "policy.device: settings of raygrpo's engine actors"),
     ({"kind": "noop", "max_batch_size": 4}, "policy.max_batch_size: settings of raygrpo's engine actors"),
@@ -168,6 +168,9 @@ def test_policy_fields_are_accepted_where_read_and_defaults_never_count_as_set()
     assert _load(policy={"kind": "transformers", "num_engines": 2, "device": "cuda", "max_batch_size": 4})
     assert _load(policy={"kind": "vllm", "max_batch_size": 4, "engine_resources": {"gpu": 1}}).policy.engine_actors
     assert _load(policy={**SERVER, "served_model_name": "m", "request_timeout_s": 5}).policy.request_timeout_s == 5
+    # an engine actor's generation has the same deadline (a hung engine is policy_error, not a truncated rollout)
+    assert _load(policy={"kind": "transformers", "request_timeout_s": 5}).policy.request_timeout_s == 5
+    assert _load(policy={"kind": "vllm", "request_timeout_s": 5}).policy.request_timeout_s == 5
     assert _load(policy={"kind": "vllm", "serve": {"port": 0}, "served_model_name": "m"}).policy.serve is not None
     # null reads as unset; switching the example's kind leaves no default behind that counts as set.
     assert _load(policy={**SCRIPTED, "url": None, "serve": None}).policy.kind == "scripted"

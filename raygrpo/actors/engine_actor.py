@@ -30,6 +30,11 @@ class EngineActor:
     ) -> Turn:
         return await self.engine.generate(prompt_ids, sampling)
 
+    async def wait_for_version(self, version: int) -> int:
+        """Return the engine's policy version once it is at least `version` (the learner's pace: unbounded here;
+        `raygrpo.policy.engine_client.EngineClient` bounds the generation that follows, not this wait)."""
+        return await self.engine.wait_for_version(version)
+
     async def set_weights(self, state_dict: dict[str, Any], version: int, partial: bool = False) -> int:
         """Load the learner's weights as `version`; `partial`: `state_dict` holds only the weights that changed
         (a transformers engine's LoRA push, `raygrpo.train.lora`)."""

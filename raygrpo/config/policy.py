@@ -86,7 +86,7 @@ ACTING_KINDS: tuple[str, ...] = ("oracle", "noop")
 #: Fields read only where raygrpo starts engine actors (`PolicyConfig.engine_actors`).
 ENGINE_FIELDS: tuple[str, ...] = ("num_engines", "engine_num_cpus", "engine_resources", "max_batch_size", "device")
 #: Fields read only where the policy is a vLLM server (`kind: vllm` with `url` or `serve`).
-SERVER_FIELDS: tuple[str, ...] = ("served_model_name", "request_timeout_s")
+SERVER_FIELDS: tuple[str, ...] = ("served_model_name",)
 #: `policy.device` values: an engine actor given a GPU sees only that one, as `cuda:0`.
 DEVICES: tuple[str, ...] = ("cpu", "cuda", "cuda:0")
 
@@ -128,11 +128,14 @@ class PolicyConfig(BaseModel):
             learner at it. GPUs only; not run on the CPU machines raygrpo is tested on.
         served_model_name: For `kind="vllm"`: the model name the server serves (its `--served-model-name`); defaults
             to the run's `model`.
-        request_timeout_s: For `kind="vllm"` with `url` or `serve`: deadline of one generation request.
+        request_timeout_s: For a vLLM server or engine actors: deadline of one generation request (for an engine
+            actor, from when the weights it must wait for are there: its queue included); past it the turn fails as
+            `policy_error` (retried), so an engine that hangs never ends rollouts as the model's.
 
     A field the chosen kind does not read is refused at load where the config sets it (the engine actors' fields with
-    `scripted`, `oracle`, `noop` or a vLLM server; `url`, `serve`, `served_model_name` and `request_timeout_s` without
-    a vLLM server), so that e.g. `--set policy.url=...` without `policy.kind=vllm` cannot start a local engine instead.
+    `scripted`, `oracle`, `noop` or a vLLM server; `url`, `serve` and `served_model_name` without a vLLM server;
+    `request_timeout_s` with `scripted`, `oracle`, `noop`), so that e.g. `--set policy.url=...` without
+    `policy.kind=vllm` cannot start a local engine instead.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -214,6 +217,9 @@ class PolicyConfig(BaseModel):
             where = "vLLM engine actors (no policy.url/serve)" if self.kind == "vllm" else f"{self.kind!r}"
             raise ValueError(f"{', '.join(unread)}: read only for a vLLM server (policy.kind=vllm with policy.url or "
                              f"policy.serve); this policy is {where}: leave {'them' if len(unread) > 1 else 'it'} out")
+        if given(self, ("request_timeout_s",)) and self.kind not in ("vllm", "transformers"):
+            raise ValueError(f"policy.request_timeout_s: deadline of a generation by an engine or a vLLM server; "
+                             f"policy.kind {self.kind!r} has neither: leave it out")
         unread = [f"policy.{name}" for name in given(self, ENGINE_FIELDS)]
         if unread and not self.engine_actors:
             if self.kind == "vllm":

@@ -23,7 +23,11 @@ class EngineClient:
 
     Args:
         handle: The engine actor's handle.
-        timeout_s: Optional deadline per generation; past it the call fails with `PolicyError`.
+        timeout_s: Deadline of one generation (`policy.request_timeout_s`); past it the call fails with
+            `PolicyError`, so an engine that hangs (a stopped process Ray still counts alive) is an infrastructure
+            failure, retried, never a rollout cut off as the model's. A turn that must wait for newer weights
+            (`SamplingParams.min_version`) waits for them first (`wait_for_version`, the learner's pace, bounded
+            by the rollout's deadline), and its deadline starts once they are there.
     """
 
     def __init__(self, handle: Any, timeout_s: float | None = None):
@@ -40,10 +44,13 @@ class EngineClient:
     ) -> Turn:
         # The context (task metadata, messages) is not sent: a model reads only tokens.
         try:
+            if sampling.min_version > self._policy_version:
+                self._policy_version = await self.handle.wait_for_version.remote(sampling.min_version)
             ref = self.handle.generate.remote(list(prompt_ids), sampling)
             turn = await (asyncio.wait_for(ref, self.timeout_s) if self.timeout_s else ref)
         except TimeoutError as exc:
-            raise PolicyError(f"policy engine {self._name()} did not answer within {self.timeout_s}s") from exc
+            raise PolicyError(f"policy engine {self._name()} did not answer within policy.request_timeout_s="
+                              f"{self.timeout_s:g} s") from exc
         except Exception as exc:  # noqa: BLE001 - RayActorError, ActorUnavailableError, RayTaskError(...) alike
             raise PolicyError(f"policy engine {self._name()} failed: {describe(exc)}") from exc
         self._policy_version = turn.policy_version

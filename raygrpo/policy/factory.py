@@ -53,7 +53,7 @@ def build_policy_client(
     if cfg.engine_actors:
         if not engines:
             raise ValueError(f"policy.kind {cfg.kind!r} needs engine actors: start them first")
-        return EngineClient(engines[worker_index % len(engines)])
+        return EngineClient(engines[worker_index % len(engines)], timeout_s=cfg.request_timeout_s)
     if cfg.kind == "vllm":
         if not cfg.url:
             raise ValueError("policy.url is required when policy.kind is 'vllm'")

@@ -118,6 +118,12 @@ class TransformersEngine:
         """Version of the weights the engine generates with (0 for the weights loaded from `model_path`)."""
         return self.runner.policy_version
 
+    async def wait_for_version(self, version: int) -> int:
+        """Return (the engine's version) once its weights are at least `version`: the hold a `generate` with that
+        `min_version` would wait in, on its own, so a client can bound the generation apart from it."""
+        await self._hold.wait_for(version)
+        return self.policy_version
+
     async def generate(
         self, prompt_ids: list[int], sampling: SamplingParams, context: GenerationContext | None = None
     ) -> Turn:
