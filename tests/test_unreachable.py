@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import ray
-from ray.exceptions import TaskCancelledError
+from ray.exceptions import ActorDiedError, TaskCancelledError
 
 from raygrpo.core.types import Status, TaskRef, Trajectory
 from raygrpo.driver.copies import RolloutCopies, Verdict
@@ -139,6 +139,8 @@ class FakeRay:
 
     def kill(self, handle, **_):
         self.killed.append(handle)
+        for ref, _calls in getattr(handle, "calls", []):  # as Ray does: the killed actor's calls fail
+            ref.set(error=ActorDiedError())
 
 
 class FakeActor:
@@ -267,3 +269,19 @@ def test_without_retries_left_an_abandoned_rollout_waits_for_its_actor(fake_ray)
     finals = _poll_until(orch, lambda f: len(f) >= 2)
     assert {t.worker for t in finals} == {"a"} and orch.stats.duplicates_discarded == 0
     assert orch.outstanding == 0
+
+
+def test_an_actor_silent_past_the_rollout_deadline_is_killed_and_its_rollouts_settle_unscored(fake_ray):
+    """A stopped actor (SIGSTOP) is never declared dead by Ray: without a bound, rollouts with no retry left waited
+    for it forever and the run hung."""
+    a, b = FakeActor("a", auto=False), FakeActor("b", auto=True)
+    pools = _pools(a, b)
+    pools.pools[0].rollout_timeout_s = 0.5
+    orch = Orchestrator(pools, max_retries=0)
+    orch.enqueue(make_groups([TaskRef("env", 0), TaskRef("env", 1)], group_size=2))
+    a.reachable = False  # stopped: it never answers again
+    finals = _poll_until(orch, lambda f: len(f) >= 4, timeout=10)
+    assert a in fake_ray.killed and orch.outstanding == 0
+    lost = [t for t in finals if t.worker == "a"]
+    assert len(lost) == 2 and all(t.status is Status.ENV_ERROR and t.reward is None for t in lost)
+    assert all("died" in t.error for t in lost)

@@ -230,8 +230,10 @@ class Orchestrator:
                 self._queue.appendleft(next_attempt(request, f"env pool actor {slot.name} unreachable"))
                 self._queued[request.task.env] += 1
             self.stats.retried += len(again)
-            logger.warning("%d rollout(s) on unreachable env pool actor %s queued again (%d had no retry left and "
-                           "wait for it)", len(batch), slot.name, len(batch) - len(again))
+            logger.warning("%d of %d rollout(s) on unreachable env pool actor %s queued again (%d had no retry left "
+                           "and wait for it, at most until it is killed: workers.unreachable_after_s + "
+                           "rollout.rollout_timeout_s of silence)", len(again), len(batch), slot.name,
+                           len(batch) - len(again))
 
     def _drop_settled_copies(self, settled: set[RolloutId]) -> None:
         """Rollouts in `settled` just got their final trajectory while other copies were out: drop their queued

@@ -4,26 +4,25 @@
 zero-timeout wait), so the orchestrator can call it as often as it dispatches:
 
 - actors that finished starting become `live`; one that failed to start is dropped (three failures in a row with
-  no live actor left fail the run, as does no actor starting within `actor_start_timeout_s`);
+  no live actor, or none started within `actor_start_timeout_s`, fail the run);
 - the target is the demand over K rollouts per actor, clamped to [min, max]: below it, actors are started;
 - above it and above the minimum, an actor idle for `idle_timeout_s` is drained: it takes no more rollouts, its
   `shutdown` closes its environments, then it is killed, so its node goes idle and an autoscaler can release it;
 - every few seconds each live actor is asked for its stats (live environments, environments opened) for metrics.
 
-`lost(slot)` forgets an actor whose call raised `RayActorError` (it, or its node, died or was cut off) and kills
-it for good, so a partitioned actor that comes back cannot run rollouts that were already retried elsewhere. The
-next tick refills the pool, on another node than the lost actor's while one fits. The node of an actor that failed
-to start is kept out the same way (`raygrpo.driver.pools.failed_node`): a dying node that Ray still counts alive,
-or one whose disk or sandbox root is unusable, would fail its replacement too. Either node is avoided for
-`node_cooldown_s` (`workers.node_cooldown_s`); a node Ray has declared dead takes no actor anyway.
+`lost(slot)` forgets an actor whose call raised `RayActorError` (it or its node died or was cut off) and kills it
+for good, so a partitioned actor that comes back cannot run rollouts already retried elsewhere; the next tick
+refills the pool on another node while one fits. The node of an actor that failed to start is kept out the same way
+(`raygrpo.driver.pools.failed_node`: a dying node, or one whose disk or sandbox root is unusable, would fail its
+replacement too), for `node_cooldown_s`; a node Ray has declared dead takes no actor anyway.
 
-Every `heartbeat_s` each live actor is probed (`EnvPool.ping`, see `raygrpo.driver.pools.reachability` for why the
-driver probes); one whose probe has gone unanswered for `unreachable_after_s`, or raised, becomes `unreachable`: it
-takes no rollouts, the orchestrator runs its rollouts in flight again elsewhere, its node is cooled down, and it no
-longer counts towards the pool's size, so a replacement starts at once (the pool may briefly hold an unreachable
-actor beyond `max_actors`). It is never used again: if it answers once more it is retired (drained: its `shutdown`
-cancels what it still runs and closes those sandboxes), since a node that went silent for that long may do so again
-and its rollouts already run elsewhere; if Ray declares it dead meanwhile it is lost as above.
+Every `heartbeat_s` each live actor is probed (`EnvPool.ping`; `raygrpo.driver.pools.reachability` says why); one
+unanswered for `unreachable_after_s`, or whose probe raised, becomes `unreachable`: it takes no rollouts, those it
+runs run again elsewhere, its node is cooled down and a replacement starts at once (the pool may briefly exceed
+`max_actors`). It is never used again: if it answers once more it is retired (drained), since its rollouts already
+run elsewhere; if Ray declares it dead it is lost as above. Ray never declares a stopped process (SIGSTOP) dead: one
+silent for `unreachable_after_s + rollout_timeout_s` is killed (every rollout it held is past its own deadline by
+then), so its calls fail and rollouts with no retry left settle as `env_error`.
 """
 
 from __future__ import annotations
@@ -38,12 +37,15 @@ from raygrpo.driver.pools.failed_node import failed_start_node
 from raygrpo.driver.pools.group import ActorSpawner
 from raygrpo.driver.pools.reachability import HEARTBEAT_S, UNREACHABLE_AFTER_S
 from raygrpo.driver.pools.slot import PoolSlot, SlotState
+from raygrpo.config.rollout import RolloutConfig
 from raygrpo.envs.kinds import kind_of
 
 logger = logging.getLogger(__name__)
 
 #: Seconds between stats requests to each live actor.
 STATS_INTERVAL_S = 5.0
+#: The rollout deadline assumed for a pool of given actors (`PoolSet.of_actors`): the config's default.
+ROLLOUT_TIMEOUT_S: float = RolloutConfig.model_fields["rollout_timeout_s"].default
 #: A pool with no live actor gives up after this many start failures in a row.
 MAX_START_FAILURES = 3
 #: Seconds a lost or failed actor's node is kept out of new actors' placement by default (Ray declares a dead node
@@ -70,6 +72,8 @@ class ElasticPool:
         unreachable_after_s: An actor whose probe has gone unanswered this long is unreachable.
         max_live: Most sandboxes its providers let live at once (None: no cap): it grows to no more actors than
             those keep busy, `ceil(max_live / K)` (the others would only wait for live tickets).
+        rollout_timeout_s: The run's `rollout.rollout_timeout_s`: an unreachable actor still silent this long after
+            is killed (module docstring).
         spawner: Starts new actors; None for a pool of given actors that never starts or drains any.
         bundle: One actor's resources (for the autoscaler hint).
         slots: Actors that already exist.
@@ -79,12 +83,11 @@ class ElasticPool:
                  max_actors: int, *, idle_timeout_s: float = 60.0, actor_start_timeout_s: float = 600.0,
                  node_cooldown_s: float = NODE_COOLDOWN_S, heartbeat_s: float = HEARTBEAT_S,
                  unreachable_after_s: float = UNREACHABLE_AFTER_S, max_live: int | None = None,
-                 spawner: ActorSpawner | None = None,
+                 rollout_timeout_s: float = ROLLOUT_TIMEOUT_S, spawner: ActorSpawner | None = None,
                  bundle: dict[str, float] | None = None, slots: list[PoolSlot] | None = None) -> None:
         self.name = name
         self.envs = frozenset(envs) if envs is not None else None
-        #: The environments whose sandboxes its actors keep warm (the orchestrator tells those what comes next), and
-        #: the most warm sandboxes one of its actors holds (`size`, or `max_size` for `auto`).
+        #: Environments whose sandboxes its actors keep warm, and the most warm sandboxes one actor holds.
         self.warm_envs: frozenset[str] = frozenset()
         self.warm_depth = 0
         self.max_concurrent_per_actor = max_concurrent_per_actor
@@ -96,12 +99,12 @@ class ElasticPool:
         self.node_cooldown_s = node_cooldown_s
         self.heartbeat_s = heartbeat_s
         self.unreachable_after_s = unreachable_after_s
+        self.rollout_timeout_s = rollout_timeout_s
         self.spawner = spawner
         self.bundle = dict(bundle or {})
         self.slots: list[PoolSlot] = list(slots or [])
         self.target = len(self.slots) if spawner is None else min_actors
-        #: Final stats of the actors it drained.
-        self.retired: list[dict[str, Any]] = []
+        self.retired: list[dict[str, Any]] = []  # final stats of the actors it drained
         self.started = self.drained = self.lost_count = self.start_failures = self.unreachable_count = 0
         #: Live, idle and busy seconds of the actors it no longer holds (see `PoolSlot`).
         self._gone = {"live_s": 0.0, "idle_s": 0.0, "busy_s": 0.0}
@@ -109,8 +112,7 @@ class ElasticPool:
         self._next_start = 0.0
         self._last_error = ""
         self._last_stats = 0.0
-        #: Nodes of lost actors and of actors that failed to start, until when new actors keep off them (monotonic
-        #: seconds).
+        #: Nodes of lost actors and of actors that failed to start, until when (monotonic s) new actors keep off.
         self._avoid: dict[str, float] = {}
 
     @classmethod
@@ -119,7 +121,8 @@ class ElasticPool:
         pool = cls(g.field, g.envs, g.max_concurrent_per_actor, g.min_actors, g.max_actors,
                    idle_timeout_s=g.idle_timeout_s, actor_start_timeout_s=g.actor_start_timeout_s,
                    node_cooldown_s=g.node_cooldown_s, heartbeat_s=g.heartbeat_s,
-                   unreachable_after_s=g.unreachable_after_s, max_live=g.max_live, spawner=spawner, bundle=g.bundle)
+                   unreachable_after_s=g.unreachable_after_s, max_live=g.max_live, spawner=spawner, bundle=g.bundle,
+                   rollout_timeout_s=getattr(spawner.settings, "rollout", RolloutConfig()).rollout_timeout_s)
         depths = {n: kind_of(spec).warm_depth(spec) for n, spec in g.envs.items()}
         pool.warm_envs = frozenset(n for n, depth in depths.items() if depth > 0)
         pool.warm_depth = max(depths.values(), default=0)
@@ -323,6 +326,13 @@ class ElasticPool:
             if slot.state is SlotState.LIVE and slot.reach.unreachable(now, self.unreachable_after_s):
                 self._unreachable(slot, f"no answer for {slot.reach.silent_for(now):.1f} s "
                                         f"(workers.unreachable_after_s={self.unreachable_after_s:g})")
+        give_up_s = self.unreachable_after_s + self.rollout_timeout_s
+        for slot in watched:
+            if slot.state is SlotState.UNREACHABLE and slot.reach.silent_for(now) > give_up_s:
+                logger.warning("%s: env pool actor %s silent for %.0f s (workers.unreachable_after_s + rollout."
+                               "rollout_timeout_s): killed, its rollouts settle as lost", self.name, slot.name,
+                               slot.reach.silent_for(now))
+                self._forget(slot, ray)
         for slot in watched:
             if slot.alive and slot.state is not SlotState.DRAINING and slot.reach.due(now, self.heartbeat_s):
                 slot.reach.sent(slot.handle.ping.remote(), now)
