@@ -543,3 +543,43 @@ def test_a_half_precision_learner_beside_fp32_engines_warns(half, caplog):
     assert not [r for r in caplog.records if r.name == "raygrpo.train.learner"]
     warn_half_precision(args, engines=True)
     assert f"trainer.{half} is on while the transformers engines sample in fp32" in caplog.text
+
+
+def _learner_given(trajectories, fail_fraction=0.25):
+    """A `Learner` reduced to what `_rollout_func` reads, whose source returns one group of `trajectories`."""
+    from types import SimpleNamespace
+
+    from raygrpo.core.outcome import Outcomes
+    from raygrpo.train.groups import Group
+    from raygrpo.train.source import Batch
+    from raygrpo.train.learner import Learner
+
+    learner = Learner.__new__(Learner)
+    group = Group("g0", len(trajectories), list(trajectories))
+    learner.__dict__.update(
+        group_size=len(trajectories), cfg=_run_cfg(fail_fraction=fail_fraction), progress={}, outcomes=Outcomes(),
+        rollouts=None, _step={}, _evaluated=set(), steps_per_version=1, engines=[], _pushed_version=0,
+        tokenizer=SimpleNamespace(eos_token_id=0),
+        source=SimpleNamespace(next_batch=lambda n, version: Batch(groups=[group], wait_s=0.0)))
+    trainer = SimpleNamespace(state=SimpleNamespace(global_step=3))
+    return learner, trainer
+
+
+def test_a_step_with_nothing_scored_because_infrastructure_failed_stops_the_run():
+    """An embedded ORS server that died mid-training: every rollout env_error. Training stepped on empty batches to
+    max_steps and checkpointed tasks as done; now the step raises before it trains or saves. A few failures among
+    unscored answers (within fail_fraction), or any scored rollout, still train."""
+    few = [Trajectory(task=TaskRef("e", 0), status=Status.ENV_ERROR, error="x"),
+           *[Trajectory(task=TaskRef("e", 0), status=Status.NO_ANSWER, reward=None) for _ in range(3)]]
+    scored = [Trajectory(task=TaskRef("e", 0), status=Status.ENV_ERROR, error="x"),
+              Trajectory(task=TaskRef("e", 0), status=Status.OK, reward=1.0, prompt_ids=[1], completion_ids=[2],
+                         logprobs=[0.0], env_mask=[1])]
+    for trajs in (few, scored):
+        learner, trainer = _learner_given(trajs)
+        assert learner._rollout_func(["p"] * len(trajs), trainer)
+    dead = [Trajectory(task=TaskRef("e", i), status=Status.ENV_ERROR, error="ORS server: connection refused")
+            for i in range(2)]
+    learner, trainer = _learner_given(dead)
+    with pytest.raises(RuntimeError, match=r"training step 4: no rollout of the step's batch was scored and 2 of 2 "
+                                           r"failed.*connection refused"):
+        learner._rollout_func(["p", "p"], trainer)

@@ -88,6 +88,24 @@ def verdict(status_counts: Mapping[str, int], scored: int, fail_fraction: float)
     return Verdict(False)
 
 
+def starved_step(trajs: list[Trajectory], fail_fraction: float) -> str | None:
+    """Why a training step's batch must not be trained on (None when it may): none of its rollouts was scored and
+    more than `fail_fraction` of them failed (`Status.is_failure`: infrastructure, a hung scorer). Such a step would
+    train on nothing (every advantage 0) and its checkpoint would count its tasks done, as every later one would
+    once an environment's server is gone for good; the learner stops the run instead (exit 1), naming the cause."""
+    outcomes = Outcomes()
+    for traj in trajs:
+        outcomes.add(traj)
+    total = len(trajs)
+    failed = sum(n for status, n in outcomes.status_counts.items() if Status(status).is_failure)
+    if outcomes.scored or not total or failed / total <= fail_fraction:
+        return None
+    top = outcomes.causes(1)
+    cause = f"; top cause: {top[0]['count']} {top[0]['status']}, e.g. {top[0]['example']}" if top else ""
+    return (f"no rollout of the step's batch was scored and {failed} of {total} failed, more than fail_fraction="
+            f"{fail_fraction:g}{cause}")
+
+
 def report(status_counts: dict[str, int], causes: list[dict[str, Any]]) -> str:
     """The lines the console shows at the end of a run: status counts, then the top failure causes."""
     lines = ["status: " + (", ".join(f"{s} {n}" for s, n in sorted(status_counts.items(), key=lambda kv: -kv[1]))

@@ -28,7 +28,7 @@ from transformers import TrainerCallback
 from raygrpo.core.compat import sync_vllm_weights
 from raygrpo.config import RunConfig
 from raygrpo.driver.orchestrator import Orchestrator
-from raygrpo.core.outcome import Outcomes
+from raygrpo.core.outcome import Outcomes, starved_step
 from raygrpo.policy.tiny import resolve_model_path
 from raygrpo.driver.pools import ActorSpawner, PoolSet
 from raygrpo.train.checkpoint import (REFERENCE_DIR, checkpoint_step, find_checkpoint, optimizer_fingerprint,
@@ -247,6 +247,10 @@ class Learner:
         trajs = [t for g in batch.groups for t in g.trajectories]
         for traj in trajs:
             self.outcomes.add(traj)
+        starved = starved_step(trajs, self.cfg.fail_fraction)
+        if starved is not None:  # e.g. an embedded ORS server died: stop before training on it or checkpointing it
+            raise RuntimeError(f"training step {step + 1}: {starved}; stopping the run (no checkpoint is saved for "
+                               "this step)")
         if self.rollouts is not None:
             for traj in trajs:
                 self.rollouts.write(traj, step=step + 1)
