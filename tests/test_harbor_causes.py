@@ -107,3 +107,36 @@ def test_a_long_cause_is_cut_between_words_never_inside_a_path():
     assert len(text) <= 120 and text.endswith(" [...]")
     assert text == "RuntimeError: compose failed at [...]"  # the path is left out whole, never cut inside
     assert describe(RuntimeError("short"), limit=120) == "RuntimeError: short"
+
+
+def test_describe_names_the_os_error_under_a_chained_exception():
+    """Harbor's verifier wraps a full disk as `AddTestsDirError: Failed to add tests directory to environment.`:
+    the ENOSPC under it (`raise ... from`) is what the failure cause must show, briefly; one already told is not
+    repeated, and a suppressed context (`from None`) stays out."""
+    import errno
+
+    from raygrpo.core.errors import describe
+
+    class AddTestsDirError(Exception):
+        pass
+
+    def wrapped(cause: BaseException, *, suppress: bool = False) -> BaseException:
+        try:
+            try:
+                raise cause
+            except OSError as exc:
+                if suppress:
+                    raise AddTestsDirError("Failed to add tests directory to environment.") from None
+                raise AddTestsDirError("Failed to add tests directory to environment.") from exc
+        except AddTestsDirError as exc:
+            return exc
+
+    full = OSError(errno.ENOSPC, "No space left on device", "/tests/test.sh")
+    text = describe(wrapped(full))
+    assert text.startswith("AddTestsDirError: Failed to add tests directory to environment. (from OSError: ")
+    assert "No space left on device" in text and len(describe(wrapped(full), limit=80)) <= 80
+    assert "No space left on device" in describe(wrapped(full), limit=80)
+    assert "from" not in describe(wrapped(full, suppress=True))
+    told = RuntimeError(f"copy failed: {full.strerror}")
+    told.__cause__ = full
+    assert describe(told) == "RuntimeError: copy failed: No space left on device"

@@ -109,7 +109,10 @@ def describe(exc: BaseException, limit: int = 500, lines: int = 1) -> str:
     An exception that carries the attempts behind it (the openreward SDK's `MaxRetriesError.errors`) is described by
     its last attempt, with the number of attempts; one that wraps its cause (Ray's `RayTaskError.cause`, whose own
     message is a remote traceback) by that cause; an actor that died raising in its constructor by what it raised
-    (`creation_error`), since the first line of Ray's message only names the actor's pid.
+    (`creation_error`), since the first line of Ray's message only names the actor's pid. One raised from an
+    `OSError` (`raise X from exc`, or while handling it) whose message does not say it names it briefly
+    (`(from OSError: [Errno 28] No space left on device ...)`): Harbor's `AddTestsDirError` says only that the tests
+    could not be added, and the full disk under it is the cause to read.
     """
     attempts = getattr(exc, "errors", None)
     cause = getattr(exc, "cause", None)
@@ -124,7 +127,26 @@ def describe(exc: BaseException, limit: int = 500, lines: int = 1) -> str:
     else:
         line = first_lines(exc, lines)
         text = f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+        root = _root_os_error(exc)
+        if root is not None and (root.strerror or str(root)) not in text:
+            brief = f"{type(root).__name__}: {root.strerror}" if root.strerror else describe(root)
+            if root.strerror and root.filename:
+                brief += f": {root.filename}"
+            under = f" (from {shorten(brief, max(0, min(200, limit - 30) - 8))})"
+            return shorten(text, max(0, limit - len(under))) + under
     return shorten(text, limit)
+
+
+def _root_os_error(exc: BaseException) -> OSError | None:
+    """The deepest `OSError` in the chain under `exc` (`__cause__`, else `__context__` unless suppressed), if any."""
+    found, seen, current = None, {id(exc)}, exc
+    while True:
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+        if current is None or id(current) in seen:
+            return found
+        seen.add(id(current))
+        if isinstance(current, OSError):
+            found = current
 
 
 def shorten(text: str, limit: int) -> str:
