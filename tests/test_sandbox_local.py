@@ -444,6 +444,34 @@ async def test_stop_kills_background_and_detached_processes(tmp_path: Path, sroo
     assert list(sroot.iterdir()) == []
 
 
+async def test_a_models_kill_of_every_process_leaves_the_sandbox_up_and_orphans_are_reaped(tmp_path: Path,
+                                                                                         sroot: Path):
+    """`kill -9 -1` in the sandbox killed its init (then `sleep infinity` under bwrap's own PID 1), so the model's
+    own action ended as env_error, retried as infrastructure and left unscored; on docker PID 1 is shielded and the
+    verifier judges what is left. The init is now PID 1 itself: it survives, and still reaps orphans."""
+    env, _, _ = make_env(make_task(tmp_path), tmp_path / "trials", sroot)
+    await env.start(force_build=False)
+    ns = pid_namespace(env.init_pid)
+    try:
+        await env.exec("sleep 1000 & echo data > /tmp/kept.txt")
+        await env.exec("kill -9 -1; true")
+        assert env.is_running()
+        r = await env.exec("cat /tmp/kept.txt; sh -c 'sleep 0.1 & sleep 0.1 & exit 0'; sleep 1; echo after")
+        assert r.return_code == 0 and "data" in r.stdout and "after" in r.stdout
+        zombies = [p for p in pids_in_namespace(ns) if _stat_state(p) == "Z"]
+        assert zombies == []
+    finally:
+        await env.stop(delete=True)
+    assert pids_in_namespace(ns) == []
+
+
+def _stat_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "?"
+
+
 @pytest.mark.timeout(60)
 async def test_a_stop_searches_for_stragglers_only_when_something_may_be_left(tmp_path: Path, sroot: Path, monkeypatch):
     """A stop reads every process's environment for the sandbox's marks (milliseconds per stop on a busy machine)

@@ -275,7 +275,8 @@ def resolve_links(p: PurePosixPath, mounts: list[Mount]) -> PurePosixPath:
 
 def bwrap_argv(mounts: list[Mount], *, hostname: str) -> list[str]:
     """bwrap's command line (up to, not including, `--info-fd` and the init) for a sandbox with this mount table:
-    namespaces of its own, the network's included (`raygrpo.sandbox.network`), and an init without capabilities."""
+    namespaces of its own, the network's included (`raygrpo.sandbox.network`), and an init without capabilities that
+    is the PID namespace's PID 1 itself (`raygrpo.sandbox.process.INIT_LOOP`: shielded from the sandbox's signals)."""
     argv = [BWRAP]
     for m in mounts:
         t = str(m.target)
@@ -292,7 +293,7 @@ def bwrap_argv(mounts: list[Mount], *, hostname: str) -> list[str]:
             argv += ["--proc", t]
         elif m.kind == "dev":
             argv += ["--dev", t]
-    argv += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--hostname", hostname]
+    argv += ["--unshare-pid", "--as-pid-1", "--unshare-ipc", "--unshare-uts", "--unshare-net", "--hostname", hostname]
     argv += ["--cap-drop", "ALL"] if os.geteuid() == 0 else ["--unshare-user"]
     argv += ["--die-with-parent", "--new-session", "--chdir", "/"]
     return argv

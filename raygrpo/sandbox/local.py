@@ -30,7 +30,7 @@ What a sandbox is:
   unchanged" when what its `RUN` steps install is on the host or in the verifier toolbox. A `docker_image` without a
   Dockerfile is not pulled: the sandbox is the host's files, and `environment/` is uploaded into the working
   directory as Harbor does for prebuilt images.
-- Processes: `start()` launches one long-lived init (`bwrap --unshare-pid --die-with-parent ... sleep infinity`);
+- Processes: `start()` launches one long-lived init (`bwrap --unshare-pid --as-pid-1 ...`: PID 1, see `INIT_LOOP`);
   each `exec` enters its namespaces with `nsenter` and runs `bash -c <command>` (as Harbor's docker backend does) in
   the working directory (`cwd`, else the task's `workdir`, else `WORKDIR`, else `/`) with the sandbox's environment
   (the Dockerfile's `ENV`, then Harbor's persistent and per-exec env). Files and background processes persist across

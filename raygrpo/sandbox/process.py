@@ -32,8 +32,18 @@ BASH = "/bin/bash"
 TOOL = {name: shutil.which(name) or f"/usr/bin/{name}" for name in ("env", "setpriv", "cat", "tar", "test", "sh")}
 
 
+#: What the init runs once the sandbox is up, as PID 1 of its namespace (bwrap's `--as-pid-1`), as a container's
+#: init is: the kernel never delivers a signal to it from inside that it does not handle, so a model's `kill -9 -1`
+#: kills its own processes but not the sandbox (on docker too, the verifier then judges what is left), and the
+#: `sleep` it waits on is started again. Bash's `wait` reaps every child, so the orphans the sandbox's processes
+#: leave behind (reparented to it) are reaped as bwrap's own init reaped them (`sleep` alone would keep them as
+#: zombies).
+INIT_LOOP = "while :; do sleep infinity & wait; done"
+
+
 class InitProcess:
-    """A sandbox's init (`sleep infinity` as PID 1 of its namespace) and the bwrap monitor that is its parent.
+    """A sandbox's init (PID 1 of its namespace: bash waiting on `sleep infinity`, `INIT_LOOP`) and the bwrap monitor
+    that is its parent.
 
     `pid` is the init's host pid once known (None before; checked with its start time against reuse); `proc` is the
     bwrap monitor.
@@ -66,7 +76,7 @@ class InitProcess:
         self._reg = reg
         info_r, info_w = os.pipe()
         ready_r, ready_w = os.pipe()
-        init = f"echo ready >&{ready_w}; exec {ready_w}>&-; exec sleep infinity"
+        init = f"echo ready >&{ready_w}; exec {ready_w}>&-; {INIT_LOOP}"
         argv = bwrap + ["--info-fd", str(info_w), "--", BASH, "-c", init]  # dash: fds < 10
         with open(log_path, "wb") as log:
             try:
