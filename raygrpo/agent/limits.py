@@ -39,7 +39,7 @@ class Phases:
 
     @contextmanager
     def timed(self, phase: str) -> Iterator[None]:
-        start, self.current = time.perf_counter(), phase
+        start, self.current, self.cut_s = time.perf_counter(), phase, 0.0
         try:
             yield
         except BaseException:  # cancelled by a deadline (or failed): how long it had run
