@@ -5,19 +5,16 @@ harness, grades it with Harbor's `Verifier` (`raygrpo.envs.harbor.grading`) and 
 Outcomes, as the agent loop (`raygrpo.agent.rollout`) reports them:
 
 - the sandbox fails to start, its healthcheck fails, or it dies mid-episode: `EnvError` -> `env_error` (retried);
-- the task's image does not build (docker: a Dockerfile step fails) or an image it names cannot be pulled (a compose
-  sidecar's): `TaskError` -> `task_error`, not retried, with the daemon's own line;
-- the task cannot run as it is, whatever the attempt: a host variable its `[environment.env]`, `[verifier.env]` or a
-  step's `[steps.verifier.env]` names is not set in the actor (checked before the sandbox is made, so never after an
-  episode), the backend allocates none of the GPUs or the TPU it asks for, or the local backend cannot read its
-  Dockerfile or lay out a `COPY`: `TaskError` -> `task_error`, not retried (most are refused at load already,
-  `raygrpo.envs.harbor.tasks.check_task_dir`);
+- the task's image does not build or an image it names cannot be pulled: `TaskError` -> `task_error`, not retried;
+- the task cannot run as it is, whatever the attempt (a host variable its env tables name is unset in the actor,
+  the backend gives none of the GPUs or TPU it asks for, the local backend cannot read its Dockerfile or lay out a
+  `COPY`; most are refused at load, `raygrpo.envs.harbor.tasks.check_task_dir`): `TaskError` -> `task_error`;
 - the verifier crashes (cannot upload the tests, cannot read the results back, ...): `EnvError` -> `env_error`;
 - the verifier runs past its deadline: `TimeoutError` (`HarborVerifierTimeout`) -> `timeout`, not retried;
-- the verifier writes no usable reward (no file, an empty or unparsable one, a missing `reward_key`; for a multi-step
-  task, missing from its steps' aggregate): `RewardMissingError` -> `task_error`, not retried;
-- a separate verifier environment's image does not build: `TaskError` -> `task_error`; its sandbox does not start,
-  or the declared artifacts cannot be moved into it: `HarborVerifierError` -> `env_error` (retried);
+- the verifier writes no usable reward (no file, an unparsable one, a missing `reward_key`, for a multi-step task
+  in its steps' aggregate): `RewardMissingError` -> `task_error`, not retried;
+- a separate verifier environment's image does not build: `task_error`; its sandbox does not start, or the
+  artifacts cannot be moved into it: `HarborVerifierError` -> `env_error` (retried);
 - a multi-step task's step `setup.sh` fails: `TaskError` -> `task_error`; its healthcheck fails: `EnvError`.
 
 The oracle policy runs the task's reference solution through `run_solution` (as Harbor's oracle agent does); a
@@ -138,8 +135,6 @@ class HarborAdapter(EpisodeGrading, LiveAdapter):
         #: Where a multi-step task's episode stands (None for a task without `[[steps]]`).
         self._steps: StepProgress | None = None
 
-    # ── state ─────────────────────────────────────────────────────────────────────────────────────────────────────
-
     @property
     def label(self) -> str:
         # The run's name of the task (its folder's when tasks of the suite share a `[task] name`), else Harbor's.
@@ -158,14 +153,12 @@ class HarborAdapter(EpisodeGrading, LiveAdapter):
         """How long a tool call may run by the model's doing: the harness's command deadline with its grace
         (`raygrpo.envs.base.ModelTimedCalls`)."""
         from raygrpo.envs.harbor.harness import EXEC_GRACE_S
-
         return float(getattr(self.harness, "exec_timeout_s", self.spec.exec_timeout_s)) + EXEC_GRACE_S
 
     @property
     def agent_timeout_s(self) -> float | None:
-        """The current step's agent deadline, as Harbor's trial sets it: the step's `[agent] timeout_sec`, else the
-        task's (None when neither is set, or before `start`). The agent loop stops the model's turns there and has
-        the episode verified, as Harbor does on an `AgentTimeoutError` (`raygrpo.agent.limits.agent_phase`)."""
+        """The current step's `[agent] timeout_sec`, else the task's (None if neither, or before `start`): the agent
+        loop stops the model's turns there and has the episode verified, as Harbor does (`agent.limits.agent_phase`)."""
         if self.harbor_task is None:
             return None
         step = self._steps.step if self._steps is not None else None
@@ -190,13 +183,11 @@ class HarborAdapter(EpisodeGrading, LiveAdapter):
 
     @property
     def _trial_paths(self) -> TrialPaths | None:
-        trial = self.sandbox.trial if self.sandbox is not None else None
-        return trial.paths if trial is not None else None
+        return getattr(self.sandbox and self.sandbox.trial, "paths", None)
 
     @property
     def _trial_dir(self) -> str | None:
-        trial = self.sandbox.trial if self.sandbox is not None else None
-        return trial.path if trial is not None else None
+        return getattr(self.sandbox and self.sandbox.trial, "path", None)
 
     # ── EnvAdapter ────────────────────────────────────────────────────────────────────────────────────────────────
 
