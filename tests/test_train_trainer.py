@@ -558,3 +558,12 @@ def test_raygrpo_state_is_saved_before_old_checkpoints_are_rotated_out(tiny_mode
                     (3, ["checkpoint-2", "checkpoint-3"])]
     assert sorted(p.name for p in run.iterdir() if p.name.startswith("checkpoint-")) == ["checkpoint-3"]
     assert missing_parts(run / "checkpoint-3") == [] and trainer.args.save_total_limit == 1
+
+
+def test_trl_log_dicts_stay_off_stdout(tiny_model_dir, tmp_path, capsys):
+    """raygrpo turns tqdm off for its own progress; transformers then adds a `PrinterCallback` that prints each log
+    dict on stdout, which must hold only the run's JSON summary."""
+    trainer, _ = _trainer(_rollout_trainer(), tiny_model_dir, tmp_path, 0.0, disable_tqdm=True)
+    capsys.readouterr()
+    trainer.log({"loss": 0.5})
+    assert "loss" not in capsys.readouterr().out

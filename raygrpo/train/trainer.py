@@ -67,6 +67,11 @@ class RolloutGRPOTrainer(GenerationOutputHook, GRPOTrainer):
     def __init__(self, *args: Any, correction: Correction = Correction(), sampling_logprobs: bool = True,
                  **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # `disable_tqdm` (raygrpo shows its own progress) makes transformers add `PrinterCallback`, which prints every
+        # log dict on stdout, where a run's only output is its JSON summary; the figures still reach metrics.jsonl.
+        from transformers.trainer_callback import PrinterCallback
+
+        self.remove_callback(PrinterCallback)
         self.correction = correction
         self.sampling_logprobs = sampling_logprobs
         lagging = correction.mode in ("tis", "mis") and correction.proximal_decay > 0
