@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import ray
 
-from raygrpo.core.environ import PROCESS_ENV
+from raygrpo.core.environ import PROCESS_ENV, apply_process_env, log_env
 from raygrpo.core.imports import load_object
 
 
@@ -33,6 +33,7 @@ class LearnerActor:
     """
 
     def __init__(self, learner: str, *args: Any, **kwargs: Any) -> None:
+        apply_process_env()  # the log level of the driver's `-v`, among others
         cls = load_object(learner)
         self.learner: Trainable = cls(*args, **kwargs)
 
@@ -52,7 +53,7 @@ def start_learner(learner: str, num_cpus: float, num_gpus: int, env_vars: dict[s
     """Create the learner actor and return its handle; the learner is built in the actor's constructor (cheap:
     raygrpo's loads nothing until `train()` is called). `resources` are custom resources it asks for (e.g. the
     GPU nodes' `learner_gpu`)."""
-    runtime_env = {"env_vars": {**PROCESS_ENV, **(env_vars or {})}}
+    runtime_env = {"env_vars": {**PROCESS_ENV, **log_env(), **(env_vars or {})}}
     return (
         ray.remote(LearnerActor)
         .options(num_cpus=num_cpus, num_gpus=num_gpus, resources=resources or None, max_concurrency=2,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import signal
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from raygrpo.config import ConfigError, RunConfig, load_config
-from raygrpo.core.environ import apply_process_env
+from raygrpo.core.environ import apply_process_env, configure_logging
 from raygrpo.core.errors import ResolveError, describe
 from raygrpo.core.outcome import report, verdict
 
@@ -116,10 +115,7 @@ def _terminate(signum: int, frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(args.verbose)
     apply_process_env()
     if args.command == "reap":
         return _reap(args)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raygrpo.core.compat import keep_ray_on_loopback, reload_ray_auth_config
-from raygrpo.core.environ import PROCESS_ENV, apply_process_env
+from raygrpo.core.environ import PROCESS_ENV, apply_process_env, log_env
 from raygrpo.core.errors import ResolveError
 
 logger = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None, **kwargs: 
     if address is not None and address not in ("auto", "local"):
         check_address(address, field)
     runtime_env = dict(kwargs.pop("runtime_env", None) or {})
-    env_vars = {key: os.environ[key] for key in PROCESS_ENV}
+    env_vars = {**{key: os.environ[key] for key in PROCESS_ENV}, **log_env()}
     workdir: str | None = None
     if address is None:
         keep_ray_on_loopback()
