@@ -166,6 +166,41 @@ def test_a_signal_keeps_finished_trajectories_and_closes_every_session(tmp_path,
     assert NapEnvironment.live == 0
 
 
+@pytest.mark.timeout(300)
+def test_an_interrupted_train_closes_its_sessions_before_the_learner_is_killed(tmp_path):
+    """Ctrl-C of `raygrpo train`: the learner's env pools close their ORS sessions (the kill of the learner that
+    follows takes its pool actors with it, running no `shutdown`), and the partial summary says what is known."""
+    NapEnvironment.reset_counters()
+    with ors_server(NapEnvironment) as server:
+        config = _write_config(tmp_path / "nap-train.yaml", {
+            "envs": {"nap": {"kind": "ors", "url": server.url, "num_tasks": 12}},
+            "model": "tiny",
+            "policy": {"kind": "scripted", "script": f"{SUPPORT}:nap_by_task"},
+            "rollout": {"group_size": 2},
+            "workers": {"num_env_actors": 1, "max_concurrent_per_actor": 12},
+            "trainer": {"per_device_train_batch_size": 4, "max_steps": 3, "save_steps": 100},
+            "ray": {"num_cpus": 2},
+        })
+        out = tmp_path / "run"
+        proc = _cli(["train", str(config), "--out", str(out), "--no-progress"],
+                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        try:
+            if not wait_until(lambda: NapEnvironment.napping >= 2 or proc.poll() is not None, 200) or proc.poll():
+                os.killpg(proc.pid, signal.SIGKILL)
+                pytest.fail(f"no rollout napping: {proc.communicate(timeout=30)[1][-3000:]}")
+            os.kill(proc.pid, signal.SIGINT)
+            stdout, err = proc.communicate(timeout=150)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.returncode == 130, err
+        assert wait_until(lambda: server.live_sessions() == 0, 15), server.live_sessions()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["leaked_envs"] == 0
+    assert isinstance(summary["steps"], int) and "status_counts" in summary and "scored" in summary, summary
+    assert "{'loss'" not in stdout
+
+
 @pytest.mark.timeout(180)
 def test_a_run_where_every_rollout_failed_exits_1_with_its_causes(tmp_path):
     NapEnvironment.reset_counters()

@@ -40,6 +40,12 @@ class LearnerActor:
     def train(self) -> dict[str, Any]:
         return self.learner.train()
 
+    def interrupt(self, timeout_s: float) -> dict[str, Any]:
+        """Close what an interrupted `train()` holds before the actor is killed (see `Learner.interrupt`); {} for a
+        learner without it."""
+        interrupt = getattr(self.learner, "interrupt", None)
+        return interrupt(timeout_s) if interrupt is not None else {}
+
     def progress(self) -> dict[str, Any]:
         return dict(self.learner.progress)
 

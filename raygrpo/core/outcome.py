@@ -58,6 +58,28 @@ class Outcomes:
             self._causes[key] += 1
             self._examples.setdefault(key, traj.error or "")
 
+    def state_dict(self) -> dict[str, Any]:
+        """The counts and causes as JSON: a training checkpoint keeps them, so that a resumed run reports the whole
+        run's and not only its own part's."""
+        return {"status_counts": dict(self.status_counts), "scored": self.scored,
+                "causes": [[s, c, n, self._examples[(s, c)]] for (s, c), n in self._causes.items()]}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any] | None) -> Outcomes:
+        """Outcomes from `state_dict()`'s JSON; empty for None (a fresh run)."""
+        out = cls()
+        if state:
+            out.status_counts.update(state.get("status_counts") or {})
+            out.scored = int(state.get("scored") or 0)
+            for status, cause, count, example in state.get("causes") or []:
+                out._causes[(status, cause)], out._examples[(status, cause)] = count, example
+        return out
+
+    def fields(self) -> dict[str, Any]:
+        """What a summary reports of them: `status_counts`, `scored`, `failure_causes`."""
+        return {"status_counts": dict(sorted(self.status_counts.items())), "scored": self.scored,
+                "failure_causes": self.causes()}
+
     def causes(self, top: int = TOP_CAUSES) -> list[dict[str, Any]]:
         """The most frequent failure causes (broken tasks', `task_error`, too): `{status, cause, count, example}`, most
     frequent first."""

@@ -103,10 +103,12 @@ def read_state(checkpoint: str | None) -> dict[str, Any]:
 
 
 def write_state(folder: Path, *, step: int, policy_version: int, schedule: dict[str, Any],
-                dropped_groups_total: int, reference: bool, zero_variance_groups_total: int = 0) -> None:
+                dropped_groups_total: int, reference: bool, zero_variance_groups_total: int = 0,
+                outcomes: dict[str, Any] | None = None) -> None:
     """Save raygrpo's state in the checkpoint `folder` TRL just wrote (if it did), through a temporary file so that
     the state file exists only whole (its presence marks the checkpoint complete). `reference`: whether the run
-    started GRPO from a warmed model saved in `OUT/reference` (its KL reference)."""
+    started GRPO from a warmed model saved in `OUT/reference` (its KL reference). `outcomes`: how the rollouts
+    consumed so far ended (`Outcomes.state_dict`), which a resumed run continues counting from."""
     if folder.is_dir():
         partial = folder / f".{STATE_FILE}.tmp"
         partial.write_text(json.dumps({
@@ -116,6 +118,7 @@ def write_state(folder: Path, *, step: int, policy_version: int, schedule: dict[
             "dropped_groups_total": dropped_groups_total,
             "zero_variance_groups_total": zero_variance_groups_total,
             "reference": reference,
+            "outcomes": outcomes,
         }))
         os.replace(partial, folder / STATE_FILE)
 

@@ -113,6 +113,7 @@ class Learner:
         self.rollouts: RolloutLog | None = None
         #: How the consumed training rollouts ended (for the run's exit code and its report).
         self.outcomes = Outcomes()
+        self._interrupted = False
 
     # ------------------------------------------------------------------ set-up
 
@@ -134,6 +135,10 @@ class Learner:
         warn_half_precision(args, bool(self.engines))
         self.warmup_stats: dict[str, Any] | None = None
         saved = read_state(checkpoint)
+        # A resumed run continues the whole run's counts (a checkpoint older than them: its own part's only).
+        self.outcomes = Outcomes.from_state(saved.get("outcomes"))
+        if checkpoint and "outcomes" not in saved:
+            logger.warning("%s predates raygrpo's rollout counts: status_counts cover the resumed part", checkpoint)
         reference = self.out / REFERENCE_DIR
         #: Whether GRPO starts from a warmed model saved in OUT/reference (also its KL reference): recorded in the
         #: checkpoint of a resumed run, not read off whatever folder a reused output directory holds.
@@ -153,6 +158,8 @@ class Learner:
 
         schedule = TaskSchedule(self.tasks_by_env, self.cfg.train.mixture, seed=self.cfg.seed)
         workers = self.cfg.workers
+        if self._interrupted:  # `interrupt` came first: start no pool that nothing would close
+            raise KeyboardInterrupt("interrupted")
         self.pools = PoolSet.from_spawners(self.spawners)
         self.pools.start()
         self.source = RolloutSource(
@@ -226,7 +233,7 @@ class Learner:
         source = self.source
         write_state(folder, step=step, policy_version=self.version_of(step), schedule=source.state_dict(),
                     dropped_groups_total=source.dropped_total, zero_variance_groups_total=source.zero_variance_total,
-                    reference=self.warmed)
+                    reference=self.warmed, outcomes=self.outcomes.state_dict())
 
     def version_of(self, step: int) -> int:
         """The policy version of the weights after `step` optimizer steps: one per generation batch."""
@@ -329,9 +336,7 @@ class Learner:
             "warmup": self.warmup_stats,
             "resumed": self.resumed,
             "final_eval": final_eval,
-            "status_counts": dict(sorted(self.outcomes.status_counts.items())),
-            "scored": self.outcomes.scored,
-            "failure_causes": self.outcomes.causes(),
+            **self.outcomes.fields(),
             "rollouts_retried_total": dispatch["rollouts_retried_total"],
             "attempts_lost_to_actors_total": dispatch["attempts_lost_to_actors_total"],
             "attempts_abandoned_total": dispatch["attempts_abandoned_total"],
@@ -343,6 +348,18 @@ class Learner:
             "adapter_dir": str(self.out / "adapter") if self.cfg.train.peft is not None else None,
             "checkpoint_dir": str(self.out / "checkpoints"),
         }
+
+
+    def interrupt(self, timeout_s: float = 60.0) -> dict[str, Any]:
+        """Stop an interrupted run's rollouts and close its env pools (every ORS session and sandbox) while this
+        process is alive to do it: the kill that follows runs no actor's `shutdown`. Returns what the summary of the
+        interrupted run can say (`env_actor_stats` for its leak count)."""
+        self._interrupted = True
+        if self.source is not None:
+            self.source.close()
+            self._eval_orchestrator.cancel()
+        stats = self.pools.close(timeout_s) if self.pools is not None else []
+        return {"steps": self.progress["step"], **self.outcomes.fields(), "env_actor_stats": stats}
 
 
 class _NoUnscoredWarning(logging.Filter):

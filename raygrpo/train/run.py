@@ -28,6 +28,11 @@ from raygrpo.train.metrics import read_metrics
 
 logger = logging.getLogger(__name__)
 
+#: How long each env pool actor of an interrupted run gets to close its environments, and how long the driver waits
+#: for the learner to have them all closed (it also stops its rollout producer first) before it kills the learner.
+CLOSE_ENV_POOL_S = 60.0
+CLOSE_LEARNER_S = 150.0
+
 
 def _window_mean(values: list[float | None]) -> float | None:
     scored = [v for v in values if v is not None]
@@ -97,8 +102,10 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
             eval_tasks=[t for name in cfg.eval_envs for t in runtime.tasks_by_env[name] or []],
             resume=resume, workdir=ray_info().workdir,
         )
+        placed = False
         try:
             where = wait_placed(learner.node_ip.remote(), "train.learner", learner_demand)
+            placed = True
             logger.info("placed learner on %s", where)
             ref = learner.train.remote()
             with Progress("steps", None, progress_mode(progress), log_every_s=60.0) as bar:
@@ -115,9 +122,31 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
                     last = now
             result.update(ray.get(ref))
             runtime.add_final_stats(result.pop("env_actor_stats", []))
+        except KeyboardInterrupt:
+            if placed:  # an unplaced learner has started no env pool
+                result.update(close_interrupted(learner, runtime))
+            raise
         finally:
             ray.kill(learner, no_restart=True)
     return session.summary
+
+
+def close_interrupted(learner: Any, runtime: Any) -> dict[str, Any]:
+    """Have an interrupted run's learner close its env pools (ORS sessions, sandboxes) before it is killed: the env
+    pool actors die with it, and a kill runs no `shutdown`. Returns what the learner knows of the run so far (steps,
+    statuses) for the summary; the actors' final stats go to `runtime`'s leak count. A second Ctrl-C, or a learner
+    that does not answer within `CLOSE_LEARNER_S`, gives up (the nodes' reapers see to what is left)."""
+    import ray
+
+    logger.warning("interrupted: closing the learner's environments (up to %.0f s; Ctrl-C again to stop at once)",
+                   CLOSE_LEARNER_S)
+    try:
+        part = dict(ray.get(learner.interrupt.remote(CLOSE_ENV_POOL_S), timeout=CLOSE_LEARNER_S))
+    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001
+        logger.warning("the learner did not close its environments: %r", exc)
+        return {}
+    runtime.add_final_stats(part.pop("env_actor_stats", []))
+    return part
 
 
 def resolve_train(cfg: RunConfig, skip_broken: str | Path | None = None) -> ResolvedRun:
