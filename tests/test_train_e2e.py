@@ -75,6 +75,9 @@ def test_sync_steps_then_resume_continue_with_the_same_optimizer_state_version_a
     assert lines[-1]["generated_by_version"] == 2 and lines[-1]["policy_version"] == 3
     assert resumed["task_position"] == 6 and resumed["policy_version"] == 3 and resumed["leaked_envs"] == 0
     assert len((out / "rollouts.jsonl").read_text().splitlines()) == 12
+    # The counts of the summary cover the whole run, as steps and the reward windows do, not the resumed part only.
+    assert sum(summary["status_counts"].values()) == 8
+    assert sum(resumed["status_counts"].values()) == 12 and resumed["scored"] >= summary["scored"]
 
 
 def test_async_steps_with_the_tiny_model_stay_within_max_staleness(ray_local, tiny_model_dir, tmp_path):
