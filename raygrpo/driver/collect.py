@@ -39,7 +39,11 @@ def collect(cfg: RunConfig, out_dir: str | Path, progress: bool | str = True) ->
     """
     resolved = resolve_run(cfg)
     out = Path(out_dir)
-    summary = RunSummary(requested=0)
+    # Known before any actor starts, unless an environment lists its tasks only then: an interrupt while the actors
+    # start must not report 0 requested (and no rollout cancelled).
+    listed = [resolved.tasks_by_env.get(name) for name in cfg.envs if name in resolved.tasks_by_env]
+    known = all(tasks is not None for tasks in listed)
+    summary = RunSummary(requested=sum(len(t or []) for t in listed) * cfg.rollout.group_size if known else None)
     writer = TrajectoryWriter(out / "trajectories.jsonl")
     if warn_replaced(out / "metrics.jsonl"):
         (out / "metrics.jsonl").unlink()  # the pools' lines are appended as they come: this run's only

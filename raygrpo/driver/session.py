@@ -61,9 +61,9 @@ class RunSession:
 
         self.out.mkdir(parents=True, exist_ok=True)
         self._started_ray = not ray.is_initialized()
-        if self._started_ray:
-            init_ray(address=self.cfg.ray.address, num_cpus=self.cfg.ray.num_cpus)
-        try:
+        try:  # a Ctrl-C while Ray starts still writes the partial summary the CLI then points to
+            if self._started_ray:
+                init_ray(address=self.cfg.ray.address, num_cpus=self.cfg.ray.num_cpus)
             self.runtime.__enter__()
         except BaseException as exc:
             self._finish(isinstance(exc, KeyboardInterrupt))

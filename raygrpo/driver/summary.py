@@ -133,10 +133,11 @@ class RunSummary:
     """Accumulates what `summary.json` reports.
 
     Args:
-        requested: Rollouts requested (tasks × group size).
+        requested: Rollouts requested (tasks × group size); None while not known (an environment whose server lists
+            its tasks once the run has started).
     """
 
-    def __init__(self, requested: int) -> None:
+    def __init__(self, requested: int | None) -> None:
         self.requested = requested
         self.trajectories: list[Trajectory] = []
         self.failed_attempts: list[Trajectory] = []
@@ -154,7 +155,7 @@ class RunSummary:
         trajs = self.trajectories
         rewards = [t.reward for t in trajs if t.reward is not None]
         status_counts = Counter(t.status.value for t in trajs)
-        missing = self.requested - len(trajs)
+        missing = self.requested - len(trajs) if self.requested is not None else 0
         if missing > 0:
             status_counts["cancelled"] += missing  # requested but never finished (interrupted run)
         phases: dict[str, dict[str, float]] = {}
