@@ -6,6 +6,7 @@ counters are the server's own view. The scripts are loaded by file path inside t
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 from openreward.environments import Environment, JSONObject, TextBlock, ToolOutput, tool
@@ -141,6 +142,17 @@ def nap_one_and_a_half_seconds(ctx: GenerationContext) -> str:
 
 def nap_long(ctx: GenerationContext) -> str:
     return "Done." if _called(ctx) else format_tool_call("nap", {"seconds": 30})
+
+
+_first_turns = itertools.count()
+
+
+def nap_every_other(ctx: GenerationContext) -> str:
+    """First turns alternate between a brief nap and a minute's: of a group of 2 sent together, one rollout finishes
+    at once while the other is still running when a test interrupts."""
+    if _called(ctx):
+        return "Done."
+    return format_tool_call("nap", {"seconds": 60 if next(_first_turns) % 2 else 0.1})
 
 
 def nap_by_task(ctx: GenerationContext) -> str:

@@ -167,6 +167,40 @@ def test_a_signal_keeps_finished_trajectories_and_closes_every_session(tmp_path,
 
 
 @pytest.mark.timeout(300)
+def test_a_ctrl_c_keeps_the_finished_rollouts_of_unfinished_groups(tmp_path):
+    """A group's rollouts go to an actor in one call, which Ctrl-C cancels whole: the rollouts of it that had
+    finished are still written and counted, only the running ones are cancelled."""
+    NapEnvironment.reset_counters()
+    with ors_server(NapEnvironment) as server:
+        config = _write_config(tmp_path / "nap.yaml", {
+            "envs": {"nap": {"kind": "ors", "url": server.url, "num_tasks": 4}},
+            "policy": {"kind": "scripted", "script": f"{SUPPORT}:nap_every_other"},
+            "rollout": {"group_size": 2},
+            "workers": {"num_env_actors": 1, "max_concurrent_per_actor": 8},
+            "ray": {"num_cpus": 2},
+        })
+        out = tmp_path / "run"
+        proc = _cli(["rollout", str(config), "--out", str(out), "--no-progress"],
+                    preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        try:
+            ready = wait_until(lambda: (NapEnvironment.napping == 4 and NapEnvironment.live == 4)
+                               or proc.poll() is not None, 150)  # 4 finished (closed), 4 napping
+            if not ready or proc.poll() is not None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                pytest.fail(f"run not in the expected state: {NapEnvironment.napping} naps; "
+                            f"{proc.communicate(timeout=30)[1][-3000:]}")
+            os.kill(proc.pid, signal.SIGINT)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+        assert proc.returncode == 130, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status_counts"] == {"ok": 4, "cancelled": 4} and summary["completed"] == 4, summary
+    assert (out / "trajectories.jsonl").read_text().count("\n") == 4
+
+
+@pytest.mark.timeout(300)
 def test_an_interrupted_train_closes_its_sessions_before_the_learner_is_killed(tmp_path):
     """Ctrl-C of `raygrpo train`: the learner's env pools close their ORS sessions (the kill of the learner that
     follows takes its pool actors with it, running no `shutdown`), and the partial summary says what is known."""

@@ -58,6 +58,8 @@ class EnvPool:
         self.node = ray.util.get_node_ip_address()
         self._worker: RolloutWorker | None = None
         self._lock: asyncio.Lock | None = None
+        #: Trajectories of `run_many` calls still running, by (group, sample, attempt): see `finished_in_flight`.
+        self._done: dict[tuple[str, int, int], Trajectory] = {}
         self._reaper: OrphanReaper | None = None
         self._startup_thread: threading.Thread | None = None
         self._run_folder = self._enter_run_folder()
@@ -121,11 +123,22 @@ class EnvPool:
         all of them), run at once; returns their trajectories, in order, once every one has ended. A rollout that
         raised comes back as an `ENV_ERROR` trajectory naming the exception (a cancelled one as `CANCELLED`), so one
         failure does not take the others' results with it."""
-        results = await asyncio.gather(
-            *(self.run(c.task, c.group_id, c.attempt, c.sample, c.min_version, c.policy, c.seed_key) for c in calls),
-            return_exceptions=True,
-        )
+        async def one(c: RolloutCall) -> Trajectory:
+            traj = await self.run(c.task, c.group_id, c.attempt, c.sample, c.min_version, c.policy, c.seed_key)
+            self._done[(c.group_id, c.sample, c.attempt)] = traj
+            return traj
+
+        try:
+            results = await asyncio.gather(*(one(c) for c in calls), return_exceptions=True)
+        finally:
+            for c in calls:
+                self._done.pop((c.group_id, c.sample, c.attempt), None)
         return [r if isinstance(r, Trajectory) else self._failed(c, r) for c, r in zip(calls, results)]
+
+    async def finished_in_flight(self) -> list[Trajectory]:
+        """The rollouts that `run_many` calls still running have already finished: an interrupted run asks for them
+        before it cancels the calls (a call carries a whole group and is cancelled whole), so as not to lose them."""
+        return list(self._done.values())
 
     def _failed(self, call: RolloutCall, exc: BaseException) -> Trajectory:
         if isinstance(exc, asyncio.CancelledError):

@@ -70,6 +70,9 @@ def collect(cfg: RunConfig, out_dir: str | Path, progress: bool | str = True) ->
                         bar.update(len(summary.trajectories), _progress_info(summary.trajectories,
                                                                               orchestrator.in_flight))
             finally:
+                for traj in orchestrator.salvaged:  # an interrupted run's finished rollouts of unfinished groups
+                    writer.write(traj)
+                    summary.add(traj)
                 orchestrator.log_pools(pool_log, force=True)
                 stats = orchestrator.stats
                 dispatch.update(attempts_lost_to_actors=stats.lost_to_actors, attempts_abandoned=stats.abandoned,

@@ -91,6 +91,8 @@ class Orchestrator:
         self._cancelled: set[Any] = set()
         #: Copies of each rollout out, and which have their final trajectory.
         self.copies = RolloutCopies()
+        #: The finished rollouts of the calls the last `cancel` cut short (see `_salvage`).
+        self.salvaged: list[Trajectory] = []
         self._queue: deque[RolloutRequest] = deque()
         self._queued: Counter[str] = Counter()
 
@@ -349,8 +351,32 @@ class Orchestrator:
         log.write(self.pools.snapshot(), queued=self.queued, in_flight=self.in_flight,
                   by_status=dict(self.stats.by_status), force=force)
 
+    def _salvage(self, timeout_s: float = 5.0) -> list[Trajectory]:
+        """The rollouts that calls in flight have already finished, asked of their actors (for `timeout_s` at most)
+        before the calls are cancelled: a group's rollouts go out in one call, cancelled whole."""
+        wanted = {(r.group_id, r.sample, r.attempt): r.rid for _, batch in self._pending.values() for r in batch
+                  if not self.copies.is_final(r.rid)}
+        if not wanted:
+            return []
+        slots = {id(slot): slot for slot, _ in self._pending.values()}
+        refs = [slot.handle.finished_in_flight.remote() for slot in slots.values()]
+        try:
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+            found = [t for ref in ready for t in ray.get(ref)]
+        except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001  (a second Ctrl-C: cancel at once)
+            logger.warning("finished rollouts of the cancelled calls not collected: %r", exc)
+            return []
+        kept: dict[Any, Trajectory] = {}  # one per rollout: copies of it in two calls may both have finished
+        for traj in found:
+            rid = wanted.get((traj.group_id, traj.sample, traj.attempt))
+            if rid is not None:
+                kept.setdefault(rid, traj)
+        return list(kept.values())
+
     def cancel(self) -> None:
-        """Cancel every rollout still in flight and forget the queued ones."""
+        """Cancel every rollout still in flight and forget the queued ones; those of the cancelled calls that had
+        finished are kept in `salvaged`."""
+        self.salvaged = self._salvage()
         self._queue.clear()
         self._queued.clear()
         self.hints.forget_queued()
