@@ -9,24 +9,10 @@ import pytest
 
 from raygrpo.envs.harbor.provider import HarborProvider, HarborStartError
 from raygrpo.envs.harbor.tasks import list_harbor_tasks
-from raygrpo.governor.gate import reset_gates
-from raygrpo.leases.ledger import LEASE_DIR_ENV
 from raygrpo.specs import HarborSpec
 from raygrpo.testing.fake_provider.backend import FakeProviderEnvironment
-from raygrpo.testing.fake_provider.service import FakeProviderProcess
-from raygrpo.testing.fake_provider.state import Limits
 from tests.harbor_utils import make_task
-
-FAKE = "raygrpo.testing.fake_provider.backend:FakeProviderEnvironment"
-
-
-@pytest.fixture
-def provider(tmp_path, monkeypatch):
-    monkeypatch.setenv(LEASE_DIR_ENV, str(tmp_path / "leases"))
-    reset_gates()
-    with FakeProviderProcess(tmp_path / "calls.jsonl", Limits()) as running:
-        yield running
-    reset_gates()
+from tests.test_failed_stops import FAKE, provider  # noqa: F401 - the fake provider, a fixture
 
 
 async def _start_error(tmp_path, url: str) -> str:

@@ -29,7 +29,7 @@ from typing import Any
 
 from raygrpo.core.aio import run_to_end
 from raygrpo.agent.chat import ChatRenderer, assistant_message
-from raygrpo.agent.limits import Phases as _Phases, agent_phase, check_prompt_fits, past_deadline
+from raygrpo.agent.limits import Phases, agent_phase, check_prompt_fits, past_deadline
 from raygrpo.config.rollout import RolloutConfig
 from raygrpo.envs.base import EnvAdapter, refuse_call
 from raygrpo.core.errors import EnvError, PolicyError, TaskError, VerifierError, describe
@@ -82,7 +82,7 @@ async def run_rollout(
     """
     traj = Trajectory(task=task)
     acting = isinstance(policy, ActingPolicy)
-    phases = _Phases()
+    phases = Phases()
     started = time.perf_counter()
     if on_env_open is not None:
         on_env_open()
@@ -164,7 +164,7 @@ def _opening(obs: Any, config: RolloutConfig) -> list[dict[str, Any]]:
 async def _episode(
     traj: Trajectory,
     obs: Any,
-    phases: _Phases,
+    phases: Phases,
     adapter: EnvAdapter,
     policy: PolicyClient,
     renderer: ChatRenderer,
@@ -210,7 +210,7 @@ class _TurnState:
         self.stopped_on: int | None = None
 
 
-async def _turns(traj: Trajectory, phases: _Phases, adapter: EnvAdapter, policy: PolicyClient, renderer: ChatRenderer,
+async def _turns(traj: Trajectory, phases: Phases, adapter: EnvAdapter, policy: PolicyClient, renderer: ChatRenderer,
                  sampling: SamplingParams, config: RolloutConfig, sample_key: str, tool_names: set[str],
                  state: _TurnState) -> bool:
     """The model's turns of one step, from turn `state.next_turn` on: whether the step ended before a limit (the
@@ -280,7 +280,7 @@ async def _turns(traj: Trajectory, phases: _Phases, adapter: EnvAdapter, policy:
 
 
 async def _act(
-    traj: Trajectory, obs: Any, phases: _Phases, adapter: EnvAdapter, policy: ActingPolicy, config: RolloutConfig
+    traj: Trajectory, obs: Any, phases: Phases, adapter: EnvAdapter, policy: ActingPolicy, config: RolloutConfig
 ) -> None:
     """The episode of a policy that acts on the environment directly: act once per step, record it, score."""
     traj.messages = _opening(obs, config)
@@ -299,7 +299,7 @@ async def _act(
         traj.messages.extend(following.messages)
 
 
-async def _score(traj: Trajectory, phases: _Phases, adapter: EnvAdapter, config: RolloutConfig) -> Any:
+async def _score(traj: Trajectory, phases: Phases, adapter: EnvAdapter, config: RolloutConfig) -> Any:
     """Score the finished episode (or step) and set the trajectory's status and reward.
 
     For an adapter whose episode has steps (`SteppedAdapter.multi_step`), the step's reward joins
@@ -337,7 +337,7 @@ async def _score(traj: Trajectory, phases: _Phases, adapter: EnvAdapter, config:
 
 async def _run_calls(
     traj: Trajectory,
-    phases: _Phases,
+    phases: Phases,
     adapter: EnvAdapter,
     parsed: list[ToolCall | ToolCallProblem],
     tool_names: set[str],

@@ -13,8 +13,8 @@ from typing import Any, Protocol, runtime_checkable
 from raygrpo.core.errors import EnvError, RewardMissingError, TaskError
 from raygrpo.core.types import Observation, TaskRef, ToolResult
 
-__all__ = ["EnvAdapter", "EnvError", "EnvProvider", "ModelTimedCalls", "RewardMissingError", "SolutionRunner", "SteppedAdapter", "TaskError",
-           "refuse_call"]
+__all__ = ["EnvAdapter", "EnvError", "EnvProvider", "ModelTimedCalls", "RewardMissingError", "SolutionRunner",
+           "SteppedAdapter", "TaskError", "refuse_call"]
 
 
 @runtime_checkable

@@ -134,9 +134,7 @@ def lease_policy(backend: str, environment_class: type | None = None) -> LeasePo
         return LeasePolicy(backend, True, environment_class, getattr(environment_class, "lease_lifetime_kwarg", None))
     hook = hook_for(backend) if backend in BUILTIN_HOOKS else None
     lifetime = getattr(hook, "lease_lifetime_kwarg", None) if hook is not None else None
-    if lifetime is not None:
-        return LeasePolicy(backend, True, hook, lifetime)
-    builtin = BUILTIN_LIFETIME_KWARGS.get(backend)
-    if builtin is None:
+    found = Lifetime(lifetime) if lifetime is not None else BUILTIN_LIFETIME_KWARGS.get(backend)
+    if found is None:
         return LeasePolicy(backend, True, hook)
-    return LeasePolicy(backend, True, hook, builtin.kwarg, builtin.unit_s, builtin.idle)
+    return LeasePolicy(backend, True, hook, found.kwarg, found.unit_s, found.idle)

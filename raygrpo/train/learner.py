@@ -349,7 +349,6 @@ class Learner:
             "checkpoint_dir": str(self.out / "checkpoints"),
         }
 
-
     def interrupt(self, timeout_s: float = 60.0) -> dict[str, Any]:
         """Stop an interrupted run's rollouts and close its env pools (every ORS session and sandbox) while this
         process is alive to do it: the kill that follows runs no actor's `shutdown`. Returns what the summary of the
